@@ -1,0 +1,25 @@
+"""chargpt: train a character-level GPT on any UTF-8 text and write new text in its style.
+
+    import chargpt
+    chargpt.train(data="corpus.txt", max_iters=1000)          # -> checkpoints/corpus/
+    gen = chargpt.load("checkpoints/corpus")
+    print(gen.generate("ROMEO:", max_new_tokens=200)[0])
+"""
+
+from .config import ModelConfig, TrainConfig
+from .errors import ChargptError, CheckpointError, ConfigError, DataError
+from .model import CharGPT
+from .sampling import Generator, load
+from .tokenizer import Vocab
+
+__version__ = "0.1.0"
+
+
+def train(**kwargs):
+    """Train a model; keyword arguments are the training flags with underscores. See chargpt.training.train."""
+    from .training import train as _train
+    return _train(**kwargs)
+
+
+__all__ = ["CharGPT", "ChargptError", "CheckpointError", "ConfigError", "DataError", "Generator", "ModelConfig",
+           "TrainConfig", "Vocab", "load", "train"]

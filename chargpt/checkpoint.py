@@ -1,0 +1,234 @@
+"""Save and load self-contained runs, with no pickle anywhere.
+
+A run directory holds:
+  latest.safetensors   the model at the last save: weights + JSON metadata (config, vocabulary, step, losses)
+  best.safetensors     the same, at the best validation loss so far: what sampling loads by default
+  state.safetensors    everything --resume needs, in one file: weights, AdamW moments, step, RNG states
+  metrics.jsonl        one JSON line per evaluation
+Every file is written to a temporary name, flushed to disk and renamed over the old one, so a crash or a
+full disk during a save leaves the previous file intact. Metadata is JSON and is validated on load; tensor
+names and shapes are checked against the config before anything is read, so a crafted header cannot make
+the loader allocate more than the file holds.
+"""
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from .config import FORMAT_VERSION, ModelConfig, model_config_from_dict
+from .errors import ChargptError, CheckpointError, ConfigError
+from .model import CharGPT
+from .tokenizer import Vocab
+
+LATEST, BEST, STATE, METRICS = "latest.safetensors", "best.safetensors", "state.safetensors", "metrics.jsonl"
+FORMAT_NAME = "chargpt"
+
+
+def unwrap(model):
+    """The plain CharGPT inside DDP and/or torch.compile wrappers (saved without '_orig_mod.' prefixes)."""
+    model = getattr(model, "module", model)
+    return getattr(model, "_orig_mod", model)
+
+
+def model_tensors(model, prefix=""):
+    """State dict as contiguous CPU tensors; a tied head is stored once (as the embedding)."""
+    model = unwrap(model)
+    sd = model.state_dict()
+    if model.config.tie_weights:
+        sd.pop("lm_head.weight")
+    return {prefix + k: v.detach().to("cpu").contiguous() for k, v in sd.items()}
+
+
+def _fsync_dir(path):
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_safetensors(path, tensors, meta):
+    """Atomically write tensors + {'format', 'format_version', 'chargpt': JSON} to path."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    header = {"format": FORMAT_NAME, "format_version": str(FORMAT_VERSION),
+              "chargpt": json.dumps(meta, ensure_ascii=False)}
+    try:
+        save_file(tensors, str(tmp), metadata=header)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except Exception as e:  # OSError, or safetensors' own error type wrapping one (e.g. disk full)
+        tmp.unlink(missing_ok=True)
+        kept = f"the previous {path.name} is intact" if path.exists() else "no earlier checkpoint existed"
+        reason = getattr(e, "strerror", None) or str(e).splitlines()[0][:200]
+        raise CheckpointError(f"could not write {path} ({reason}); {kept}; free disk space or choose a "
+                              f"writable --out-dir") from None
+
+
+def append_jsonl(path, record):
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+
+
+def checkpoint_meta(model, vocab, train_config=None, **extra):
+    cfg = unwrap(model).config
+    return {"model_config": vars(cfg).copy(), "vocab": "".join(vocab.chars), "train_config": train_config,
+            "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"), **extra}
+
+
+def save_model(path, model, vocab, train_config=None, **extra):
+    write_safetensors(path, model_tensors(model), checkpoint_meta(model, vocab, train_config, **extra))
+
+
+def save_state(path, model, optimizer, rng, vocab, train_config, **extra):
+    """Everything to resume exactly: weights, optimizer moments (by parameter index), RNG states."""
+    tensors = model_tensors(model, prefix="model.")
+    for idx, state in optimizer.state_dict()["state"].items():
+        for key, value in state.items():
+            tensors[f"optim.{idx}.{key}"] = torch.as_tensor(value).detach().to("cpu").contiguous()
+    for name, value in rng.items():
+        tensors[f"rng.{name}"] = value.contiguous()
+    write_safetensors(path, tensors, checkpoint_meta(model, vocab, train_config, **extra))
+
+
+def resolve(path, prefer=BEST):
+    """A run directory or a file -> the checkpoint file (best, else latest, in a directory)."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        for name in (prefer, BEST, LATEST):
+            if (p / name).is_file():
+                return p / name
+        raise CheckpointError(f"no checkpoint in {path} (expected {BEST} or {LATEST}); train first with "
+                              f"python train.py --out-dir {path}")
+    if not p.exists():
+        raise CheckpointError(f"checkpoint not found: {path}; pass a run directory or a .safetensors file")
+    return p
+
+
+def latest_run(root="checkpoints"):
+    """The most recently written run directory under root, or an error saying how to make one."""
+    root = Path(root)
+    runs = [d for d in root.iterdir() if d.is_dir() and ((d / BEST).exists() or (d / LATEST).exists())] \
+        if root.is_dir() else []
+    if not runs:
+        raise CheckpointError(f"no trained run under {root}/; train one with python train.py, or pass "
+                              f"--checkpoint PATH")
+    return max(runs, key=lambda d: max((d / n).stat().st_mtime for n in (BEST, LATEST) if (d / n).exists()))
+
+
+def read_meta(path):
+    """Open a checkpoint's header only; validate it. -> (meta dict, {tensor name: shape})."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            header = f.metadata() or {}
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception as e:
+        raise CheckpointError(f"{path} is not a readable safetensors checkpoint (truncated or not one: "
+                              f"{str(e).splitlines()[0][:120]}); re-train or re-copy it") from None
+    if header.get("format") != FORMAT_NAME:
+        raise CheckpointError(f"{path} is a safetensors file but not a chargpt checkpoint (no chargpt metadata)")
+    try:
+        version = int(header.get("format_version", ""))
+    except ValueError:
+        raise CheckpointError(f"{path} has a corrupted format version; re-train or re-copy it") from None
+    if version > FORMAT_VERSION:
+        raise CheckpointError(f"{path} was written by a newer chargpt (format {version}, this one reads up to "
+                              f"{FORMAT_VERSION}); upgrade chargpt: pip install -U chargpt")
+    try:
+        meta = json.loads(header.get("chargpt", ""))
+        if not isinstance(meta, dict):
+            raise ValueError("not an object")
+        meta["model_config"] = model_config_from_dict(meta.get("model_config"))
+        vocab = meta.get("vocab")
+        if not isinstance(vocab, str):
+            raise ValueError("vocabulary missing")
+        meta["vocab"] = Vocab(vocab)
+        if len(meta["vocab"]) != meta["model_config"].vocab_size:
+            raise ValueError("vocabulary size disagrees with the model config")
+    except (ValueError, ConfigError, ChargptError) as e:
+        raise CheckpointError(f"{path} has missing or corrupted metadata ({e}); re-train or re-copy it") from None
+    return meta, shapes
+
+
+def expected_shapes(cfg: ModelConfig, prefix=""):
+    """Tensor names and shapes the config implies, computed on the meta device (allocates nothing)."""
+    with torch.device("meta"):
+        model = CharGPT(cfg)
+    return {k: tuple(v.shape) for k, v in model_tensors_meta(model, prefix).items()}
+
+
+def model_tensors_meta(model, prefix):
+    sd = model.state_dict()
+    if model.config.tie_weights:
+        sd.pop("lm_head.weight")
+    return {prefix + k: v for k, v in sd.items()}
+
+
+def _check_shapes(path, cfg, shapes, prefix):
+    want = expected_shapes(cfg, prefix)
+    have = {k: v for k, v in shapes.items() if k.startswith(prefix)} if prefix else \
+        {k: v for k, v in shapes.items() if not k.startswith(("optim.", "rng."))}
+    if want != have:
+        wrong = sorted(set(want) ^ set(have)) or sorted(k for k in want if want[k] != have[k])
+        raise CheckpointError(f"{path}: tensors do not match the model config stored with them ({wrong[:3]}); "
+                              f"the file is corrupted")
+
+
+def load_model(path, device="cpu"):
+    """Checkpoint file or run directory -> (CharGPT in eval mode, Vocab, meta). Rebuilt from the file alone."""
+    path = resolve(path)
+    meta, shapes = read_meta(path)
+    prefix = "model." if any(k.startswith("model.") for k in shapes) else ""
+    cfg = meta["model_config"]
+    _check_shapes(path, cfg, shapes, prefix)
+    model = CharGPT(cfg)
+    with safe_open(str(path), framework="pt") as f:
+        sd = {k[len(prefix):]: f.get_tensor(k) for k in shapes if k.startswith(prefix) or not prefix}
+    sd = {k: v for k, v in sd.items() if not k.startswith(("optim.", "rng."))}
+    if cfg.tie_weights:
+        sd["lm_head.weight"] = sd["wte.weight"]
+    model.load_state_dict(sd, strict=True)
+    model.to(device).eval()
+    return model, meta["vocab"], meta
+
+
+def load_state(path, model, optimizer):
+    """Restore weights and optimizer moments from state.safetensors into model/optimizer (built from the same
+    config); -> (meta, rng dict)."""
+    meta, shapes = read_meta(path)
+    _check_shapes(path, unwrap(model).config, shapes, "model.")
+    target = unwrap(model)
+    with safe_open(str(path), framework="pt") as f:
+        sd = {k[len("model."):]: f.get_tensor(k) for k in shapes if k.startswith("model.")}
+        if target.config.tie_weights:
+            sd["lm_head.weight"] = sd["wte.weight"]
+        target.load_state_dict(sd, strict=True)
+        opt_sd = optimizer.state_dict()
+        state = {}
+        for k in shapes:
+            if k.startswith("optim."):
+                _, idx, key = k.split(".", 2)
+                state.setdefault(int(idx), {})[key] = f.get_tensor(k)
+        rng = {k[len("rng."):]: f.get_tensor(k) for k in shapes if k.startswith("rng.")}
+    n_params = sum(len(g["params"]) for g in opt_sd["param_groups"])
+    if set(state) - set(range(n_params)):
+        raise CheckpointError(f"{path}: optimizer state does not match the model; the file is corrupted")
+    opt_sd["state"] = state
+    optimizer.load_state_dict(opt_sd)
+    return meta, rng

@@ -1,0 +1,228 @@
+"""The command lines: `python train.py` / `chargpt-train` and `python sample.py` / `chargpt-sample`.
+
+Thin by design: flags -> one call into the package. Training flags are generated from the config
+dataclasses, so every hyperparameter has exactly one name, default and help line (in chargpt/config.py).
+Errors a user can fix print one line on stderr and exit 1; Ctrl-C exits 130 (SIGTERM 143) after saving.
+"""
+
+import json
+import random
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import click
+from click.core import ParameterSource
+from tqdm import tqdm
+
+from .config import PRESETS, ModelConfig, TrainConfig, flag
+from .errors import ChargptError
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
+
+
+def _field_type(f):
+    t = f.type
+    for cand in (bool, int, float, str):  # `int | None` and friends
+        if t is cand or cand in getattr(t, "__args__", ()):
+            return cand
+    return str
+
+
+def config_options(cls):
+    """Decorator adding one click option per dataclass field; its help is the field's help metadata."""
+    def decorate(fn):
+        for f in reversed(fields(cls)):
+            if f.metadata.get("flag") is False:
+                continue
+            typ, name = _field_type(f), flag(f.name)
+            if f.name in PRESETS["cpu"]:
+                default = f"{PRESETS['cpu'][f.name]} on CPU, {PRESETS['gpu'][f.name]} on GPU"
+            else:
+                default = f.default if f.default is not None else None
+            help_ = f.metadata["help"] + (f" [default: {default}]" if default is not None and typ is not bool
+                                          and "[default" not in f.metadata["help"] else "")
+            if typ is bool:
+                fn = click.option(f"--{name}/--no-{name}", f.name, default=f.default, show_default=True,
+                                  help=help_)(fn)
+            else:
+                ptype = click.Choice(f.metadata["choices"]) if "choices" in f.metadata else typ
+                fn = click.option(f"--{name}", f.name, type=ptype, default=None, help=help_)(fn)
+        return fn
+    return decorate
+
+
+def run_guarded(fn):
+    """Run fn, turning user-fixable errors into one line on stderr and a non-zero exit (no traceback)."""
+    from .training import Interrupted
+    try:
+        return fn()
+    except Interrupted as e:
+        click.echo(str(e), err=True)
+        sys.exit(128 + (e.signum or 2))
+    except ChargptError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        click.echo("\ninterrupted", err=True)
+        sys.exit(130)
+    except BrokenPipeError:  # e.g. `python sample.py | head`
+        sys.stderr.close()
+        sys.exit(0)
+    except MemoryError:
+        click.echo("error: out of memory; lower --batch-size or --block-size", err=True)
+        sys.exit(1)
+    except RuntimeError as e:
+        if "out of memory" in str(e).lower():
+            click.echo("error: out of device memory; lower --batch-size, --block-size or the model size", err=True)
+            sys.exit(1)
+        raise
+
+
+@click.command(context_settings=CONTEXT)
+@config_options(ModelConfig)
+@config_options(TrainConfig)
+def train_cli(**kwargs):
+    """Train a character-level GPT on a text file (or directory) and save it to a run directory.
+
+    With no --data it trains on the built-in corpus (CPython's English help topics), so it works offline
+    on a fresh machine. Sizes default to what suits the device found (printed at start).
+    """
+    # only the flags actually given reach train(): on --resume, the others come from the checkpoint
+    ctx = click.get_current_context()
+    overrides = {k: v for k, v in kwargs.items()
+                 if ctx.get_parameter_source(k) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
+    from .training import train
+    run_guarded(lambda: train(log=tqdm.write, **overrides))
+
+
+# --- sampling ------------------------------------------------------------------------------------------
+def _read_prompt(prompt, prompt_file):
+    if prompt is not None and prompt_file is not None:
+        raise ChargptError("pass either --prompt or --prompt-file, not both")
+    if prompt == "-":
+        return sys.stdin.read()
+    if prompt_file is not None:
+        try:
+            text = Path(prompt_file).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ChargptError(f"prompt file not found: {prompt_file}") from None
+        except UnicodeDecodeError as e:
+            raise ChargptError(f"prompt file {prompt_file} is not UTF-8 (byte offset {e.start}); "
+                               f"convert it to UTF-8") from None
+        except OSError as e:
+            raise ChargptError(f"cannot read prompt file {prompt_file}: {e.strerror}") from None
+        if not text:
+            raise ChargptError(f"prompt file {prompt_file} is empty; put some text in it or use --prompt")
+        return text
+    return prompt or ""
+
+
+def _separator(i, n, seed):
+    return f"\n========== sample {i + 1}/{n} (seed {seed}) ==========\n"
+
+
+def stream_samples(gen, prompt, n, seed, settings, unknown, out, use_cache=True):
+    """Write samples to `out` as they are decoded: the prompt, then the text. Samples are decoded together;
+    the first unfinished one is shown live and the others are buffered until their turn."""
+    texts, current = [""] * n, 0
+    prompt = gen.prompt_text(prompt, unknown)  # raises before anything is printed
+
+    def show(i):
+        if n > 1:
+            out.write(_separator(i, n, seed))
+        out.write(prompt)
+
+    show(0)
+    for i, piece in gen.stream(prompt, num_samples=n, seed=seed, use_cache=use_cache,
+                               **settings):
+        texts[i] += piece
+        if i == current:
+            out.write(piece)
+            out.flush()
+    for i in range(1, n):
+        show(i)
+        out.write(texts[i])
+    out.write("\n")
+    out.flush()
+    return texts
+
+
+@click.command(context_settings=CONTEXT)
+@click.option("--checkpoint", "checkpoint_path", default=None,
+              help="run directory (its best checkpoint) or .safetensors file [default: the most recent run "
+                   "under checkpoints/]")
+@click.option("--prompt", default=None, help="text to continue ('-' reads stdin) [default: a newline]")
+@click.option("--prompt-file", default=None, help="read the prompt from this UTF-8 file")
+@click.option("--max-new-tokens", default=500, show_default=True, type=int, help="characters to generate")
+@click.option("--temperature", default=0.8, show_default=True, type=float,
+              help="randomness: below 1 safer, above 1 wilder; 0 always picks the most likely character")
+@click.option("--top-k", default=None, type=int, help="sample only from the k most likely characters "
+              "(clamped to the vocabulary) [default: off]")
+@click.option("--top-p", default=None, type=float, help="nucleus sampling: the smallest set of characters "
+              "whose probability reaches p, in (0, 1] [default: off]")
+@click.option("--num-samples", default=1, show_default=True, type=click.IntRange(min=1),
+              help="independent samples, decoded together in one batch")
+@click.option("--seed", default=None, type=int, help="random seed; the same seed gives the same text "
+              "[default: random, printed on stderr]")
+@click.option("--stop", multiple=True, help="stop a sample when it writes this string (not included); "
+              "repeatable")
+@click.option("--unknown", default="error", show_default=True, type=click.Choice(["error", "skip", "replace"]),
+              help="prompt characters the model never saw: error names them; skip drops them; replace maps "
+                   "them to U+FFFD, '?' or a space (the first the vocabulary has)")
+@click.option("--output", default=None, help="write the samples to this file instead of stdout")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object per sample (for scripts)")
+@click.option("--interactive", is_flag=True, help="a prompt loop that keeps the model loaded")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N or mps")
+@click.option("--no-cache", is_flag=True, help="decode without the KV cache (the slow reference path)")
+def sample_cli(checkpoint_path, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p, num_samples, seed,
+               stop, unknown, output, as_json, interactive, device, no_cache):
+    """Write text in the style of a trained run. Text streams to stdout; diagnostics go to stderr."""
+    def main():
+        from .checkpoint import latest_run
+        from .sampling import SampleSettings, load
+        settings = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                        stop=tuple(stop))
+        SampleSettings(**settings).validate()
+        text = _read_prompt(prompt, prompt_file)
+        path = checkpoint_path or latest_run()
+        gen = load(path, device=device)
+        click.echo(f"loaded {path} (step {gen.meta.get('step')}, val loss {gen.meta.get('val_loss')}, "
+                   f"{len(gen.vocab)} characters) on {gen.device}", err=True)
+        if interactive:
+            from .repl import repl
+            return repl(gen, settings, seed, unknown)
+        use_seed = seed if seed is not None else random.randrange(2**31)
+        if seed is None:
+            click.echo(f"seed: {use_seed}", err=True)
+        if as_json or output:
+            texts = gen.generate(text, num_samples=num_samples, seed=use_seed, unknown=unknown,
+                                 use_cache=not no_cache, **settings)
+            if as_json:
+                lines = [json.dumps({"sample": i, "prompt": text, "text": t, "seed": use_seed, **settings},
+                                    ensure_ascii=False) for i, t in enumerate(texts)]
+                body = "\n".join(lines) + "\n"
+            else:
+                body = "".join((_separator(i, num_samples, use_seed) if num_samples > 1 else "") + text + t + "\n"
+                               for i, t in enumerate(texts))
+            if output:
+                _write_output(output, body)
+                click.echo(f"wrote {num_samples} sample(s) to {output}", err=True)
+            else:
+                sys.stdout.write(body)
+            return
+        stream_samples(gen, text, num_samples, use_seed, settings, unknown, sys.stdout, use_cache=not no_cache)
+
+    run_guarded(main)
+
+
+def _write_output(path, body):
+    try:
+        Path(path).write_text(body, encoding="utf-8")
+    except OSError as e:
+        raise ChargptError(f"cannot write --output {path}: {e.strerror}") from None
+
+
+def bench_cli():
+    from .bench import main
+    main()

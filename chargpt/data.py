@@ -1,0 +1,274 @@
+"""Text -> character ids on disk -> train/validation batches.
+
+A corpus (a file, a directory of files, or the built-in default) is read in chunks, decoded incrementally,
+and encoded twice over: pass 1 finds the vocabulary, pass 2 writes the ids to a flat binary file in the
+smallest unsigned dtype that holds them. The result is cached under a key made from the corpus bytes, so a
+second run skips straight to training, and it is read back through a memory map: memory use does not grow
+with the corpus.
+"""
+
+import codecs
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from .errors import DataError
+from .tokenizer import Vocab, codepoints
+
+CHUNK_BYTES = 16 << 20  # bounded memory: one chunk of text, its code points and its ids at a time
+CACHE_VERSION = 1
+DEFAULT_CORPUS_NAME = "pydoc-topics"
+PROGRESS_MIN_BYTES = 32 << 20  # show progress bars only for corpora where encoding takes noticeable time
+
+
+def default_cache_dir():
+    return Path(os.environ.get("CHARGPT_CACHE_DIR") or Path.home() / ".cache" / "chargpt")
+
+
+def default_corpus_text():
+    """The built-in corpus: CPython's English help topics (pydoc_data), present in every installation."""
+    try:
+        from pydoc_data.topics import topics
+    except ImportError as e:  # some distributions strip it
+        raise DataError("this Python has no pydoc_data module for the built-in corpus; pass --data FILE") from e
+    return "\n\n".join(topics[k].strip() for k in sorted(topics)) + "\n"
+
+
+@dataclass
+class Source:
+    """One piece of the corpus: a file on disk, or in-memory bytes (the built-in corpus)."""
+    name: str
+    path: Path | None = None
+    data: bytes | None = None
+
+    @property
+    def size(self):
+        return len(self.data) if self.data is not None else self.path.stat().st_size
+
+    def chunks(self):
+        if self.data is not None:
+            yield self.data
+            return
+        with open(self.path, "rb") as f:
+            while chunk := f.read(CHUNK_BYTES):
+                yield chunk
+
+
+def _looks_binary(path, encoding):
+    if encoding.lower().replace("-", "").replace("_", "").startswith(("utf16", "utf32")):
+        return None  # NUL bytes are normal there
+    with open(path, "rb") as f:
+        head = f.read(8192)
+    pos = head.find(b"\x00")
+    return pos if pos >= 0 else None
+
+
+def corpus_sources(data, encoding="utf-8"):
+    """--data value -> (corpus name, [Source]). None means the built-in corpus."""
+    if data is None:
+        return DEFAULT_CORPUS_NAME, [Source(DEFAULT_CORPUS_NAME, data=default_corpus_text().encode("utf-8"))]
+    path = Path(data).expanduser()
+    if not path.exists():
+        raise DataError(f"corpus not found: {data}; pass --data with an existing text file or directory")
+    if path.is_file():
+        _check_readable(path)
+        pos = _looks_binary(path, encoding)
+        if pos is not None:
+            raise DataError(f"{data} looks like a binary file (NUL byte at offset {pos}), not text; "
+                            f"point --data at a UTF-8 text file")
+        return path.stem or path.name, [Source(path.name, path=path)]
+    if not path.is_dir():
+        raise DataError(f"{data} is neither a file nor a directory; pass --data with a text file or directory")
+    files = sorted(p for p in path.rglob("*") if p.is_file() and not any(
+        part.startswith(".") for part in p.relative_to(path).parts))
+    texts = [p for p in files if os.access(p, os.R_OK) and _looks_binary(p, encoding) is None]
+    if not texts:
+        raise DataError(f"directory {data} has no readable text files ({len(files)} files, none text); "
+                        f"put .txt files in it or pass --data FILE")
+    return path.resolve().name, [Source(str(p.relative_to(path)), path=p) for p in texts]
+
+
+def _check_readable(path):
+    if not os.access(path, os.R_OK):
+        raise DataError(f"cannot read {path}: permission denied; fix its permissions or copy it somewhere readable")
+
+
+def iter_text(sources, encoding="utf-8", errors="strict"):
+    """Yield decoded text chunks of all sources in order, a newline between files that lack one.
+
+    Decoding is incremental, so a multi-byte character split across chunks is decoded correctly, and an
+    undecodable byte is reported with its exact offset in its file.
+    """
+    try:
+        codecs.lookup(encoding)
+    except LookupError:
+        raise DataError(f"unknown encoding {encoding!r}; pass a Python codec name such as utf-8, latin-1, gbk") from None
+    last = ""
+    for src in sources:
+        if last and last != "\n":
+            yield "\n"
+        decoder = codecs.getincrementaldecoder(encoding)(errors)
+        offset = 0
+        chunks = src.chunks()
+        while True:
+            chunk = next(chunks, b"")
+            try:
+                pending = len(decoder.getstate()[0])
+            except (TypeError, IndexError):
+                pending = 0
+            try:
+                text = decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as e:
+                at = offset - pending + e.start
+                bad = (e.object[e.start:e.start + 1] or b"?").hex()
+                raise DataError(f"{src.name} is not valid {encoding}: undecodable byte 0x{bad} at byte offset {at}; "
+                                f"pass --encoding with the file's real encoding (e.g. latin-1, gbk), or "
+                                f"--encoding-errors replace to substitute U+FFFD") from None
+            offset += len(chunk)
+            if text:
+                last = text[-1]
+                yield text
+            if not chunk:
+                break
+
+
+@dataclass
+class EncodedCorpus:
+    """A corpus encoded on disk: its vocabulary and the path of the flat id file."""
+    name: str
+    vocab: Vocab
+    ids_path: Path
+    length: int
+
+    def ids(self):
+        """The ids as a read-only memory map (nothing is loaded into RAM up front)."""
+        if self.length == 0:
+            return np.zeros(0, dtype=self.vocab.id_dtype)
+        return np.memmap(self.ids_path, dtype=self.vocab.id_dtype, mode="r", shape=(self.length,))
+
+
+def corpus_key(sources, encoding, errors):
+    """Cache key: a hash of the corpus bytes and of how they are decoded."""
+    h = hashlib.sha256(f"chargpt-cache-v{CACHE_VERSION}|{encoding}|{errors}".encode())
+    for src in sources:
+        h.update(f"|{src.size}|".encode())
+        for chunk in src.chunks():
+            h.update(chunk)
+    return h.hexdigest()[:32]
+
+
+def _progress(total, desc):
+    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, leave=False,
+                disable=total < PROGRESS_MIN_BYTES, dynamic_ncols=True)
+
+
+def encode_corpus(data=None, encoding="utf-8", errors="strict", cache_dir=None, log=print):
+    """--data -> EncodedCorpus, using the on-disk cache when the same bytes were encoded before."""
+    name, sources = corpus_sources(data, encoding)
+    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    key = corpus_key(sources, encoding, errors)
+    meta_path, ids_path = cache_dir / f"{key}.json", cache_dir / f"{key}.bin"
+    cached = _read_cache(meta_path, ids_path)
+    if cached is not None:
+        vocab, length = cached
+        return EncodedCorpus(name, vocab, ids_path, length)
+
+    total = sum(s.size for s in sources)
+    # pass 1: the vocabulary. Code points in the Basic Multilingual Plane are counted with bincount (linear
+    # time); the rare others go through np.unique.
+    seen_bmp = np.zeros(1 << 16, dtype=bool)
+    others = np.zeros(0, dtype=np.uint32)
+    length = 0
+    with _progress(total, "scanning corpus") as bar:
+        for text in iter_text(sources, encoding, errors):
+            pts = codepoints(text)
+            length += len(pts)
+            small = pts < (1 << 16)
+            seen_bmp |= np.bincount(pts[small], minlength=1 << 16).astype(bool)
+            if not small.all():
+                others = np.union1d(others, pts[~small])
+            bar.update(len(text))  # approximate for multi-byte text; it is only a progress bar
+    if length == 0:
+        raise DataError(f"corpus {data} is empty; give it some text")
+    vocab = Vocab.from_codepoints(np.concatenate([np.flatnonzero(seen_bmp).astype(np.uint32), others]))
+
+    # pass 2: the ids, written to a temporary file and renamed into place only when complete
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = ids_path.with_suffix(f".bin.tmp{os.getpid()}")
+        with open(tmp, "wb") as f, _progress(total, "encoding corpus") as bar:
+            for text in iter_text(sources, encoding, errors):
+                f.write(vocab.ids_from_codepoints(codepoints(text)).tobytes())
+                bar.update(len(text))
+        os.replace(tmp, ids_path)
+        _write_json_atomic(meta_path, {"version": CACHE_VERSION, "chars": "".join(vocab.chars), "length": length})
+    except OSError as e:
+        raise DataError(f"cannot write the encoded corpus to {cache_dir}: {e.strerror}; "
+                        f"pass --cache-dir with a writable directory that has space") from None
+    if total >= PROGRESS_MIN_BYTES:
+        log(f"encoded {length:,} characters ({len(vocab):,} distinct) into {ids_path}")
+    return EncodedCorpus(name, vocab, ids_path, length)
+
+
+def _read_cache(meta_path, ids_path):
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        vocab = Vocab(meta["chars"])
+        length = int(meta["length"])
+        if meta.get("version") != CACHE_VERSION or ids_path.stat().st_size != length * vocab.id_dtype().itemsize:
+            return None
+        return vocab, length
+    except (OSError, ValueError, KeyError, TypeError, Exception):
+        return None  # a missing or damaged cache entry is simply rebuilt
+
+
+def _write_json_atomic(path, obj):
+    tmp = path.with_suffix(f".json.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(obj, ensure_ascii=False), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def split_sizes(length, val_fraction, block_size):
+    """(n_train, n_val): the last val_fraction of the characters validate. Both must hold one full window."""
+    n_val = int(length * val_fraction)
+    n_train = length - n_val
+    need = block_size + 1
+    if n_val == 0:
+        raise DataError(f"the validation split is empty: {length:,} characters x --val-fraction {val_fraction} "
+                        f"rounds to 0; use a larger corpus or a larger --val-fraction")
+    if n_train < need or n_val < need:
+        fits = min(n_train, n_val) - 1
+        more = math.ceil(need / min(val_fraction, 1 - val_fraction))
+        hint = f"use --block-size {fits} or less" if fits >= 1 else "use a larger --val-fraction"
+        raise DataError(f"corpus of {length:,} characters is too short for --block-size {block_size} with "
+                        f"--val-fraction {val_fraction} (train {n_train:,}, validation {n_val:,}; each needs "
+                        f"{need:,}): {hint}, or give at least {more:,} characters")
+    return n_train, n_val
+
+
+class Batches:
+    """Random windows of the encoded corpus. x is a window, y the same window shifted by one character."""
+
+    def __init__(self, ids, val_fraction, block_size, batch_size, device):
+        n_train, _ = split_sizes(len(ids), val_fraction, block_size)
+        self.splits = {"train": ids[:n_train], "val": ids[n_train:]}
+        self.block_size, self.batch_size, self.device = block_size, batch_size, torch.device(device)
+        self.offsets = np.arange(block_size + 1)
+
+    def get(self, split, generator):
+        """-> x, y: (B, T) int64 tensors on the device; `generator` (CPU) decides the windows."""
+        data = self.splits[split]
+        starts = torch.randint(len(data) - self.block_size, (self.batch_size,), generator=generator).numpy()
+        window = torch.from_numpy(data[starts[:, None] + self.offsets].astype(np.int64))  # (B, T+1)
+        if self.device.type == "cuda":
+            window = window.pin_memory().to(self.device, non_blocking=True)
+        else:
+            window = window.to(self.device)
+        return window[:, :-1], window[:, 1:]

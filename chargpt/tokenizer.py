@@ -1,0 +1,91 @@
+"""The character vocabulary: build it from text, encode, decode, and decide what to do with unknown characters.
+
+A vocabulary is the sorted list of distinct characters (Unicode code points) of the corpus; a character's id is
+its index in that list. Encoding large text is vectorised: the text becomes an array of code points
+(via UTF-32) and `np.searchsorted` maps every code point to its id at once.
+"""
+
+import numpy as np
+
+from .errors import ChargptError
+
+UNKNOWN_POLICIES = ("error", "skip", "replace")
+# Stand-ins tried in order by the 'replace' policy; the first one in the vocabulary wins, else the first
+# vocabulary character.
+REPLACEMENT_CANDIDATES = ("\ufffd", "?", " ")
+
+
+def codepoints(text):
+    """str -> uint32 array of its code points (no Python loop per character)."""
+    return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+
+
+class Vocab:
+    def __init__(self, chars):
+        chars = list(chars)
+        if not chars:
+            raise ChargptError("the vocabulary is empty: the corpus has no characters")
+        if any(len(c) != 1 for c in chars) or len(set(chars)) != len(chars) or chars != sorted(chars):
+            raise ChargptError("vocabulary must be a sorted list of distinct single characters")
+        self.chars = chars
+        self.points = codepoints("".join(chars))  # sorted, so searchsorted works
+        self.stoi = {c: i for i, c in enumerate(chars)}
+
+    @classmethod
+    def from_text(cls, text):
+        return cls.from_codepoints(np.unique(codepoints(text)))
+
+    @classmethod
+    def from_codepoints(cls, points):
+        return cls(chr(int(p)) for p in np.unique(points))
+
+    def __len__(self):
+        return len(self.chars)
+
+    def __eq__(self, other):
+        return isinstance(other, Vocab) and self.chars == other.chars
+
+    @property
+    def id_dtype(self):
+        """The smallest unsigned dtype that holds every id."""
+        return np.uint16 if len(self) <= 65535 else np.uint32
+
+    def ids_from_codepoints(self, points):
+        """Vectorised code points -> ids; raises if any code point is outside the vocabulary."""
+        ids = np.searchsorted(self.points, points)
+        ids = np.minimum(ids, len(self.points) - 1)
+        bad = self.points[ids] != points
+        if bad.any():
+            raise ChargptError(f"{int(bad.sum())} characters are not in the vocabulary")
+        return ids.astype(self.id_dtype)
+
+    def unknown(self, text):
+        """[(position, char)] for every character of text outside the vocabulary."""
+        return [(i, c) for i, c in enumerate(text) if c not in self.stoi]
+
+    def replacement(self):
+        for c in REPLACEMENT_CANDIDATES:
+            if c in self.stoi:
+                return c
+        return self.chars[0]
+
+    def encode(self, text, unknown="error"):
+        """str -> list of ids. `unknown` says what to do with characters outside the vocabulary:
+        'error' raises naming them, 'skip' drops them, 'replace' maps them to `replacement()`."""
+        if unknown not in UNKNOWN_POLICIES:
+            raise ChargptError(f"unknown-character policy must be one of {UNKNOWN_POLICIES} (got {unknown!r})")
+        missing = self.unknown(text)
+        if missing and unknown == "error":
+            shown = ", ".join(f"{c!r} (U+{ord(c):04X}) at {i}" for i, c in missing[:10])
+            more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+            raise ChargptError(f"prompt has {len(missing)} character(s) the model never saw: {shown}{more}; "
+                               f"remove them, or pass --unknown skip or --unknown replace")
+        if missing and unknown == "skip":
+            text = "".join(c for c in text if c in self.stoi)
+        elif missing:
+            stand_in = self.replacement()
+            text = "".join(c if c in self.stoi else stand_in for c in text)
+        return [self.stoi[c] for c in text]
+
+    def decode(self, ids):
+        return "".join(self.chars[int(i)] for i in ids)
