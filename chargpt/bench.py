@@ -1,0 +1,220 @@
+"""Benchmarks: training and decoding speed, as ratios measured in one process (shared machines are noisy).
+
+    python -m chargpt.bench                      # all speed benchmarks; prints a Markdown table
+    python -m chargpt.bench --write              # ... and appends it to benchmarks/RESULTS.md
+    python -m chargpt.bench --only decode        # one part: peak, train, baseline, decode
+    python -m chargpt.bench quality --data ../shared/data/tinyshakespeare.txt --max-time 120
+
+MFU is model FLOPs per second against the best matmul throughput measured in the same process, per dtype.
+"""
+
+import argparse
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from .config import ModelConfig
+from .model import CharGPT
+from .runtime import autocast, configure_threads, cpu_has_native_bf16, pick_device
+from .sampling import SampleSettings, decode
+
+SHAPES = {  # name: (model config, batch size)
+    "4x128 ctx64 b12": (ModelConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128, dropout=0.0), 12),
+    "6x384 ctx256 b8": (ModelConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384, dropout=0.0), 8),
+}
+DECODE_SHAPE = SHAPES["6x384 ctx256 b8"][0]
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def matmul_peak(device, dtype, sizes=(512, 1024, 2048), seconds=0.5):
+    """Best GFLOP/s of a square matmul over a few sizes."""
+    best = 0.0
+    for n in sizes:
+        a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+        a @ b
+        sync(device)
+        reps, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            a @ b
+            reps += 1
+        sync(device)
+        best = max(best, 2 * n**3 * reps / (time.perf_counter() - t0) / 1e9)
+    return best
+
+
+def flops_per_step(cfg, batch):
+    """Training FLOPs per step: 6 per parameter per token, plus attention scores (PaLM appendix B)."""
+    n = CharGPT(cfg).num_params() - cfg.block_size * cfg.n_embd  # position embeddings do no matmul work
+    per_token = 6 * n + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
+    return per_token * batch * cfg.block_size
+
+
+def time_train_step(cfg, batch, device, dtype, attention="auto", fused_adam=True, steps=8, warmup=3):
+    """Median seconds of a full step (forward, backward, clip, AdamW) on random data."""
+    torch.manual_seed(0)
+    model = CharGPT(cfg).to(device)
+    model.set_attention(attention)
+    opt = torch.optim.AdamW(model.optimizer_groups(0.1), lr=1e-3, fused=fused_adam or None,
+                            foreach=False if not fused_adam else None)
+    x = torch.randint(0, cfg.vocab_size, (batch, cfg.block_size), device=device)
+    times = []
+    for i in range(warmup + steps):
+        t0 = time.perf_counter()
+        with autocast(device, dtype):
+            _, loss = model(x, x)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def decode_speed(device, new_tokens=1000, use_cache=True):
+    """Characters per second for one stream of new_tokens characters from a one-character prompt."""
+    torch.manual_seed(0)
+    model = CharGPT(DECODE_SHAPE).to(device).eval()
+    ctx = torch.zeros(1, 1, dtype=torch.long, device=device)
+    settings = SampleSettings(max_new_tokens=new_tokens, temperature=1.0)
+    gen = torch.Generator().manual_seed(0)
+    t0 = time.perf_counter()
+    n = sum(1 for _ in decode(model, ctx, settings, gen, use_cache=use_cache))
+    sync(device)
+    return n / (time.perf_counter() - t0)
+
+
+def machine():
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
+    return (f"{cpu}, {torch.get_num_threads()} threads, native bf16: {cpu_has_native_bf16()}{gpu}; "
+            f"torch {torch.__version__}, Python {platform.python_version()}")
+
+
+def speed(parts, device):
+    dtypes = [torch.float32]
+    if device.type == "cuda" or cpu_has_native_bf16():
+        dtypes.append(torch.bfloat16)
+    rows = [f"machine: {machine()}", ""]
+    peaks = {}
+    if {"peak", "train", "baseline"} & parts:
+        for dt in dtypes:
+            peaks[dt] = matmul_peak(device, dt)
+            rows.append(f"matmul peak {str(dt)[6:]}: {peaks[dt]:.0f} GFLOP/s")
+        rows.append("")
+    if {"train", "baseline"} & parts:
+        rows += ["| shape | dtype | attention | AdamW | ms/step | chars/s | MFU | vs fp32 baseline |",
+                 "|---|---|---|---|---|---|---|---|"]
+        for name, (cfg, batch) in SHAPES.items():
+            flops = flops_per_step(cfg, batch)
+            chars = batch * cfg.block_size
+            base = time_train_step(cfg, batch, device, torch.float32, "manual", fused_adam=False)
+            peak32 = peaks[torch.float32]
+            rows.append(f"| {name} | float32 | manual | for-loop | {base * 1e3:.1f} | {chars / base:,.0f} | "
+                        f"{flops / base / 1e9 / peak32:.0%} | 1.00x (baseline) |")
+            if "train" in parts:
+                for dt in dtypes:
+                    t = time_train_step(cfg, batch, device, dt, "auto", fused_adam=True)
+                    rows.append(f"| {name} | {str(dt)[6:]} | auto | fused | {t * 1e3:.1f} | {chars / t:,.0f} | "
+                                f"{flops / t / 1e9 / peaks[dt]:.0%} | {base / t:.2f}x |")
+        rows.append("")
+    if "decode" in parts:
+        cached = decode_speed(device, use_cache=True)
+        uncached = decode_speed(device, use_cache=False)
+        rows.append(f"decode 1000 chars, batch 1, 6x384 ctx256: cached {cached:,.0f} chars/s, uncached "
+                    f"{uncached:,.0f} chars/s, ratio {cached / uncached:.1f}x")
+    return "\n".join(rows)
+
+
+@torch.no_grad()
+def full_val_loss(run_dir, data, val_fraction=0.1, batch=64):
+    """Loss of a run's best checkpoint over the whole validation split, in consecutive windows: one exact
+    number instead of the training loop's sampled estimate."""
+    from .checkpoint import load_model
+    from .data import encode_corpus, split_sizes
+    model, vocab, _ = load_model(run_dir)
+    ids = encode_corpus(data).ids()
+    n_train, _ = split_sizes(len(ids), val_fraction, model.config.block_size)
+    T = model.config.block_size
+    val = torch.from_numpy(ids[n_train:].astype("int64"))
+    n = (len(val) - 1) // T
+    x, y = val[:n * T].view(n, T), val[1:n * T + 1].view(n, T)
+    total = 0.0
+    for i in range(0, n, batch):
+        _, loss = model(x[i:i + batch], y[i:i + batch])
+        total += loss.item() * len(x[i:i + batch])
+    return total / n
+
+
+def quality(args):
+    """Train with the defaults (plus any --set overrides) for --max-time seconds; report the full val loss."""
+    import tempfile
+    from .training import train
+    overrides = {"data": args.data, "max_time": args.max_time, "sample_chars": 0}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        overrides[key.replace("-", "_")] = type_of(key.replace("-", "_"))(value)
+    out = args.out_dir or tempfile.mkdtemp(prefix="chargpt-quality-")
+    t0 = time.perf_counter()
+    summary = train(out_dir=out, **overrides)
+    wall = time.perf_counter() - t0
+    val = full_val_loss(out, args.data)
+    sets = " ".join(f"--{k}" for k in args.set)
+    return (f"quality: --max-time {args.max_time:g} {sets}: full val loss {val:.4f} (loop estimate "
+            f"{summary['best_val_loss']:.4f}), {summary['step']} steps, {wall:.0f} s wall")
+
+
+def type_of(name):
+    from dataclasses import fields
+    from .cli import _field_type
+    from .config import ModelConfig, TrainConfig
+    for f in fields(ModelConfig) + fields(TrainConfig):
+        if f.name == name:
+            t = _field_type(f)
+            return (lambda v: v.lower() in ("1", "true", "yes")) if t is bool else t
+    raise SystemExit(f"unknown setting {name}")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("mode", nargs="?", default="speed", choices=["speed", "quality"])
+    p.add_argument("--only", nargs="*", default=["peak", "train", "baseline", "decode"],
+                   help="parts of the speed benchmark: peak train baseline decode")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--data", default=None, help="corpus for the quality benchmark")
+    p.add_argument("--max-time", type=float, default=120.0)
+    p.add_argument("--out-dir", default=None)
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="quality: override a training flag, e.g. --set n-embd=192 (repeatable)")
+    p.add_argument("--write", action="store_true", help="append the results to benchmarks/RESULTS.md")
+    args = p.parse_args(argv)
+    device = pick_device(args.device)
+    if device.type == "cpu":
+        configure_threads(args.threads)
+    report = speed(set(args.only), device) if args.mode == "speed" else quality(args)
+    print(report)
+    if args.write:
+        path = Path("benchmarks/RESULTS.md")
+        path.parent.mkdir(exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M')} — python -m chargpt.bench {args.mode}\n\n{report}\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""The network: loss at init, learning, causality, fused attention against the explicit reference."""
+
+import math
+
+import pytest
+import torch
+
+from chargpt.config import ModelConfig
+from chargpt.model import CharGPT, KVCache
+
+
+def test_initial_loss_is_log_vocab(tiny_config):
+    """An untrained model is uncertain: its loss is ~ ln(V), the loss of a uniform guess."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(**{**vars(tiny_config), "vocab_size": 50})
+    model = CharGPT(cfg)
+    idx, targets = torch.randint(0, 50, (2, 8, 16))
+    _, loss = model(idx, targets)
+    assert loss.item() == pytest.approx(math.log(50), rel=0.05)
+
+
+def test_overfits_one_batch(tiny_config):
+    torch.manual_seed(0)
+    model = CharGPT(tiny_config)
+    idx = torch.randint(0, tiny_config.vocab_size, (4, 16))
+    targets = torch.roll(idx, -1, dims=1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(150):
+        _, loss = model(idx, targets)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.1
+
+
+@pytest.mark.parametrize("kernel", ["fused", "manual"])
+def test_causality(tiny_config, kernel):
+    """Changing a later character never changes the logits of earlier positions."""
+    torch.manual_seed(0)
+    model = CharGPT(tiny_config).eval()
+    model.set_attention(kernel)
+    idx = torch.randint(0, tiny_config.vocab_size, (2, 16))
+    changed = idx.clone()
+    changed[:, 10:] = (changed[:, 10:] + 1) % tiny_config.vocab_size
+    a, _ = model(idx)
+    b, _ = model(changed)
+    torch.testing.assert_close(a[:, :10], b[:, :10], rtol=0, atol=0)
+    assert not torch.allclose(a[:, 10:], b[:, 10:])
+
+
+@pytest.mark.parametrize("bias,tie", [(True, True), (False, False)])
+def test_fused_attention_equals_masked_softmax(tiny_config, bias, tie):
+    torch.manual_seed(0)
+    cfg = ModelConfig(**{**vars(tiny_config), "bias": bias, "tie_weights": tie})
+    model = CharGPT(cfg).eval()
+    idx = torch.randint(0, cfg.vocab_size, (3, 16))
+    model.set_attention("fused")
+    fused, _ = model(idx)
+    model.set_attention("manual")
+    manual, _ = model(idx)
+    torch.testing.assert_close(fused, manual, rtol=1e-5, atol=1e-5)
+
+
+def test_cached_forward_equals_full_forward(tiny_config):
+    """Prefill + one position at a time through the KV cache gives the full forward's logits."""
+    torch.manual_seed(0)
+    model = CharGPT(tiny_config).eval()
+    idx = torch.randint(0, tiny_config.vocab_size, (2, 12))
+    full, _ = model(idx)
+    for kernel in ("fused", "manual"):
+        model.set_attention(kernel)
+        cache = KVCache(tiny_config, batch_size=2)
+        steps = [model(idx[:, :5], cache=cache)[0]]
+        steps += [model(idx[:, t:t + 1], cache=cache)[0] for t in range(5, 12)]
+        torch.testing.assert_close(torch.cat(steps, dim=1), full[:, 4:], rtol=1e-5, atol=1e-5)
+
+
+def test_too_long_input_is_a_clear_error(tiny_config):
+    model = CharGPT(tiny_config)
+    with pytest.raises(ValueError, match="block_size"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_gpt2_init_and_weight_tying(tiny_config):
+    torch.manual_seed(0)
+    model = CharGPT(ModelConfig(**{**vars(tiny_config), "n_embd": 64, "n_layer": 4}))
+    assert model.lm_head.weight is model.wte.weight
+    proj = model.h[0].mlp.c_proj.weight.std().item()
+    fc = model.h[0].mlp.c_fc.weight.std().item()
+    assert fc == pytest.approx(0.02, rel=0.1)
+    assert proj == pytest.approx(0.02 / math.sqrt(2 * 4), rel=0.15)  # residual projections scaled by depth
+    untied = CharGPT(ModelConfig(**{**vars(tiny_config), "tie_weights": False}))
+    assert untied.num_params() > CharGPT(tiny_config).num_params()
+
+
+def test_weight_decay_only_on_matrices(tiny_config):
+    decay, no_decay = CharGPT(tiny_config).optimizer_groups(0.1)
+    assert all(p.dim() >= 2 for p in decay["params"]) and decay["weight_decay"] == 0.1
+    assert all(p.dim() < 2 for p in no_decay["params"]) and no_decay["weight_decay"] == 0.0

@@ -1,0 +1,88 @@
+"""End to end: the real train.py and sample.py as a user runs them, and checkpoint round trips."""
+
+import json
+
+import torch
+from safetensors import safe_open
+
+from chargpt.checkpoint import load_model, save_model
+from chargpt.model import CharGPT
+from chargpt.tokenizer import Vocab
+from conftest import TINY, run_cli
+
+
+def test_save_load_gives_identical_logits(tmp_path, tiny_config):
+    torch.manual_seed(0)
+    vocab = Vocab("\nabcdefghij")
+    model = CharGPT(tiny_config).eval()
+    save_model(tmp_path / "m.safetensors", model, vocab, step=7)
+    loaded, vocab2, meta = load_model(tmp_path / "m.safetensors")
+    idx = torch.randint(0, 11, (2, 16))
+    torch.testing.assert_close(loaded(idx)[0], model(idx)[0], rtol=0, atol=0)
+    assert vocab2 == vocab and loaded.config == tiny_config and meta["step"] == 7
+    assert loaded.lm_head.weight is loaded.wte.weight  # tying survives the round trip
+
+
+def test_train_then_sample_end_to_end(corpus, tmp_path):
+    out = tmp_path / "run"
+    r = run_cli("train.py", "--data", corpus, "--out-dir", out, "--max-iters", "40", "--eval-interval", "20",
+                "--learning-rate", "3e-3", "--warmup-iters", "5", "--sample-chars", "50", *TINY[:-6], "--dtype", "float32")
+    assert r.returncode == 0, r.stderr
+    assert "step     40" in r.stdout and "bpc" in r.stdout and "--- sample" in r.stdout
+    assert {p.name for p in out.iterdir()} == {"latest.safetensors", "best.safetensors", "state.safetensors",
+                                                "metrics.jsonl"}
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [0, 20, 40]
+    assert metrics[-1]["val_loss"] < metrics[0]["val_loss"] - 0.5  # it learned something
+
+    # the checkpoint opens with safetensors alone: config and vocabulary are in its JSON metadata
+    with safe_open(str(out / "best.safetensors"), framework="pt") as f:
+        meta = json.loads(f.metadata()["chargpt"])
+    assert meta["model_config"]["n_embd"] == 16 and set(meta["vocab"]) == set(corpus.read_text())
+
+    r1 = run_cli("sample.py", "--checkpoint", out, "--prompt", "ROMEO:", "--max-new-tokens", "60", "--seed", "3")
+    r2 = run_cli("sample.py", "--checkpoint", out, "--prompt", "ROMEO:", "--max-new-tokens", "60", "--seed", "3")
+    assert r1.returncode == 0, r1.stderr
+    assert r1.stdout.startswith("ROMEO:") and len(r1.stdout.rstrip("\n")) == len("ROMEO:") + 60
+    assert r1.stdout == r2.stdout  # same seed, same text
+
+    # with no --checkpoint, sample.py takes the most recent run under checkpoints/
+    r = run_cli("train.py", "--data", corpus, "--max-iters", "2", "--eval-interval", "2", *TINY)
+    assert r.returncode == 0, r.stderr and (tmp_path / "checkpoints" / "corpus" / "best.safetensors").exists()
+    r = run_cli("sample.py", "--max-new-tokens", "5", "--seed", "1")
+    assert r.returncode == 0 and "checkpoints/corpus" in r.stderr
+
+
+def test_chinese_corpus(tmp_path):
+    text = "床前明月光，疑是地上霜。舉頭望明月，低頭思故鄉。\n" * 40
+    path = tmp_path / "tang.txt"
+    path.write_text(text, encoding="utf-8")
+    r = run_cli("train.py", "--data", path, "--out-dir", tmp_path / "tang", "--max-iters", "30",
+                "--eval-interval", "30", "--learning-rate", "3e-3", *TINY)
+    assert r.returncode == 0, r.stderr
+    r = run_cli("sample.py", "--checkpoint", tmp_path / "tang", "--prompt", "床前", "--max-new-tokens", "20",
+                "--seed", "0")
+    assert r.returncode == 0, r.stderr
+    generated = r.stdout.rstrip("\n")
+    assert generated.startswith("床前") and len(generated) == 22 and set(generated) <= set(text)
+
+
+def test_new_run_never_overwrites_an_old_one(corpus, tmp_path):
+    args = ["--data", corpus, "--max-iters", "2", "--eval-interval", "2", *TINY]
+    assert run_cli("train.py", *args).returncode == 0
+    r = run_cli("train.py", *args)
+    assert r.returncode == 0 and (tmp_path / "checkpoints" / "corpus-2" / "best.safetensors").exists()
+    before = (tmp_path / "checkpoints" / "corpus-2" / "best.safetensors").read_bytes()
+    r = run_cli("train.py", *args, "--out-dir", tmp_path / "checkpoints" / "corpus-2")
+    assert r.returncode == 1 and "--resume" in r.stderr and "Traceback" not in r.stderr
+    assert (tmp_path / "checkpoints" / "corpus-2" / "best.safetensors").read_bytes() == before
+
+
+def test_help_lists_every_flag_with_help():
+    r = run_cli("train.py", "--help")
+    for name in ["--data", "--out-dir", "--n-layer", "--n-head", "--n-embd", "--block-size", "--dropout",
+                 "--bias / --no-bias", "--batch-size", "--grad-accum", "--max-iters", "--learning-rate", "--min-lr",
+                 "--warmup-iters", "--weight-decay", "--beta1", "--beta2", "--grad-clip", "--eval-interval",
+                 "--eval-iters", "--device", "--dtype", "--compile / --no-compile", "--seed", "--resume",
+                 "--max-time", "--threads"]:
+        assert name in r.stdout, name
