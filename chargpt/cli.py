@@ -7,8 +7,9 @@ Errors a user can fix print one line on stderr and exit 1; Ctrl-C exits 130 (SIG
 
 import json
 import random
+import re
 import sys
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import click
@@ -97,55 +98,85 @@ def train_cli(**kwargs):
 
 
 # --- sampling ------------------------------------------------------------------------------------------
+def unescape(text):
+    """'\\n', '\\t', '\\r' and '\\\\' typed on a command line -> the characters (other text is kept as is)."""
+    return re.sub(r"\\([ntr\\])", lambda m: {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}[m.group(1)], text)
+
+
 def _read_prompt(prompt, prompt_file):
+    """--prompt / --prompt-file / --prompt - -> the prompt text, exactly as given (UTF-8; a BOM is dropped)."""
     if prompt is not None and prompt_file is not None:
         raise ChargptError("pass either --prompt or --prompt-file, not both")
     if prompt == "-":
-        return sys.stdin.read()
+        data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8")
+        return _decode_prompt(data, "stdin (--prompt -)")
     if prompt_file is not None:
         try:
-            text = Path(prompt_file).read_text(encoding="utf-8")
+            data = Path(prompt_file).read_bytes()  # bytes: keep \r\n as written, in case the corpus had it
         except FileNotFoundError:
             raise ChargptError(f"prompt file not found: {prompt_file}") from None
-        except UnicodeDecodeError as e:
-            raise ChargptError(f"prompt file {prompt_file} is not UTF-8 (byte offset {e.start}); "
-                               f"convert it to UTF-8") from None
         except OSError as e:
             raise ChargptError(f"cannot read prompt file {prompt_file}: {e.strerror}") from None
-        if not text:
-            raise ChargptError(f"prompt file {prompt_file} is empty; put some text in it or use --prompt")
-        return text
+        return _decode_prompt(data, f"prompt file {prompt_file}")
     return prompt or ""
 
 
+def _decode_prompt(data, source):
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ChargptError(f"{source} is not UTF-8 (byte offset {e.start}); convert it to UTF-8") from None
+    if not text:
+        raise ChargptError(f"{source} is empty; give some text, or drop it to start from a new line")
+    return text
+
+
 def _separator(i, n, seed):
-    return f"\n========== sample {i + 1}/{n} (seed {seed}) ==========\n"
+    """The line above each sample when there are several (none for one)."""
+    return f"========== sample {i + 1}/{n} (seed {seed}) ==========\n" if n > 1 else ""
+
+
+def _format_sample(i, n, seed, prompt, text):
+    return _separator(i, n, seed) + prompt + text + "\n"
 
 
 def stream_samples(gen, prompt, n, seed, settings, unknown, out, use_cache=True):
-    """Write samples to `out` as they are decoded: the prompt, then the text. Samples are decoded together;
-    the first unfinished one is shown live and the others are buffered until their turn."""
-    texts, current = [""] * n, 0
+    """Write samples to `out` as they are decoded: the prompt, then the text. Samples are decoded together in
+    one batch; the first is shown live and the others, buffered, follow when decoding ends. -> the texts."""
     prompt = gen.prompt_text(prompt, unknown)  # raises before anything is printed
-
-    def show(i):
-        if n > 1:
-            out.write(_separator(i, n, seed))
-        out.write(prompt)
-
-    show(0)
-    for i, piece in gen.stream(prompt, num_samples=n, seed=seed, use_cache=use_cache,
-                               **settings):
+    texts = [""] * n
+    out.write(_separator(0, n, seed) + prompt)
+    out.flush()
+    for i, piece in gen.stream(prompt, num_samples=n, seed=seed, use_cache=use_cache, **settings):
         texts[i] += piece
-        if i == current:
+        if i == 0:
             out.write(piece)
             out.flush()
-    for i in range(1, n):
-        show(i)
-        out.write(texts[i])
     out.write("\n")
+    for i in range(1, n):
+        out.write(_format_sample(i, n, seed, prompt, texts[i]))
     out.flush()
     return texts
+
+
+def _all_samples(gen, prompt, n, seed, settings, unknown, as_json, use_cache=True):
+    """Decode all samples, then -> the text to write: as printed, or one JSON object per line."""
+    prompt = gen.prompt_text(prompt, unknown)
+    texts = gen.generate(prompt, num_samples=n, seed=seed, use_cache=use_cache, **settings)
+    if not as_json:
+        return "".join(_format_sample(i, n, seed, prompt, t) for i, t in enumerate(texts))
+    record = {**settings, "num_samples": n, "unknown": unknown}  # with the seed, enough to reproduce the text
+    return "".join(json.dumps({"sample": i, "prompt": prompt, "text": t, "seed": seed, "settings": record},
+                              ensure_ascii=False) + "\n" for i, t in enumerate(texts))
+
+
+def _check_interactive(prompt, prompt_file, output, as_json, num_samples):
+    given = [name for name, on in (("--prompt", prompt is not None), ("--prompt-file", prompt_file is not None),
+                                   ("--output", output is not None), ("--json", as_json),
+                                   ("--num-samples", num_samples != 1)) if on]
+    if given:
+        raise ChargptError(f"--interactive reads prompts from the terminal and shows one sample each; "
+                           f"drop {', '.join(given)}")
 
 
 @click.command(context_settings=CONTEXT)
@@ -158,21 +189,23 @@ def stream_samples(gen, prompt, n, seed, settings, unknown, out, use_cache=True)
 @click.option("--temperature", default=0.8, show_default=True, type=float,
               help="randomness: below 1 safer, above 1 wilder; 0 always picks the most likely character")
 @click.option("--top-k", default=None, type=int, help="sample only from the k most likely characters "
-              "(clamped to the vocabulary) [default: off]")
+              "(clamped to the vocabulary; 0: off) [default: off]")
 @click.option("--top-p", default=None, type=float, help="nucleus sampling: the smallest set of characters "
-              "whose probability reaches p, in (0, 1] [default: off]")
-@click.option("--num-samples", default=1, show_default=True, type=click.IntRange(min=1),
+              "whose probability reaches p, in (0, 1] (1: off) [default: off]")
+@click.option("--num-samples", default=1, show_default=True, type=int,
               help="independent samples, decoded together in one batch")
-@click.option("--seed", default=None, type=int, help="random seed; the same seed gives the same text "
-              "[default: random, printed on stderr]")
+@click.option("--seed", default=None, type=int, help="random seed; the same seed (and --num-samples) gives "
+              "the same text [default: random, printed on stderr]")
 @click.option("--stop", multiple=True, help="stop a sample when it writes this string (not included); "
-              "repeatable")
+              "\\n and \\t mean newline and tab, so --stop '\\n\\n' stops at a blank line; repeatable")
 @click.option("--unknown", default="error", show_default=True, type=click.Choice(["error", "skip", "replace"]),
-              help="prompt characters the model never saw: error names them; skip drops them; replace maps "
-                   "them to U+FFFD, '?' or a space (the first the vocabulary has)")
+              help="prompt characters the model never saw: error names them; skip drops them (with a warning); "
+                   "replace maps them to U+FFFD, '?' or a space (the first the vocabulary has)")
 @click.option("--output", default=None, help="write the samples to this file instead of stdout")
-@click.option("--json", "as_json", is_flag=True, help="print one JSON object per sample (for scripts)")
-@click.option("--interactive", is_flag=True, help="a prompt loop that keeps the model loaded")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object per sample (sample, prompt as the "
+              "model saw it, text, seed, settings) for scripts")
+@click.option("--interactive", is_flag=True, help="a prompt loop that keeps the model loaded; /help lists its "
+              "commands, Ctrl-C stops a sample, Ctrl-D exits")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N or mps")
 @click.option("--no-cache", is_flag=True, help="decode without the KV cache (the slow reference path)")
 def sample_cli(checkpoint_path, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p, num_samples, seed,
@@ -181,39 +214,43 @@ def sample_cli(checkpoint_path, prompt, prompt_file, max_new_tokens, temperature
     def main():
         from .checkpoint import latest_run
         from .sampling import SampleSettings, load
-        settings = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                        stop=tuple(stop))
-        SampleSettings(**settings).validate()
+        settings = asdict(SampleSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                                         top_p=top_p, stop=tuple(map(unescape, stop))).validate())
+        if num_samples < 1:
+            raise ChargptError(f"--num-samples must be at least 1, got {num_samples}")
+        if interactive:
+            _check_interactive(prompt, prompt_file, output, as_json, num_samples)
         text = _read_prompt(prompt, prompt_file)
         path = checkpoint_path or latest_run()
         gen = load(path, device=device)
-        click.echo(f"loaded {path} (step {gen.meta.get('step')}, val loss {gen.meta.get('val_loss')}, "
-                   f"{len(gen.vocab)} characters) on {gen.device}", err=True)
+        click.echo(f"loaded {path} ({_describe_run(gen)}) on {gen.device}", err=True)
         if interactive:
             from .repl import repl
             return repl(gen, settings, seed, unknown)
+        text, warning = gen.prompt_text(text, unknown), gen.unknown_warning(text, unknown)  # 'error' raises here
+        if warning:
+            click.echo(f"warning: {warning}", err=True)
         use_seed = seed if seed is not None else random.randrange(2**31)
         if seed is None:
             click.echo(f"seed: {use_seed}", err=True)
-        if as_json or output:
-            texts = gen.generate(text, num_samples=num_samples, seed=use_seed, unknown=unknown,
-                                 use_cache=not no_cache, **settings)
-            if as_json:
-                lines = [json.dumps({"sample": i, "prompt": text, "text": t, "seed": use_seed, **settings},
-                                    ensure_ascii=False) for i, t in enumerate(texts)]
-                body = "\n".join(lines) + "\n"
-            else:
-                body = "".join((_separator(i, num_samples, use_seed) if num_samples > 1 else "") + text + t + "\n"
-                               for i, t in enumerate(texts))
-            if output:
-                _write_output(output, body)
-                click.echo(f"wrote {num_samples} sample(s) to {output}", err=True)
-            else:
-                sys.stdout.write(body)
+        if not (as_json or output):
+            stream_samples(gen, text, num_samples, use_seed, settings, unknown, sys.stdout, use_cache=not no_cache)
             return
-        stream_samples(gen, text, num_samples, use_seed, settings, unknown, sys.stdout, use_cache=not no_cache)
+        body = _all_samples(gen, text, num_samples, use_seed, settings, unknown, as_json, use_cache=not no_cache)
+        if output:
+            _write_output(output, body)
+            click.echo(f"wrote {num_samples} sample(s) to {output}", err=True)
+        else:
+            sys.stdout.write(body)
 
     run_guarded(main)
+
+
+def _describe_run(gen):
+    step, loss = gen.meta.get("step"), gen.meta.get("val_loss")
+    facts = [f"step {step}"] if step is not None else []
+    facts += [f"val loss {loss:.4f}"] if isinstance(loss, (int, float)) else []
+    return ", ".join(facts + [f"{len(gen.vocab)} characters"])
 
 
 def _write_output(path, body):

@@ -1,8 +1,9 @@
 """`sample.py --interactive`: load the model once, then answer prompt after prompt.
 
 Commands between prompts change the settings: /temp 0.5, /topk 40, /topp 0.9, /len 300, /seed 7, /show,
-/help, /quit. An empty line samples from the default start. Ctrl-C stops the current sample only; Ctrl-D
-(end of input) exits.
+/help, /quit. An empty line samples from the default start. Ctrl-C stops the current sample only (at the
+input prompt it just clears the line); Ctrl-D (end of input) exits. Text goes to stdout, everything else
+(the "> " prompt, messages) to stderr, so the samples can be piped or logged on their own.
 """
 
 import random
@@ -13,65 +14,84 @@ from .sampling import SampleSettings
 
 HELP = ("commands: /temp T  /topk K (0: off)  /topp P (1: off)  /len N  /seed S  /show  /help  /quit; "
         "anything else is a prompt")
-SETTERS = {"/temp": ("temperature", float), "/topk": ("top_k", int), "/topp": ("top_p", float),
-           "/len": ("max_new_tokens", int)}
+# command -> (setting, type, the value that turns it off)
+SETTERS = {"/temp": ("temperature", float, None), "/topk": ("top_k", int, 0), "/topp": ("top_p", float, 1.0),
+           "/len": ("max_new_tokens", int, None)}
 
 
 def repl(gen, settings, seed, unknown, inp=None, out=None, err=None):
+    """Read lines from `inp` until end of input; settings is a dict of SampleSettings fields."""
     inp, out, err = inp or sys.stdin, out or sys.stdout, err or sys.stderr
     settings = dict(settings)
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # one seed per prompt, drawn from the session seed: a session replays exactly
     err.write(HELP + "\n")
     while True:
         err.write("> ")
         err.flush()
-        line = inp.readline()
+        try:
+            line = inp.readline()
+        except KeyboardInterrupt:
+            err.write("\n(Ctrl-D or /quit exits)\n")
+            continue
         if not line:  # Ctrl-D
             err.write("\n")
             return
-        line = line.rstrip("\n")
+        line = line.rstrip("\r\n")
         word, _, arg = line.strip().partition(" ")
         if word in ("/quit", "/exit"):
             return
         if word == "/help":
             err.write(HELP + "\n")
-            continue
-        if word == "/show":
+        elif word == "/show":
             err.write(f"{settings} seed={seed}\n")
-            continue
-        if word == "/seed":
+        elif word == "/seed":
             try:
                 seed = int(arg)
                 rng = random.Random(seed)
+                err.write(f"seed = {seed}\n")
             except ValueError:
                 err.write("usage: /seed INTEGER\n")
-            continue
-        if word in SETTERS:
-            key, cast = SETTERS[word]
-            try:
-                value = cast(arg)
-                if key == "top_k" and value == 0:
-                    value = None
-                if key == "top_p" and value == 1:
-                    value = None
-                SampleSettings(**{**settings, key: value}).validate()
-                settings[key] = value
-                err.write(f"{key} = {value}\n")
-            except (ValueError, ChargptError) as e:
-                err.write(f"invalid value for {word}: {e}\n")
-            continue
-        if word.startswith("/"):
+        elif word in SETTERS:
+            err.write(_set(settings, word, arg.strip()) + "\n")
+        elif word.startswith("/"):
             err.write(f"unknown command {word}; {HELP}\n")
-            continue
-        sample_seed = rng.randrange(2**31)
-        out.write(line)
-        try:
-            for _, piece in gen.stream(line, seed=sample_seed, unknown=unknown, **settings):
-                out.write(piece)
-                out.flush()
-        except ChargptError as e:
-            err.write(f"error: {e}\n")
-        except KeyboardInterrupt:
-            err.write("\n[stopped]")
-        out.write("\n")
-        out.flush()
+        else:
+            _answer(gen, line, settings, rng.randrange(2**31), unknown, out, err)
+
+
+def _set(settings, word, arg):
+    """Apply one setter command to settings; -> the message to show."""
+    key, cast, off = SETTERS[word]
+    try:
+        value = cast(arg)
+    except ValueError:
+        return f"usage: {word} {cast.__name__.upper()}"
+    if off is not None and value == off:
+        value = None
+    try:
+        SampleSettings(**{**settings, key: value}).validate()
+    except ChargptError as e:
+        return f"invalid value for {word}: {e}"
+    settings[key] = value
+    return f"{key} = {value}"
+
+
+def _answer(gen, line, settings, sample_seed, unknown, out, err):
+    """Write the prompt and its continuation; a bad prompt or Ctrl-C ends only this sample."""
+    try:
+        prompt = gen.prompt_text(line, unknown)
+    except ChargptError as e:
+        err.write(f"error: {e}\n")
+        return
+    warning = gen.unknown_warning(line, unknown)
+    if warning:
+        err.write(f"warning: {warning}\n")
+    out.write(prompt)
+    try:
+        for _, piece in gen.stream(prompt, seed=sample_seed, unknown=unknown, **settings):
+            out.write(piece)
+            out.flush()
+    except KeyboardInterrupt:
+        err.write("\n[stopped]")
+    out.write("\n")
+    out.flush()

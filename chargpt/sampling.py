@@ -5,14 +5,18 @@ stop strings, and the small Python API.
     gen = chargpt.load("checkpoints/tinyshakespeare")
     print(gen.generate("ROMEO:", max_new_tokens=200, temperature=0.8, seed=1)[0])
 
+KV cache: the prompt is processed once (prefill), then each new character costs one position per layer. All
+samples of a call decode together as one batch (B streams, one forward pass per step).
+
 Long generations: the model has learned absolute positions 0 .. block_size-1, so a cache cannot slide.
 When the window is full, the cache is rebuilt (one prefill) from the last `keep` characters (3/4 of
 block_size by default) and decoding goes on; one prefill every block_size/4 characters keeps the cost near
-one position per character. Within block_size total characters, cached decoding is exactly the uncached
-reference (full forward over the window every step), which is kept for tests and benchmarks.
+one position per character. Within block_size total characters (prompt + generated), cached decoding gives
+exactly the characters of the uncached reference (a full forward over the last block_size characters every
+step), which is kept for tests and benchmarks. Past that point the two condition on different windows.
 """
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,31 +27,36 @@ from .runtime import autocast
 
 @dataclass
 class SampleSettings:
+    """How to choose characters; the CLI flags and the Generator keywords share these names and defaults."""
     max_new_tokens: int = 500
-    temperature: float = 0.8
-    top_k: int | None = None
-    top_p: float | None = None
-    stop: tuple = field(default_factory=tuple)
+    temperature: float = 0.8  # 0: greedy (always the most likely character)
+    top_k: int | None = None  # None or 0: off
+    top_p: float | None = None  # None or 1: off
+    stop: tuple = field(default_factory=tuple)  # stop strings, not included in the output
+
+    def __post_init__(self):
+        # a lone string would otherwise be read as one stop string per character
+        self.stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
     def validate(self):
-        if self.temperature < 0:
+        if not self.temperature >= 0:  # also catches NaN
             raise ChargptError(f"--temperature must be >= 0 (0 means greedy), got {self.temperature}")
         if self.top_k is not None and self.top_k < 0:
-            raise ChargptError(f"--top-k must be >= 0 (0 or none disables it), got {self.top_k}")
+            raise ChargptError(f"--top-k must be >= 0 (0 disables it), got {self.top_k}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ChargptError(f"--top-p must be in (0, 1], got {self.top_p}")
+            raise ChargptError(f"--top-p must be in (0, 1] (1 disables it), got {self.top_p}")
         if self.max_new_tokens < 0:
             raise ChargptError(f"--max-new-tokens must be >= 0, got {self.max_new_tokens}")
-        if any(not s for s in self.stop):
+        if any(not isinstance(s, str) or not s for s in self.stop):
             raise ChargptError("--stop needs a non-empty string")
         return self
 
 
 def sample_next(logits, generator, temperature=1.0, top_k=None, top_p=None):
-    """logits (B, V) -> next ids (B,). Temperature 0 is argmax; top_k is clamped to V; top_p keeps the
-    smallest set of most likely characters whose probability reaches top_p. Randomness comes only from
-    `generator` (a CPU torch.Generator): one uniform number per row, mapped through the cumulative
-    distribution, so the same seed gives the same text on any device."""
+    """logits (B, V) -> next ids (B,). Temperature 0 is argmax; top_k is clamped to V (0 or None: off); top_p
+    keeps the smallest set of most likely characters whose probability reaches top_p (applied after top_k).
+    Randomness comes only from `generator` (a CPU torch.Generator): one uniform number per row, mapped
+    through the cumulative distribution, so the same seed gives the same text on any device."""
     if temperature == 0:
         return logits.argmax(dim=-1)
     logits = logits.float() / temperature
@@ -59,19 +68,24 @@ def sample_next(logits, generator, temperature=1.0, top_k=None, top_p=None):
         sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
         drop = (sorted_p.cumsum(dim=-1) - sorted_p) >= top_p  # mass before this one already reached top_p
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
-    u = torch.rand(probs.size(0), 1, generator=generator).to(probs.device)  # (B, 1)
+    u = torch.rand(probs.size(0), 1, generator=generator).to(probs.device)  # (B, 1), in [0, 1)
     cdf = probs.cumsum(dim=-1)
-    ids = (cdf <= u * cdf[:, -1:]).sum(dim=-1)
-    return ids.clamp_(max=probs.size(-1) - 1)
+    cdf = cdf / cdf[:, -1:]  # ends at exactly 1 > u, so a zero-probability character is never picked
+    return (cdf <= u).sum(dim=-1)  # (B,): the first index whose cdf exceeds u
 
 
 @torch.no_grad()
 def decode(model, ctx, settings, generator, use_cache=True, keep=None, dtype=torch.float32):
     """Yield the next ids (B,) one step at a time, continuing ctx (B, T) ids.
 
-    use_cache=False is the reference: a full forward over the last block_size characters every step."""
+    use_cache=False is the reference: a full forward over the last block_size characters every step.
+    keep: characters the cache is rebuilt from when the window is full [default: 3/4 of block_size]."""
+    if settings.max_new_tokens == 0:
+        return
     block = model.config.block_size
     keep = keep or max(1, (3 * block) // 4)
+    if not 0 < keep <= block:
+        raise ValueError(f"keep must be in 1 .. block_size ({block}), got {keep}")
     device = ctx.device
     cache = KVCache(model.config, ctx.size(0), device=device, dtype=dtype) if use_cache else None
     seq = ctx
@@ -80,7 +94,7 @@ def decode(model, ctx, settings, generator, use_cache=True, keep=None, dtype=tor
         with autocast(device, dtype):
             return model(window, cache=cache)[0][:, -1, :]  # (B, V)
 
-    logits = forward(seq[:, -block:])
+    logits = forward(seq[:, -block:])  # prefill (with a cache) or the first full forward
     for step in range(settings.max_new_tokens):
         nxt = sample_next(logits, generator, settings.temperature, settings.top_k, settings.top_p)  # (B,)
         yield nxt
@@ -90,49 +104,67 @@ def decode(model, ctx, settings, generator, use_cache=True, keep=None, dtype=tor
         if cache is None:
             logits = forward(seq[:, -block:])
         elif cache.pos < block:
-            logits = forward(nxt[:, None])
+            logits = forward(nxt[:, None])  # one new position per layer
         else:  # window full: rebuild the cache from the last `keep` characters
             cache.reset()
             logits = forward(seq[:, -keep:])
 
 
 class StopFilter:
-    """Cuts one stream at the first stop string, which may begin inside the prompt. Text is released only
-    once it can no longer be the start of a stop string, so nothing printed ever needs taking back."""
+    """Cuts one stream at the first stop string it produces; the stop string may begin inside the prompt
+    (but must end in generated text). Text is released only once it can no longer be the start of a stop
+    string, so nothing released ever needs taking back."""
 
     def __init__(self, prompt, stops):
         self.stops = tuple(stops)
         self.hold = max((len(s) for s in self.stops), default=1) - 1
-        self.prompt_tail = prompt[-self.hold:] if self.hold else ""
+        self.prompt_tail = prompt[-self.hold:] if self.hold else ""  # where a stop string may begin
         self.text, self.released, self.done = "", 0, False
 
     def feed(self, chars):
         """Add generated characters; -> the newly releasable text."""
         if self.done:
             return ""
+        checked = len(self.text)
         self.text += chars
-        if self.stops:
-            window = self.prompt_tail + self.text
-            hits = [window.find(s) for s in self.stops]
-            hits = [h for h in hits if h >= 0]
-            if hits:
-                self.done = True
-                self.text = self.text[:max(0, min(hits) - len(self.prompt_tail))]
-                return self.flush()
+        cut = self._first_stop(checked)
+        if cut is not None:
+            self.done = True
+            self.text = self.text[:cut]
+            return self.flush()
         end = max(self.released, len(self.text) - self.hold)
         out, self.released = self.text[self.released:end], end
         return out
+
+    def _first_stop(self, checked):
+        """Where to cut the text for the stop string that completes first after `checked` generated
+        characters (the longest one if several complete together), or None."""
+        window = self.prompt_tail + self.text
+        first = None  # (end, start) in window
+        for s in self.stops:
+            i = window.find(s, max(0, len(self.prompt_tail) + checked + 1 - len(s)))  # must end in new text
+            if i >= 0 and (first is None or (i + len(s), i) < first):
+                first = (i + len(s), i)
+        return None if first is None else max(0, first[1] - len(self.prompt_tail))
 
     def flush(self):
         out, self.released = self.text[self.released:], len(self.text)
         return out
 
 
+def describe_chars(found):
+    """[(position, char)] -> "'é' (U+00E9) at 3, ..." (at most 10 listed)."""
+    shown = ", ".join(f"{c!r} (U+{ord(c):04X}) at {i}" for i, c in found[:10])
+    return shown + (f" and {len(found) - 10} more" if len(found) > 10 else "")
+
+
 class Generator:
     """A loaded model and its vocabulary, ready to write text. Build it with chargpt.load(path)."""
 
     def __init__(self, model, vocab, device, dtype=torch.float32, meta=None):
-        self.model, self.vocab, self.device, self.dtype, self.meta = model.eval(), vocab, device, dtype, meta or {}
+        from .checkpoint import unwrap  # decode with the plain module: no DDP sync, no recompiles per length
+        self.model, self.vocab, self.device, self.dtype = unwrap(model).eval(), vocab, torch.device(device), dtype
+        self.meta = meta or {}
 
     def start_text(self):
         """What an empty prompt conditions on: a newline (as if a new paragraph started), else a space."""
@@ -142,15 +174,35 @@ class Generator:
         return self.vocab.chars[0]
 
     def prompt_text(self, prompt, unknown="error"):
-        """The prompt as the model will see it (after the unknown-character policy); raises for 'error'."""
+        """The prompt as the model will see it after the unknown-character policy: 'error' raises naming
+        each unknown character and its position, 'skip' drops them, 'replace' maps them to the first of
+        U+FFFD, '?' or a space that the vocabulary has (else its first character)."""
         return self.vocab.decode(self.vocab.encode(prompt, unknown=unknown))
 
-    def stream(self, prompt="", num_samples=1, seed=None, unknown="error", use_cache=True, **settings):
-        """Yield (sample index, text) pieces as they are decoded. All samples decode together in one batch."""
-        settings = SampleSettings(**settings).validate()
+    def unknown_warning(self, prompt, unknown):
+        """One line for stderr saying what 'skip' or 'replace' did to the prompt, or '' if nothing."""
+        found = self.vocab.unknown(prompt)
+        if not found or unknown == "error":
+            return ""
+        what = "dropped" if unknown == "skip" else f"replaced with {self.vocab.replacement()!r}"
+        return f"{len(found)} prompt character(s) the model never saw were {what}: {describe_chars(found)}"
+
+    def stream(self, prompt="", *, max_new_tokens=SampleSettings.max_new_tokens,
+               temperature=SampleSettings.temperature, top_k=None, top_p=None, stop=(), num_samples=1, seed=None,
+               unknown="error", use_cache=True):
+        """Yield (sample index, text) pieces as they are decoded; the options are sample.py's flags. All
+        samples decode together in one batch, so `seed` with the same `num_samples` reproduces them."""
+        settings = SampleSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                                  stop=stop).validate()
+        if not isinstance(num_samples, int) or num_samples < 1:
+            raise ChargptError(f"--num-samples must be at least 1, got {num_samples}")
         prompt_seen = self.prompt_text(prompt, unknown)
         ids = self.vocab.encode(prompt_seen or self.start_text())
-        generator = torch.Generator().manual_seed(seed if seed is not None else torch.seed() % 2**63)
+        generator = torch.Generator()  # its own RNG: sampling never touches torch's global one
+        if seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(seed)
         ctx = torch.tensor([ids] * num_samples, dtype=torch.long, device=self.device)  # (B, T)
         filters = [StopFilter(prompt_seen, settings.stop) for _ in range(num_samples)]
         for nxt in decode(self.model, ctx, settings, generator, use_cache=use_cache, dtype=self.dtype):
@@ -165,15 +217,12 @@ class Generator:
             if piece:
                 yield i, piece
 
-    def generate(self, prompt="", num_samples=1, **kw):
-        """-> list of the generated texts (prompt not included), one per sample."""
-        out = [""] * num_samples
-        for i, piece in self.stream(prompt, num_samples=num_samples, **kw):
+    def generate(self, prompt="", **options):
+        """-> list of the generated texts (prompt not included), one per sample. Options as for stream()."""
+        out = [""] * options.get("num_samples", 1)
+        for i, piece in self.stream(prompt, **options):
             out[i] += piece
         return out
-
-    def settings_dict(self, **settings):
-        return asdict(SampleSettings(**settings))
 
 
 def load(path, device="auto", dtype="auto"):

@@ -1,0 +1,235 @@
+"""sample.py as a user runs it: prompts from flags, files and stdin; --output, --json, separators; the REPL;
+and bad input, which must give one line on stderr and a non-zero exit, never a traceback.
+
+The checkpoint is the "counter" model of test_sampling (the character after id i is id i+1), saved with
+save_model, so expected text can be written down. Subprocess runs cost ~2 s each (importing torch), so the
+error cases run in-process through click's CliRunner and a few representative ones also as real processes.
+"""
+
+import io
+import json
+
+import pytest
+from click.testing import CliRunner
+from conftest import run_cli
+from test_sampling import VOCAB, counter_gen, counter_model, random_model
+
+from chargpt.checkpoint import save_model
+from chargpt.cli import sample_cli
+from chargpt.repl import repl
+from chargpt.sampling import Generator
+
+GREEDY = ["--temperature", "0", "--seed", "1"]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    run = tmp_path_factory.mktemp("ckpt") / "run"
+    run.mkdir()
+    save_model(run / "best.safetensors", counter_model(), VOCAB, step=42, val_loss=0.5)
+    return run
+
+
+def cli(*args, input=None):
+    """sample.py in-process -> click Result (stdout and stderr kept apart)."""
+    return CliRunner().invoke(sample_cli, [str(a) for a in args], input=input)
+
+
+def assert_one_line_error(stderr, *needles):
+    """The error is one 'error: ...' line, the last thing on stderr (after any 'loaded ...' notes)."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert "Traceback" not in stderr
+    assert lines and lines[-1].startswith("error: ") and sum("error" in line for line in lines) == 1, stderr
+    for needle in needles:
+        assert needle in lines[-1], lines[-1]
+
+
+# --- real processes ---------------------------------------------------------------------------------------------
+def test_prompt_from_stdin_with_unknown_skip_warning(ckpt):
+    r = run_cli("sample.py", "--checkpoint", ckpt, "--prompt", "-", "--unknown", "skip", "--max-new-tokens", 5,
+                *GREEDY, input="aÉb")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "abcdefg\n"  # streamed: the prompt as the model saw it, then the text
+    assert "warning:" in r.stderr and "'É' (U+00C9) at 1" in r.stderr
+    assert "step 42" in r.stderr and "28 characters" in r.stderr
+
+
+def test_prompt_file_to_output_file_with_separators(ckpt, tmp_path):
+    (tmp_path / "prompt.txt").write_text("xy", encoding="utf-8")
+    r = run_cli("sample.py", "--checkpoint", ckpt, "--prompt-file", "prompt.txt", "--output", "out.txt",
+                "--num-samples", 2, "--max-new-tokens", 4, *GREEDY, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "" and "wrote 2 sample(s) to out.txt" in r.stderr
+    assert (tmp_path / "out.txt").read_text(encoding="utf-8") == (
+        "========== sample 1/2 (seed 1) ==========\nxyz\n a\n"
+        "========== sample 2/2 (seed 1) ==========\nxyz\n a\n")
+
+
+def test_json_one_object_per_sample(ckpt):
+    r = run_cli("sample.py", "--checkpoint", ckpt, "--prompt", "ab", "--json", "--num-samples", 2, "--stop", "f",
+                "--max-new-tokens", 9, "--top-k", 3, *GREEDY)
+    assert r.returncode == 0, r.stderr
+    records = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [rec["sample"] for rec in records] == [0, 1]
+    rec = records[0]
+    assert (rec["prompt"], rec["text"], rec["seed"]) == ("ab", "cde", 1)
+    assert rec["settings"] == {"max_new_tokens": 9, "temperature": 0.0, "top_k": 3, "top_p": None, "stop": ["f"],
+                               "num_samples": 2, "unknown": "error"}
+
+
+def test_interactive_repl_through_stdin(ckpt):
+    session = "/len 3\nab\n/temp 0.5\n/topk 1\n/show\n/len -2\n/bogus\nst\n"  # then end of input
+    r = run_cli("sample.py", "--checkpoint", ckpt, "--interactive", "--seed", 3, input=session)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "abcde\nstuvw\n"  # top-k 1 keeps the counter greedy at any temperature
+    assert "max_new_tokens = 3" in r.stderr and "temperature = 0.5" in r.stderr and "top_k = 1" in r.stderr
+    assert "invalid value for /len" in r.stderr and "unknown command /bogus" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_bad_input_in_a_real_process(tmp_path):
+    (tmp_path / "corrupt.safetensors").write_bytes(b"\x00" * 100)
+    r = run_cli("sample.py", "--checkpoint", "corrupt.safetensors", cwd=tmp_path)
+    assert r.returncode == 1
+    assert_one_line_error(r.stderr, "corrupt.safetensors")
+
+
+# --- in-process -------------------------------------------------------------------------------------------------
+def test_several_samples_stream_with_separators_and_stops(ckpt):
+    r = cli("--checkpoint", ckpt, "--prompt", "ab", "--num-samples", 3, "--stop", "e", "--stop", "zz",
+            "--max-new-tokens", 6, *GREEDY)
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout == "".join(f"========== sample {i}/3 (seed 1) ==========\nabcd\n" for i in (1, 2, 3))
+
+
+def test_random_seed_is_reported(ckpt):
+    r = cli("--checkpoint", ckpt, "--max-new-tokens", 3)
+    assert r.exit_code == 0, r.stderr
+    assert "seed: " in r.stderr and r.stdout == " ab\n"  # an empty prompt: the model starts after an unseen "\n"
+
+
+def test_unknown_replace_and_error(ckpt):
+    r = cli("--checkpoint", ckpt, "--prompt", "aÉ", "--unknown", "replace", "--max-new-tokens", 2, *GREEDY)
+    assert r.exit_code == 0 and r.stdout == "a ab\n" and "replaced with ' '" in r.stderr
+    r = cli("--checkpoint", ckpt, "--prompt", "aÉb!", *GREEDY)
+    assert r.exit_code == 1
+    assert_one_line_error(r.stderr, "'É' (U+00C9) at 1", "'!' (U+0021) at 3", "--unknown skip")
+
+
+def test_prompt_file_drops_a_utf8_bom(ckpt, tmp_path):
+    (tmp_path / "p.txt").write_bytes("\ufeffab".encode())
+    r = cli("--checkpoint", ckpt, "--prompt-file", "p.txt", "--max-new-tokens", 1, *GREEDY)
+    assert r.exit_code == 0 and r.stdout == "abc\n", r.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--temperature", "-0.5"], "--temperature"),
+    (["--temperature", "nan"], "--temperature"),
+    (["--top-p", "0"], "--top-p"),
+    (["--top-p", "1.5"], "--top-p"),
+    (["--top-k", "-1"], "--top-k"),
+    (["--max-new-tokens", "-1"], "--max-new-tokens"),
+    (["--num-samples", "0"], "--num-samples"),
+    (["--stop", ""], "--stop"),
+    (["--checkpoint", "missing"], "not found"),
+    (["--checkpoint", "corrupt.safetensors"], "not a readable"),
+    (["--checkpoint", "truncated.safetensors"], "truncated.safetensors"),
+    (["--checkpoint", "emptydir"], "no checkpoint in emptydir"),
+    ([], "no trained run"),
+    (["--prompt-file", "empty.txt"], "empty"),
+    (["--prompt-file", "nope.txt"], "not found"),
+    (["--prompt-file", "latin1.txt"], "not UTF-8"),
+    (["--prompt", "a", "--prompt-file", "p.txt"], "either"),
+    (["--prompt", "-"], "stdin"),  # stdin is empty
+    (["--interactive", "--json"], "--json"),
+    (["--checkpoint", "CKPT", "--prompt", "ab", "--output", "adir"], "cannot write"),
+    (["--checkpoint", "CKPT", "--prompt", "ab\t"], "'\\t' (U+0009) at 2"),
+], ids=str)
+def test_bad_input_is_one_line_and_nonzero(args, needle, ckpt, tmp_path):
+    (tmp_path / "corrupt.safetensors").write_bytes(b"not a checkpoint at all")
+    data = (ckpt / "best.safetensors").read_bytes()
+    (tmp_path / "truncated.safetensors").write_bytes(data[:len(data) // 2])
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "latin1.txt").write_bytes("café".encode("latin-1"))
+    (tmp_path / "p.txt").write_text("ab")
+    (tmp_path / "emptydir").mkdir()
+    (tmp_path / "adir").mkdir()
+    r = cli(*[ckpt if a == "CKPT" else a for a in args], input="")
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit)
+    assert_one_line_error(r.stderr, needle)
+
+
+def test_unknown_flag_is_a_usage_error():
+    r = cli("--dtype", "float32")
+    assert r.exit_code == 2 and "No such option" in r.stderr and "Traceback" not in r.stderr
+
+
+# --- the REPL in-process ------------------------------------------------------------------------------------------
+def drive(lines, seed=0, unknown="error", **settings):
+    out, err = io.StringIO(), io.StringIO()
+    settings = {"max_new_tokens": 4, "temperature": 0.0, "top_k": None, "top_p": None, "stop": (), **settings}
+    repl(counter_gen(), settings, seed, unknown, inp=io.StringIO(lines), out=out, err=err)
+    return out.getvalue(), err.getvalue()
+
+
+def test_repl_commands_change_settings_between_prompts():
+    out, err = drive("ab\n/len 2\nab\n/topp 1\n/topk 0\n/show\n/seed 5\n\n/quit\nnever\n")
+    assert out == "abcdef\nabcd\n a\n"  # an empty line starts after "\n"; /quit ends before the last line
+    assert "top_p = None" in err and "top_k = None" in err and "seed = 5" in err
+
+
+def test_repl_reports_bad_prompts_and_values_and_goes_on():
+    out, err = drive("aÉ\n/temp x\n/topp 2\nab\n")
+    assert out == "abcdef\n"
+    assert "error: prompt has 1 character(s)" in err and "usage: /temp FLOAT" in err and "/topp" in err
+    out, err = drive("aÉ\n", unknown="skip")
+    assert out == "abcde\n" and "warning:" in err
+
+
+def test_repl_session_seed_replays_and_each_prompt_gets_its_own():
+    gen = Generator(random_model(), VOCAB, "cpu")
+    settings = {"max_new_tokens": 12, "temperature": 1.0, "top_k": None, "top_p": None, "stop": ()}
+
+    def session(seed):
+        out = io.StringIO()
+        repl(gen, settings, seed, "error", inp=io.StringIO("ab\nab\n"), out=out, err=io.StringIO())
+        return out.getvalue()
+
+    first = session(11)
+    assert first == session(11) and first != session(12)
+    a, b = first.splitlines()
+    assert a != b
+
+
+def test_repl_ctrl_c_stops_only_the_current_sample():
+    class Interrupting(io.StringIO):
+        """Input whose first read is interrupted, as Ctrl-C at the "> " prompt would be."""
+        first = True
+
+        def readline(self):
+            if self.first:
+                self.first = False
+                raise KeyboardInterrupt
+            return super().readline()
+
+    gen = counter_gen()
+    real_stream = gen.stream
+
+    def stream(prompt, **kw):  # Ctrl-C after the first piece of the first sample
+        for n, piece in enumerate(real_stream(prompt, **kw)):
+            if prompt == "ab" and n == 1:
+                raise KeyboardInterrupt
+            yield piece
+
+    gen.stream = stream
+    out, err = io.StringIO(), io.StringIO()
+    settings = {"max_new_tokens": 4, "temperature": 0.0, "top_k": None, "top_p": None, "stop": ()}
+    repl(gen, settings, 0, "error", inp=Interrupting("ab\nst\n"), out=out, err=err)
+    assert out.getvalue() == "abc\nstuvwx\n"
+    assert "[stopped]" in err.getvalue() and "Ctrl-D or /quit exits" in err.getvalue()
+
+
+def test_stop_understands_backslash_escapes():
+    from chargpt.cli import unescape
+    assert unescape(r"\n\n") == "\n\n" and unescape(r"a\tb") == "a\tb" and unescape(r"\\n") == "\\n"
+    assert unescape("床前\\n") == "床前\n"  # non-ASCII text is left alone

@@ -1,0 +1,262 @@
+"""Decoding: sample_next against plain references, cached against uncached decoding, stop strings, the
+unknown-character policies and the Generator API. Models are tiny and built in memory."""
+
+import inspect
+import random
+
+import pytest
+import torch
+
+from chargpt.config import ModelConfig
+from chargpt.errors import ChargptError
+from chargpt.model import CharGPT
+from chargpt.sampling import Generator, SampleSettings, StopFilter, decode, sample_next
+from chargpt.tokenizer import Vocab
+
+ALPHABET = "\n abcdefghijklmnopqrstuvwxyz"  # sorted, as a Vocab must be
+VOCAB = Vocab(ALPHABET)
+BLOCK = 16
+
+
+def random_model(vocab_size=len(ALPHABET), block_size=BLOCK, seed=0):
+    torch.manual_seed(seed)
+    cfg = ModelConfig(vocab_size=vocab_size, block_size=block_size, n_layer=2, n_head=2, n_embd=16, dropout=0.0)
+    model = CharGPT(cfg).eval()
+    with torch.no_grad():
+        model.wte.weight.mul_(10)  # a less flat next-character distribution than the 0.02-std init gives
+    return model
+
+
+def counter_model(vocab_size=len(ALPHABET), block_size=BLOCK):
+    """A real CharGPT wired so that the character after id i is almost surely id i+1 (cyclic): attention and
+    MLP add nothing, embeddings are one-hot and the head maps one-hot i to a large logit for i+1. It makes
+    expected text easy to write down ("ab" -> "cdef...") through the real forward pass and KV cache."""
+    cfg = ModelConfig(vocab_size=vocab_size, block_size=block_size, n_layer=1, n_head=1, n_embd=vocab_size,
+                      dropout=0.0, bias=False, tie_weights=False)
+    model = CharGPT(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.fill_(1.0 if name.startswith(("ln_", "h.0.ln_")) else 0.0)
+        model.wte.weight.copy_(torch.eye(vocab_size))
+        model.lm_head.weight.copy_(10 * torch.eye(vocab_size).roll(1, dims=0))  # row j reads one-hot j-1
+    return model
+
+
+def counter_gen():
+    return Generator(counter_model(), VOCAB, "cpu")
+
+
+def run(model, ctx, seed=0, use_cache=True, **settings):
+    """decode() collected into (B, N) ids."""
+    steps = decode(model, ctx, SampleSettings(**settings), torch.Generator().manual_seed(seed), use_cache=use_cache)
+    return torch.stack(list(steps), dim=1)
+
+
+SETTINGS = [dict(temperature=0.0), dict(temperature=1.0), dict(temperature=1.0, top_k=5),
+            dict(temperature=1.0, top_p=0.9), dict(temperature=0.7, top_k=8, top_p=0.8)]
+
+
+# --- cached against uncached -----------------------------------------------------------------------------
+@pytest.mark.parametrize("kernel", ["fused", "manual"])
+@pytest.mark.parametrize("settings", SETTINGS, ids=str)
+def test_cached_equals_uncached_within_block(kernel, settings):
+    model = random_model()
+    model.set_attention(kernel)
+    for seed, T in enumerate((1, 5, 12)):
+        ctx = torch.randint(len(ALPHABET), (2, T), generator=torch.Generator().manual_seed(seed))
+        within = BLOCK - T + 1  # the last of these is chosen from a full window of BLOCK characters
+        cached = run(model, ctx, seed, use_cache=True, max_new_tokens=within, **settings)
+        assert torch.equal(cached, run(model, ctx, seed, use_cache=False, max_new_tokens=within, **settings))
+        # crossing block_size: identical up to the window's edge, and decoding goes on
+        long = run(model, ctx, seed, use_cache=True, max_new_tokens=3 * BLOCK, **settings)
+        assert long.shape == (2, 3 * BLOCK) and torch.equal(long[:, :within], cached)
+
+
+def test_uncached_decode_is_the_plain_loop():
+    """The reference path is nanoGPT's generate: a full forward over the last block_size characters."""
+    model, ctx = random_model(), torch.tensor([[3, 4, 5]])
+    gen, seq = torch.Generator().manual_seed(3), ctx
+    for _ in range(2 * BLOCK):
+        with torch.no_grad():
+            logits = model(seq[:, -BLOCK:])[0][:, -1, :]
+        seq = torch.cat([seq, sample_next(logits, gen, 1.0, top_k=6)[:, None]], dim=1)
+    assert torch.equal(run(model, ctx, 3, use_cache=False, max_new_tokens=2 * BLOCK, top_k=6, temperature=1.0),
+                       seq[:, 3:])
+
+
+def test_cached_decode_follows_the_documented_window_strategy():
+    """Past block_size the cache is rebuilt from the last `keep` characters; until the next rebuild each step
+    sees the text from that point on. Checked against full forwards over exactly those windows."""
+    model, ctx, keep = random_model(), torch.tensor([[1, 2, 3, 4, 5]]), 10
+    gen, seq, start = torch.Generator().manual_seed(5), ctx, 0
+    for _ in range(4 * BLOCK):
+        if seq.size(1) - start > BLOCK:
+            start = seq.size(1) - keep
+        with torch.no_grad():
+            logits = model(seq[:, start:])[0][:, -1, :]
+        seq = torch.cat([seq, sample_next(logits, gen, 1.0)[:, None]], dim=1)
+    steps = decode(model, ctx, SampleSettings(max_new_tokens=4 * BLOCK, temperature=1.0),
+                   torch.Generator().manual_seed(5), keep=keep)
+    assert torch.equal(torch.stack(list(steps), dim=1), seq[:, 5:])
+
+
+def test_long_prompt_and_long_generation_stay_exact_for_a_markov_model():
+    gen = counter_gen()  # depends on the last character only, so every window gives the same text
+    prompt = ALPHABET[2:] * 2  # 52 characters, over three windows
+    text = gen.generate(prompt, max_new_tokens=100, temperature=0)[0]
+    expected = "".join(ALPHABET[(ALPHABET.index(prompt[-1]) + 1 + i) % len(ALPHABET)] for i in range(100))
+    assert text == expected
+    assert gen.generate(prompt, max_new_tokens=100, temperature=0, use_cache=False)[0] == expected
+
+
+# --- sample_next against references ------------------------------------------------------------------------
+def draws(n=40, seed=0, **kw):
+    logits = torch.randn(6, 12, generator=torch.Generator().manual_seed(99))
+    gen = torch.Generator().manual_seed(seed)
+    return torch.stack([sample_next(logits, gen, **kw) for _ in range(n)]), logits
+
+
+def test_top_p_one_and_top_k_zero_or_large_equal_plain_sampling():
+    plain, _ = draws()
+    assert torch.equal(draws(top_p=1.0)[0], plain)
+    assert torch.equal(draws(top_k=0)[0], plain)
+    assert torch.equal(draws(top_k=1000)[0], plain)  # clamped to the vocabulary
+    assert not torch.equal(draws(seed=1)[0], plain)
+
+
+def test_greedy_limits_equal_argmax():
+    ids, logits = draws()
+    greedy = logits.argmax(dim=-1).expand_as(ids)
+    assert not torch.equal(ids, greedy)  # plain sampling does vary
+    assert torch.equal(draws(temperature=0.0)[0], greedy)
+    assert torch.equal(draws(top_k=1)[0], greedy)
+    assert torch.equal(draws(top_p=1e-6)[0], greedy)
+    assert torch.equal(draws(temperature=0.0, top_k=5, top_p=0.5)[0], greedy)
+
+
+def test_top_k_and_top_p_keep_only_their_sets():
+    ids, logits = draws(n=200, top_k=3)
+    top3 = logits.topk(3, dim=-1).indices
+    assert all(int(ids[s, r]) in top3[r].tolist() for s in range(200) for r in range(6))
+    ids, logits = draws(n=200, top_p=0.6)
+    probs = torch.softmax(logits, dim=-1)
+    for r in range(6):
+        order = probs[r].argsort(descending=True).tolist()
+        mass, nucleus = 0.0, []
+        while mass < 0.6:
+            nucleus.append(order[len(nucleus)])
+            mass += probs[r, nucleus[-1]].item()
+        assert set(ids[:, r].tolist()) <= set(nucleus) and len(set(ids[:, r].tolist())) > 1
+
+
+def test_sampling_follows_the_softmax_distribution():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, 0.5]])
+    ids = sample_next(logits.expand(20000, 5), torch.Generator().manual_seed(0), temperature=1.0)
+    freq = torch.bincount(ids, minlength=5).float() / 20000
+    assert torch.allclose(freq, torch.softmax(logits[0], dim=-1), atol=0.015)
+
+
+# --- the Generator API ---------------------------------------------------------------------------------------
+def test_same_seed_same_text_and_batches_reproducible_and_distinct():
+    gen = Generator(random_model(), VOCAB, "cpu")
+    kw = dict(max_new_tokens=40, temperature=1.0, seed=7)
+    assert gen.generate("to be", **kw) == gen.generate("to be", **kw)
+    assert gen.generate("to be", **kw) != gen.generate("to be", **{**kw, "seed": 8})
+    batch = gen.generate("to be", num_samples=3, **kw)
+    assert batch == gen.generate("to be", num_samples=3, **kw)
+    assert len(set(batch)) == 3 and all(len(t) == 40 for t in batch)
+
+
+def test_unseeded_sampling_leaves_the_global_rng_alone():
+    state = torch.random.get_rng_state()
+    Generator(random_model(), VOCAB, "cpu").generate("a", max_new_tokens=5)
+    assert torch.equal(torch.random.get_rng_state(), state)
+
+
+def test_greedy_text_and_empty_prompt():
+    gen = counter_gen()
+    assert gen.generate("ab", max_new_tokens=5, temperature=0) == ["cdefg"]
+    assert gen.generate("", max_new_tokens=3, temperature=0) == [" ab"]  # an empty prompt starts after "\n"
+    assert gen.generate("ab", max_new_tokens=0) == [""]
+
+
+def test_api_exposes_every_decoding_flag_of_the_cli():
+    from chargpt.cli import sample_cli
+    cli_only = {"checkpoint_path", "prompt_file", "output", "as_json", "interactive", "device", "no_cache"}
+    api = set(inspect.signature(Generator.stream).parameters)
+    assert {p.name for p in sample_cli.params} - cli_only <= api
+    assert {"use_cache", "num_samples", "seed", "unknown", "stop"} <= api
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=-0.1), dict(temperature=float("nan")), dict(top_p=0.0),
+                                 dict(top_p=1.5), dict(top_k=-1), dict(max_new_tokens=-1), dict(num_samples=0),
+                                 dict(stop=("",))], ids=str)
+def test_api_rejects_bad_settings(bad):
+    with pytest.raises(ChargptError):
+        counter_gen().generate("ab", **bad)
+
+
+# --- stop strings ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("prompt,stop,expected", [
+    ("ab", ["ef"], "cd"),                 # inside the generated text
+    ("ab", ["bcd"], ""),                  # begins in the prompt
+    ("xab", ["abc", "zz"], ""),           # begins in the prompt, with a longer stop string held back
+    ("abc", ["ab", "zzzz"], "defghijk"),  # wholly inside the prompt: not a stop
+    ("ab", ["fgh", "de"], "c"),           # the first to complete wins
+    ("ab", ["cdefg", "ef"], "cd"),        # ... even when a longer one began earlier
+    ("ab", "ef", "cd"),                   # a lone string is one stop string
+    ("ab", ["qq"], "cdefghij"),           # never produced
+])
+def test_stop_strings_cut_before_the_stop(prompt, stop, expected):
+    gen = counter_gen()
+    pieces = list(gen.stream(prompt, max_new_tokens=8, temperature=0, stop=stop))
+    # what was streamed is exactly the final text: nothing later cut was ever released
+    assert "".join(p for _, p in pieces) == expected
+    assert gen.generate(prompt, max_new_tokens=8, temperature=0, stop=stop, use_cache=False) == [expected]
+
+
+def reference_cut(prompt, text, stops):
+    """The generated text up to the start of the first stop string to be completed (clamped to the prompt)."""
+    for end in range(1, len(text) + 1):
+        seen = prompt + text[:end]
+        starts = [len(seen) - len(s) for s in stops if seen.endswith(s)]
+        if starts:
+            return text[:max(0, min(starts) - len(prompt))]
+    return text
+
+
+def test_stop_filter_against_reference_on_random_text():
+    rng = random.Random(0)
+    for _ in range(400):
+        prompt = "".join(rng.choice("abc") for _ in range(rng.randrange(5)))
+        text = "".join(rng.choice("abc") for _ in range(rng.randrange(15)))
+        stops = ["".join(rng.choice("abc") for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(1, 3))]
+        f, out, i = StopFilter(prompt, stops), "", 0
+        while i < len(text):  # feed in random chunks; the released text must always be a prefix of the result
+            n = rng.randint(1, 3)
+            out += f.feed(text[i:i + n])
+            i += n
+            assert reference_cut(prompt, text, stops).startswith(out)
+        out += f.flush()
+        assert out == reference_cut(prompt, text, stops), (prompt, text, stops)
+
+
+# --- unknown characters ----------------------------------------------------------------------------------------
+def test_unknown_error_names_each_character_and_position():
+    with pytest.raises(ChargptError) as e:
+        counter_gen().generate("aÉb!", max_new_tokens=1)
+    msg = str(e.value)
+    assert "\n" not in msg and "'É' (U+00C9) at 1" in msg and "'!' (U+0021) at 3" in msg
+
+
+def test_unknown_skip_and_replace():
+    gen = counter_gen()
+    assert gen.prompt_text("aÉb", "skip") == "ab"
+    assert gen.generate("aÉb", unknown="skip", max_new_tokens=2, temperature=0) == ["cd"]
+    assert "dropped" in gen.unknown_warning("aÉb", "skip") and "at 1" in gen.unknown_warning("aÉb", "skip")
+    # replace: the first of U+FFFD, '?', ' ' that the vocabulary has
+    assert gen.prompt_text("aÉ", "replace") == "a "
+    assert gen.generate("aÉ", unknown="replace", max_new_tokens=2, temperature=0) == ["ab"]
+    assert gen.unknown_warning("ab", "skip") == "" and gen.unknown_warning("aÉ", "error") == ""
+    qgen = Generator(counter_model(29), Vocab("\n ?abcdefghijklmnopqrstuvwxyz"), "cpu")
+    assert qgen.prompt_text("aÉ", "replace") == "a?"
