@@ -6,6 +6,7 @@ Errors a user can fix print one line on stderr and exit 1; Ctrl-C exits 130 (SIG
 """
 
 import json
+import os
 import random
 import re
 import sys
@@ -17,7 +18,7 @@ from click.core import ParameterSource
 from tqdm import tqdm
 
 from .config import PRESETS, ModelConfig, TrainConfig, flag
-from .errors import ChargptError
+from .errors import ChargptError, Interrupted
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
 
@@ -53,16 +54,21 @@ def config_options(cls):
     return decorate
 
 
+def say(message):
+    """One line on stderr; under torchrun only rank 0 speaks, so N processes do not print N copies."""
+    if int(os.environ.get("RANK", 0)) == 0:
+        click.echo(message, err=True)
+
+
 def run_guarded(fn):
     """Run fn, turning user-fixable errors into one line on stderr and a non-zero exit (no traceback)."""
-    from .training import Interrupted
     try:
         return fn()
     except Interrupted as e:
-        click.echo(str(e), err=True)
+        say(str(e))
         sys.exit(128 + (e.signum or 2))
     except ChargptError as e:
-        click.echo(f"error: {e}", err=True)
+        say(f"error: {e}")
         sys.exit(1)
     except KeyboardInterrupt:
         click.echo("\ninterrupted", err=True)

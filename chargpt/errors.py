@@ -20,3 +20,11 @@ class ConfigError(ChargptError):
 
 class CheckpointError(ChargptError):
     """A checkpoint is missing, not chargpt's, damaged, or cannot be written."""
+
+
+class Interrupted(ChargptError):
+    """Training stopped by SIGINT/SIGTERM after saving; `signum` gives the conventional exit status."""
+
+    def __init__(self, message, signum):
+        super().__init__(message)
+        self.signum = signum

@@ -16,8 +16,8 @@ def pick_device(name="auto"):
     if name == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
-        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-            return torch.device("mps")
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available() and _world_size() == 1:
+            return torch.device("mps")  # not under torchrun: MPS has no distributed backend
         return torch.device("cpu")
     try:
         device = torch.device(name)
@@ -90,6 +90,22 @@ def enable_fast_math(device):
         torch.backends.cudnn.allow_tf32 = True
 
 
+# Seeds of the random streams. Rank 0 uses the seeds a single process uses; each other rank shifts them by a
+# multiple of a large prime, and the offsets between streams are not multiples of it, so no two streams of any
+# two ranks ever share a seed (the model's initial weights come from `seed` itself, the same on every rank).
+STREAM_OFFSETS = {"dropout": 0, "data": 7919, "eval": 1_000_003}
+RANK_STRIDE = 104_729
+
+
+def stream_seed(seed, stream, rank=0):
+    """Seed of one random stream ('dropout', 'data' or 'eval') of one rank."""
+    return seed + STREAM_OFFSETS[stream] + RANK_STRIDE * rank
+
+
+def _world_size():
+    return int(os.environ.get("WORLD_SIZE", 1))
+
+
 @dataclass
 class Dist:
     """Where this process stands in a torchrun job (rank 0 of 1 when run plainly)."""
@@ -97,6 +113,7 @@ class Dist:
     local_rank: int = 0
     world_size: int = 1
     local_world_size: int = 1
+    device: torch.device = torch.device("cpu")  # where collectives' tensors live: the GPU for NCCL, else CPU
 
     @property
     def enabled(self):
@@ -108,16 +125,55 @@ class Dist:
 
 
 def init_distributed(device_name):
-    """Read torchrun's environment and join the process group: NCCL for CUDA, Gloo for CPU."""
-    world = int(os.environ.get("WORLD_SIZE", 1))
+    """Read torchrun's environment and join the process group: NCCL for CUDA, Gloo for CPU. Each process
+    takes the GPU numbered by its LOCAL_RANK (choose which GPUs with CUDA_VISIBLE_DEVICES)."""
+    world = _world_size()
     if world <= 1:
         return Dist()
     import torch.distributed as dist
     d = Dist(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0)), world,
              int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    if device_name.startswith("mps"):
+        raise ConfigError("--device mps cannot train in several processes (Apple MPS has no distributed backend); "
+                          "use --device cpu under torchrun, or train in one process")
     use_cuda = device_name.startswith("cuda") or (device_name == "auto" and torch.cuda.is_available())
     if use_cuda:
-        torch.cuda.set_device(d.local_rank)
+        if device_name not in ("cuda", "auto"):
+            raise ConfigError(f"--device {device_name}: under torchrun each process takes the GPU of its "
+                              f"LOCAL_RANK; pass --device cuda (or auto) and pick GPUs with CUDA_VISIBLE_DEVICES")
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {device_name}: this machine has no CUDA GPU; use --device cpu")
+        if d.local_rank >= torch.cuda.device_count():
+            raise ConfigError(f"torchrun started {d.local_world_size} processes on this machine but it has "
+                              f"{torch.cuda.device_count()} GPU(s); use --nproc-per-node "
+                              f"{torch.cuda.device_count()} (one process per GPU)")
+        d.device = torch.device("cuda", d.local_rank)
+        torch.cuda.set_device(d.device)
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+        if use_cuda:
+            dist.init_process_group(backend="nccl", device_id=d.device)
+        else:
+            dist.init_process_group(backend="gloo")
     return d
+
+
+def broadcast_str(text, d: Dist):
+    """Rank 0's string, on every rank (e.g. a path that ranks on other machines would choose differently)."""
+    if not d.enabled:
+        return text
+    import torch.distributed as dist
+    box = [text]
+    dist.broadcast_object_list(box, src=0, device=d.device if d.device.type == "cuda" else None)
+    return box[0]
+
+
+def gather_to_main(tensor, d: Dist):
+    """All ranks' copies of a same-sized CPU tensor, as a list on rank 0 (None on the others). Collective:
+    every rank must call it."""
+    if not d.enabled:
+        return [tensor]
+    import torch.distributed as dist
+    local = tensor.to(d.device)
+    parts = [torch.empty_like(local) for _ in range(d.world_size)] if d.is_main else None
+    dist.gather(local, parts, dst=0)
+    return [p.cpu() for p in parts] if d.is_main else None
