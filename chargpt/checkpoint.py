@@ -11,6 +11,7 @@ names and shapes are checked against the config before anything is read, so a cr
 the loader allocate more than the file holds.
 """
 
+import contextlib
 import json
 import os
 import time
@@ -20,7 +21,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from .config import FORMAT_VERSION, ModelConfig, model_config_from_dict
+from .config import FORMAT_VERSION, ModelConfig, TrainConfig, model_config_from_dict, typed_fields
 from .errors import ChargptError, CheckpointError, ConfigError
 from .model import CharGPT
 from .tokenizer import Vocab
@@ -65,22 +66,59 @@ def write_safetensors(path, tensors, meta):
               "chargpt": json.dumps(meta, ensure_ascii=False)}
     try:
         save_file(tensors, str(tmp), metadata=header)
+        os.chmod(tmp, _file_mode())  # safetensors creates files 0600; a checkpoint is meant to be shared
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
         _fsync_dir(path.parent)
-    except Exception as e:  # OSError, or safetensors' own error type wrapping one (e.g. disk full)
-        tmp.unlink(missing_ok=True)
+    except BaseException as e:  # OSError, safetensors' own error wrapping one (disk full), or a second Ctrl-C
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        if not isinstance(e, Exception):
+            raise
         kept = f"the previous {path.name} is intact" if path.exists() else "no earlier checkpoint existed"
         reason = getattr(e, "strerror", None) or str(e).splitlines()[0][:200]
         raise CheckpointError(f"could not write {path} ({reason}); {kept}; free disk space or choose a "
                               f"writable --out-dir") from None
 
 
+def _file_mode():
+    """The permissions a plain open() would give a new file (0666 less the umask)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def remove_stale_temps(directory, patterns=(".*.tmp*", ".tmp??????")):
+    """Delete temporary files left behind by writes whose process was killed (kill -9, power loss): ours end in
+    the writer's pid (files of processes still running are left alone); `.tmpXXXXXX` ones are made by
+    safetensors itself, which writes through a temporary file of its own."""
+    for p in (p for pattern in patterns for p in Path(directory).glob(pattern)):
+        pid = p.name.rsplit(".tmp", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
+            continue
+        with contextlib.suppress(OSError):
+            p.unlink()
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
+
+
 def append_jsonl(path, record):
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+    except OSError as e:
+        raise CheckpointError(f"could not append to {path} ({e.strerror}); free disk space or choose a "
+                              f"writable --out-dir") from None
 
 
 def checkpoint_meta(model, vocab, train_config=None, **extra):
@@ -148,8 +186,8 @@ def read_meta(path):
     except ValueError:
         raise CheckpointError(f"{path} has a corrupted format version; re-train or re-copy it") from None
     if version > FORMAT_VERSION:
-        raise CheckpointError(f"{path} was written by a newer chargpt (format {version}, this one reads up to "
-                              f"{FORMAT_VERSION}); upgrade chargpt: pip install -U chargpt")
+        raise CheckpointError(f"{path} was written by a newer chargpt (checkpoint format {version}; this one reads "
+                              f"up to {FORMAT_VERSION}); update chargpt to load it")
     try:
         meta = json.loads(header.get("chargpt", ""))
         if not isinstance(meta, dict):
@@ -161,6 +199,13 @@ def read_meta(path):
         meta["vocab"] = Vocab(vocab)
         if len(meta["vocab"]) != meta["model_config"].vocab_size:
             raise ValueError("vocabulary size disagrees with the model config")
+        step = meta.get("step", 0)
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError("step is not a non-negative integer")
+        if meta.get("train_config") is not None:
+            meta["train_config"] = typed_fields(TrainConfig, meta["train_config"], "train config")
+        if meta.get("run_state") is not None and not isinstance(meta["run_state"], dict):
+            raise ValueError("run state is not an object")
     except (ValueError, ConfigError, ChargptError) as e:
         raise CheckpointError(f"{path} has missing or corrupted metadata ({e}); re-train or re-copy it") from None
     return meta, shapes
@@ -181,6 +226,14 @@ def model_tensors_meta(model, prefix):
 
 
 def _check_shapes(path, cfg, shapes, prefix):
+    # First the sizes that cost memory or time to build, against the tensors actually in the file (whose
+    # extent safetensors has checked against the file size): a crafted config such as block_size 10**9 or
+    # n_layer 10**6 is rejected here, before even a meta-device model is built from it.
+    wte, wpe = shapes.get(prefix + "wte.weight"), shapes.get(prefix + "wpe.weight")
+    if wte != (cfg.vocab_size, cfg.n_embd) or wpe != (cfg.block_size, cfg.n_embd) or cfg.n_layer > len(shapes):
+        raise CheckpointError(f"{path}: its model config (vocab {cfg.vocab_size}, context {cfg.block_size}, "
+                              f"{cfg.n_layer} layers x {cfg.n_embd}) does not match the tensors stored with it; "
+                              f"the file is corrupted or was tampered with")
     want = expected_shapes(cfg, prefix)
     have = {k: v for k, v in shapes.items() if k.startswith(prefix)} if prefix else \
         {k: v for k, v in shapes.items() if not k.startswith(("optim.", "rng."))}
@@ -210,25 +263,40 @@ def load_model(path, device="cpu"):
 
 def load_state(path, model, optimizer):
     """Restore weights and optimizer moments from state.safetensors into model/optimizer (built from the same
-    config); -> (meta, rng dict)."""
+    config); -> (meta, rng dict). Every tensor's name and shape is checked before anything is read."""
     meta, shapes = read_meta(path)
-    _check_shapes(path, unwrap(model).config, shapes, "model.")
     target = unwrap(model)
+    _check_shapes(path, target.config, shapes, "model.")
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    optim = {}  # tensor name -> (parameter index, state key)
+    for k, shape in shapes.items():
+        if k.startswith("optim."):
+            _, idx, key = (k.split(".", 2) + ["", ""])[:3]
+            ok = idx.isdigit() and int(idx) < len(params) and (
+                shape == tuple(params[int(idx)].shape) if key in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+                else key == "step" and shape in ((), (1,)))
+            if not ok:
+                raise CheckpointError(f"{path}: optimizer state {k} {list(shape)} does not match the model; "
+                                      f"the file is corrupted")
+            optim[k] = (int(idx), key)
+        elif k.startswith("rng.") and len(shape) != 1:
+            raise CheckpointError(f"{path}: random-generator state {k} is malformed; the file is corrupted")
+        elif not k.startswith(("model.", "rng.")):
+            raise CheckpointError(f"{path}: unexpected tensor {k}; not a chargpt training state")
     with safe_open(str(path), framework="pt") as f:
         sd = {k[len("model."):]: f.get_tensor(k) for k in shapes if k.startswith("model.")}
-        if target.config.tie_weights:
-            sd["lm_head.weight"] = sd["wte.weight"]
-        target.load_state_dict(sd, strict=True)
-        opt_sd = optimizer.state_dict()
         state = {}
-        for k in shapes:
-            if k.startswith("optim."):
-                _, idx, key = k.split(".", 2)
-                state.setdefault(int(idx), {})[key] = f.get_tensor(k)
+        for k, (idx, key) in optim.items():
+            state.setdefault(idx, {})[key] = f.get_tensor(k)
         rng = {k[len("rng."):]: f.get_tensor(k) for k in shapes if k.startswith("rng.")}
-    n_params = sum(len(g["params"]) for g in opt_sd["param_groups"])
-    if set(state) - set(range(n_params)):
-        raise CheckpointError(f"{path}: optimizer state does not match the model; the file is corrupted")
+    cpu_rng_bytes = torch.get_rng_state().numel()  # the CPU generators ("torch", "data") have this exact size
+    if any(v.dtype != torch.uint8 or k.rsplit(".", 1)[-1] in ("torch", "data") and v.numel() != cpu_rng_bytes
+           for k, v in rng.items()):
+        raise CheckpointError(f"{path}: random-generator state is malformed; the file is corrupted")
+    if target.config.tie_weights:
+        sd["lm_head.weight"] = sd["wte.weight"]
+    target.load_state_dict(sd, strict=True)
+    opt_sd = optimizer.state_dict()
     opt_sd["state"] = state
     optimizer.load_state_dict(opt_sd)
     return meta, rng

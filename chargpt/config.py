@@ -6,10 +6,12 @@ so a field added here is a documented flag everywhere. Fields whose best value d
 take it from PRESETS, resolved once the device is known.
 """
 
+import os
 from dataclasses import asdict, dataclass, field, fields
 
 from .errors import ConfigError
 
+UNLIMITED = 10**12  # max_iters when only --max-time bounds a run
 FORMAT_VERSION = 1  # bump when the checkpoint layout changes incompatibly
 
 
@@ -103,6 +105,8 @@ class TrainConfig:
         if self.min_lr is not None and not 0 <= self.min_lr <= self.learning_rate:
             raise ConfigError(f"--min-lr must be between 0 and --learning-rate {self.learning_rate} "
                               f"(got {self.min_lr})")
+        if self.lr_decay_iters is not None and self.lr_decay_iters < 1:
+            raise ConfigError(f"--lr-decay-iters must be at least 1 (got {self.lr_decay_iters})")
         if self.max_time is not None and self.max_time <= 0:
             raise ConfigError(f"--max-time must be positive seconds (got {self.max_time})")
         for name in ("weight_decay", "grad_clip", "sample_chars"):
@@ -145,14 +149,16 @@ def split_overrides(overrides):
     unknown = set(overrides) - model_names - train_names
     if unknown:
         raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
-    model = {k: v for k, v in overrides.items() if k in model_names}
-    train = {k: v for k, v in overrides.items() if k in train_names}
+    model = typed_fields(ModelConfig, {k: v for k, v in overrides.items() if k in model_names}, "settings")
+    train = typed_fields(TrainConfig, {k: v for k, v in overrides.items() if k in train_names}, "settings")
     return model, train
 
 
 def build_configs(preset, overrides, vocab_size):
     """Dataclass defaults <- preset <- explicit overrides; returns validated (ModelConfig, TrainConfig)."""
     values = {**PRESETS[preset], **overrides}
+    if overrides.get("max_time") and "max_iters" not in overrides:
+        values["max_iters"] = UNLIMITED  # a time budget alone decides when to stop
     model_kw, train_kw = split_overrides(values)
     mcfg = ModelConfig(**{**model_kw, "vocab_size": vocab_size}).validate()
     tcfg = TrainConfig(**train_kw).validate()
@@ -160,21 +166,44 @@ def build_configs(preset, overrides, vocab_size):
 
 
 def model_config_from_dict(d):
-    """Rebuild a ModelConfig from checkpoint metadata, checking names and types (metadata is untrusted)."""
-    if not isinstance(d, dict):
-        raise ConfigError("model config in checkpoint is not an object")
-    known = {f.name: f for f in fields(ModelConfig)}
-    missing = set(known) - set(d)
+    """Rebuild a ModelConfig from checkpoint metadata, checking names, types and ranges (metadata is untrusted)."""
+    kw = typed_fields(ModelConfig, d, "model config")
+    missing = set(field_names(ModelConfig)) - set(kw)
     if missing:
         raise ConfigError(f"model config is missing {sorted(missing)}")
-    kw = {}
-    for name, f in known.items():
-        value = d[name]
-        want = {"int": int, "float": (int, float), "bool": bool}[f.type if isinstance(f.type, str) else f.type.__name__]
-        if isinstance(value, bool) and want is not bool or not isinstance(value, want):
-            raise ConfigError(f"model config field {name!r} has the wrong type ({type(value).__name__})")
-        kw[name] = value
+    huge = [k for k, v in kw.items() if isinstance(v, int) and v > 2**31]
+    if huge:
+        raise ConfigError(f"model config field {huge[0]!r} is implausibly large")
     return ModelConfig(**kw).validate()
+
+
+def typed_fields(cls, d, what):
+    """The fields of dataclass `cls` present in the untrusted dict `d`, each checked against its annotation
+    (`int`, `float`, `bool`, `str`, or one of those `| None`). Unknown keys are dropped."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"{what} is not an object")
+    kw = {}
+    for f in fields(cls):
+        if f.name not in d:
+            continue
+        allowed = getattr(f.type, "__args__", None) or (f.type,)
+        if str in allowed and isinstance(d[f.name], os.PathLike):  # data=Path(...) from Python
+            d = {**d, f.name: os.fspath(d[f.name])}
+        if not any(_has_type(d[f.name], t) for t in allowed):
+            raise ConfigError(f"{what}: {f.name!r} has the wrong type ({type(d[f.name]).__name__}: {d[f.name]!r:.40})")
+        kw[f.name] = d[f.name]
+    return kw
+
+
+def _has_type(value, t):
+    t = {"int": int, "float": float, "bool": bool, "str": str}.get(t, t)  # string annotations
+    if t is type(None):
+        return value is None
+    if isinstance(value, bool):  # bool is an int subclass; never accept it for a number
+        return t is bool
+    if t is float:
+        return isinstance(value, (int, float))
+    return isinstance(t, type) and isinstance(value, t)
 
 
 def as_dict(cfg):

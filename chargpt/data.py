@@ -8,6 +8,7 @@ with the corpus.
 """
 
 import codecs
+import contextlib
 import hashlib
 import json
 import math
@@ -19,10 +20,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .errors import DataError
-from .tokenizer import Vocab, codepoints
+from .errors import ChargptError, DataError
+from .tokenizer import MAX_CODEPOINT, Vocab, codepoints
 
-CHUNK_BYTES = 16 << 20  # bounded memory: one chunk of text, its code points and its ids at a time
+# Bounded memory: one chunk of text, its code points and its ids at a time (a few times the chunk size). 1 MB
+# chunks encode a 50 MB corpus as fast as 16 MB ones with a tenth of the working memory (30 MB against 520 MB).
+CHUNK_BYTES = 1 << 20
 CACHE_VERSION = 1
 DEFAULT_CORPUS_NAME = "pydoc-topics"
 PROGRESS_MIN_BYTES = 32 << 20  # show progress bars only for corpora where encoding takes noticeable time
@@ -109,7 +112,8 @@ def iter_text(sources, encoding="utf-8", errors="strict"):
     try:
         codecs.lookup(encoding)
     except LookupError:
-        raise DataError(f"unknown encoding {encoding!r}; pass a Python codec name such as utf-8, latin-1, gbk") from None
+        raise DataError(f"unknown encoding {encoding!r}; pass a Python codec name such as utf-8, latin-1, "
+                        f"gbk") from None
     last = ""
     for src in sources:
         if last and last != "\n":
@@ -169,8 +173,12 @@ def _progress(total, desc):
                 disable=total < PROGRESS_MIN_BYTES, dynamic_ncols=True)
 
 
-def encode_corpus(data=None, encoding="utf-8", errors="strict", cache_dir=None, log=print):
-    """--data -> EncodedCorpus, using the on-disk cache when the same bytes were encoded before."""
+def encode_corpus(data=None, encoding="utf-8", errors="strict", cache_dir=None, log=print, check_length=None):
+    """--data -> EncodedCorpus, using the on-disk cache when the same bytes were encoded before.
+
+    `check_length(n_characters)` may raise to reject the corpus (e.g. too short for the block size) after the
+    first pass and before anything is written to the cache.
+    """
     name, sources = corpus_sources(data, encoding)
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     key = corpus_key(sources, encoding, errors)
@@ -178,43 +186,64 @@ def encode_corpus(data=None, encoding="utf-8", errors="strict", cache_dir=None, 
     cached = _read_cache(meta_path, ids_path)
     if cached is not None:
         vocab, length = cached
+        if check_length:
+            check_length(length)
         return EncodedCorpus(name, vocab, ids_path, length)
 
     total = sum(s.size for s in sources)
-    # pass 1: the vocabulary. Code points in the Basic Multilingual Plane are counted with bincount (linear
-    # time); the rare others go through np.unique.
-    seen_bmp = np.zeros(1 << 16, dtype=bool)
-    others = np.zeros(0, dtype=np.uint32)
+    # pass 1: the vocabulary, as a set of code points marked in a 1.1 MB table (linear time)
+    seen = np.zeros(MAX_CODEPOINT + 1, dtype=bool)
     length = 0
     with _progress(total, "scanning corpus") as bar:
         for text in iter_text(sources, encoding, errors):
             pts = codepoints(text)
             length += len(pts)
-            small = pts < (1 << 16)
-            seen_bmp |= np.bincount(pts[small], minlength=1 << 16).astype(bool)
-            if not small.all():
-                others = np.union1d(others, pts[~small])
+            seen[pts] = True
             bar.update(len(text))  # approximate for multi-byte text; it is only a progress bar
     if length == 0:
         raise DataError(f"corpus {data} is empty; give it some text")
-    vocab = Vocab.from_codepoints(np.concatenate([np.flatnonzero(seen_bmp).astype(np.uint32), others]))
+    if check_length:
+        check_length(length)
+    vocab = Vocab.from_codepoints(np.flatnonzero(seen))
 
     # pass 2: the ids, written to a temporary file and renamed into place only when complete
+    tmp = ids_path.with_suffix(f".bin.tmp{os.getpid()}")
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = ids_path.with_suffix(f".bin.tmp{os.getpid()}")
+        _remove_dead_temps(cache_dir, key)
+        written = 0
         with open(tmp, "wb") as f, _progress(total, "encoding corpus") as bar:
             for text in iter_text(sources, encoding, errors):
-                f.write(vocab.ids_from_codepoints(codepoints(text)).tobytes())
+                pts = codepoints(text)
+                try:
+                    ids = vocab.ids_from_codepoints(pts)
+                except ChargptError:  # a character pass 1 did not see
+                    written = -1
+                    break
+                if written + len(ids) > length:
+                    break
+                ids.tofile(f)
+                written += len(ids)
                 bar.update(len(text))
+        if written != length:
+            raise DataError(f"corpus {data} changed while it was being encoded; run again once it is complete")
         os.replace(tmp, ids_path)
         _write_json_atomic(meta_path, {"version": CACHE_VERSION, "chars": "".join(vocab.chars), "length": length})
     except OSError as e:
         raise DataError(f"cannot write the encoded corpus to {cache_dir}: {e.strerror}; "
                         f"pass --cache-dir with a writable directory that has space") from None
+    finally:  # anything but success (including Ctrl-C): no partial file left behind
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
     if total >= PROGRESS_MIN_BYTES:
         log(f"encoded {length:,} characters ({len(vocab):,} distinct) into {ids_path}")
     return EncodedCorpus(name, vocab, ids_path, length)
+
+
+def _remove_dead_temps(cache_dir, key):
+    """An encoding killed half-way leaves a partial id file (as large as the corpus): delete it."""
+    from .checkpoint import remove_stale_temps
+    remove_stale_temps(cache_dir, (f"{key}.*.tmp*",))
 
 
 def _read_cache(meta_path, ids_path):

@@ -2,7 +2,7 @@
 
 A vocabulary is the sorted list of distinct characters (Unicode code points) of the corpus; a character's id is
 its index in that list. Encoding large text is vectorised: the text becomes an array of code points
-(via UTF-32) and `np.searchsorted` maps every code point to its id at once.
+(via UTF-32) and a lookup table indexed by code point maps every one to its id at once.
 """
 
 import numpy as np
@@ -13,6 +13,7 @@ UNKNOWN_POLICIES = ("error", "skip", "replace")
 # Stand-ins tried in order by the 'replace' policy; the first one in the vocabulary wins, else the first
 # vocabulary character.
 REPLACEMENT_CANDIDATES = ("\ufffd", "?", " ")
+MAX_CODEPOINT = 0x10FFFF
 
 
 def codepoints(text):
@@ -28,8 +29,9 @@ class Vocab:
         if any(len(c) != 1 for c in chars) or len(set(chars)) != len(chars) or chars != sorted(chars):
             raise ChargptError("vocabulary must be a sorted list of distinct single characters")
         self.chars = chars
-        self.points = codepoints("".join(chars))  # sorted, so searchsorted works
+        self.points = codepoints("".join(chars))  # sorted like chars: id i is code point points[i]
         self.stoi = {c: i for i, c in enumerate(chars)}
+        self._table = None  # code point -> id, built on first use
 
     @classmethod
     def from_text(cls, text):
@@ -51,13 +53,15 @@ class Vocab:
         return np.uint16 if len(self) <= 65535 else np.uint32
 
     def ids_from_codepoints(self, points):
-        """Vectorised code points -> ids; raises if any code point is outside the vocabulary."""
-        ids = np.searchsorted(self.points, points)
-        ids = np.minimum(ids, len(self.points) - 1)
-        bad = self.points[ids] != points
+        """Vectorised code points -> ids (in id_dtype); raises if any code point is outside the vocabulary."""
+        if self._table is None:  # 1.1M entries (2 or 4 MB); the largest value of the dtype marks "not in it"
+            self._table = np.full(MAX_CODEPOINT + 1, np.iinfo(self.id_dtype).max, dtype=self.id_dtype)
+            self._table[self.points] = np.arange(len(self), dtype=self.id_dtype)
+        ids = self._table[points]
+        bad = ids == np.iinfo(self.id_dtype).max
         if bad.any():
             raise ChargptError(f"{int(bad.sum())} characters are not in the vocabulary")
-        return ids.astype(self.id_dtype)
+        return ids
 
     def unknown(self, text):
         """[(position, char)] for every character of text outside the vocabulary."""

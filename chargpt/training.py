@@ -19,21 +19,33 @@ import torch
 from tqdm import tqdm
 
 from . import checkpoint as ckpt
-from .config import PRESET_REASONS, ModelConfig, TrainConfig, build_configs, flag, split_overrides
-from .data import Batches, corpus_sources, encode_corpus
-from .errors import ChargptError, CheckpointError, ConfigError
+from .config import (
+    PRESET_REASONS,
+    UNLIMITED,
+    ModelConfig,
+    TrainConfig,
+    build_configs,
+    flag,
+    split_overrides,
+    typed_fields,
+)
+from .data import Batches, corpus_sources, encode_corpus, split_sizes
+from .errors import ChargptError, CheckpointError, ConfigError, Interrupted
 from .model import CharGPT
-from .runtime import Dist, autocast, configure_threads, enable_fast_math, init_distributed, pick_device, pick_dtype
+from .runtime import (
+    Dist,
+    autocast,
+    broadcast_str,
+    configure_threads,
+    enable_fast_math,
+    gather_to_main,
+    init_distributed,
+    pick_device,
+    pick_dtype,
+    stream_seed,
+)
 
 LN2 = math.log(2)
-
-
-class Interrupted(ChargptError):
-    """Training stopped by SIGINT/SIGTERM after saving; `signum` gives the conventional exit status."""
-
-    def __init__(self, message, signum):
-        super().__init__(message)
-        self.signum = signum
 
 
 def get_lr(it, frac, cfg: TrainConfig):
@@ -64,7 +76,7 @@ def estimate_loss(model, batches, cfg: TrainConfig, device, dtype, dist: Dist):
     model.eval()
     out = {}
     for split in ("train", "val"):
-        gen = torch.Generator().manual_seed(cfg.seed + 1_000_003 * (dist.rank + 1))
+        gen = torch.Generator().manual_seed(stream_seed(cfg.seed, "eval", dist.rank))
         losses = torch.zeros(cfg.eval_iters, device=device)
         for k in range(cfg.eval_iters):
             x, y = batches.get(split, gen)
@@ -114,7 +126,19 @@ def _default_out_dir(name, resume):
     return next(d for d in candidates if not any((d / n).exists() for n in (ckpt.STATE, ckpt.LATEST, ckpt.BEST)))
 
 
-def _check_writable(out_dir):
+def _check_writable(out_dir, create=True):
+    """Create out_dir and prove a file can be written there; with create=False only check, creating nothing
+    (the nearest existing folder must be a writable directory)."""
+    if not create:
+        try:
+            existing = next(p for p in (out_dir, *out_dir.absolute().parents) if p.exists())
+            problem = f"{existing} is not a directory" if not existing.is_dir() else \
+                None if os.access(existing, os.W_OK | os.X_OK) else f"{existing} is not writable"
+        except OSError as e:
+            problem = e.strerror
+        if problem:
+            raise CheckpointError(f"cannot write to --out-dir {out_dir} ({problem}); choose a writable directory")
+        return
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         probe = out_dir / f".write-test{os.getpid()}"
@@ -147,6 +171,8 @@ class Trainer:
 
     def __init__(self, overrides, log=tqdm.write):
         self.log_fn = log
+        model_kw, train_kw = split_overrides(overrides)  # unknown names and wrong types fail before any work
+        overrides = {**model_kw, **train_kw}
         self.dist = init_distributed(overrides.get("device", "auto"))
         self.device = pick_device(overrides.get("device", "auto"))
         preset = "gpu" if self.device.type == "cuda" else "cpu"
@@ -154,7 +180,10 @@ class Trainer:
 
         # where the run lives
         name, _ = corpus_sources(overrides.get("data"), overrides.get("encoding", "utf-8"))
-        out_dir = Path(overrides["out_dir"]) if overrides.get("out_dir") else _default_out_dir(name, resume)
+        if overrides.get("out_dir"):
+            out_dir = Path(overrides["out_dir"])
+        else:  # rank 0's choice: ranks on other machines may see another checkpoints/ folder
+            out_dir = Path(broadcast_str(str(_default_out_dir(name, resume)), self.dist))
         self.out_dir = out_dir
         state_path = out_dir / ckpt.STATE
         if resume:
@@ -174,7 +203,9 @@ class Trainer:
         threads = configure_threads(tcfg.threads, self.dist.local_world_size) if self.device.type == "cpu" else None
 
         # data: the corpus is encoded once (cached) and memory-mapped
-        self.corpus = encode_corpus(tcfg.data, tcfg.encoding, tcfg.encoding_errors, tcfg.cache_dir, log=self.log)
+        _check_writable(out_dir, create=False) if self.dist.is_main else None  # fail before writing anything
+        self.corpus = encode_corpus(tcfg.data, tcfg.encoding, tcfg.encoding_errors, tcfg.cache_dir, log=self.log,
+                                    check_length=lambda n: split_sizes(n, tcfg.val_fraction, mcfg.block_size))
         vocab_size = len(self.corpus.vocab)
         if resume:
             saved_vocab = self.resume_meta["vocab"]
@@ -189,13 +220,20 @@ class Trainer:
 
         # model and optimizer; every rank builds the same initial weights from the same seed
         torch.manual_seed(tcfg.seed)
-        self.model = CharGPT(mcfg).to(self.device)
+        try:
+            self.model = CharGPT(mcfg).to(self.device)
+        except (RuntimeError, MemoryError) as e:  # e.g. --n-embd 100000: torch's "can't allocate memory"
+            if "alloc" not in str(e).lower() and "memory" not in str(e).lower():
+                raise
+            n = 12 * mcfg.n_layer * mcfg.n_embd ** 2 + (mcfg.vocab_size + mcfg.block_size) * mcfg.n_embd
+            raise ConfigError(f"a model of about {n / 1e6:,.0f}M parameters does not fit in {self.device} memory; "
+                              f"lower --n-embd, --n-layer or --block-size") from None
         self.model.set_attention(tcfg.attention)
         self.optimizer = make_optimizer(self.model, tcfg, self.device)
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.dtype == torch.float16)
-        # dropout and batch order differ per rank, reproducibly
-        torch.manual_seed(tcfg.seed + 7919 * self.dist.rank)
-        self.data_gen = torch.Generator().manual_seed(tcfg.seed + 7919 * (self.dist.rank + 1))
+        # dropout and batch order differ per rank, reproducibly (rank 0 draws what a single process draws)
+        torch.manual_seed(stream_seed(tcfg.seed, "dropout", self.dist.rank))
+        self.data_gen = torch.Generator().manual_seed(stream_seed(tcfg.seed, "data", self.dist.rank))
         self.state = RunState()
         if resume:
             self._restore(state_path)
@@ -219,8 +257,10 @@ class Trainer:
                      f"{mcfg.block_size}, {self.model.num_params() / 1e6:.2f}M parameters — {PRESET_REASONS[preset]}")
         else:
             self.log(f"resuming {out_dir} at step {self.state.step} (best val loss {self.state.best_val:.4f})")
-        self.log(f"batch: {tcfg.batch_size} x {mcfg.block_size} chars x {tcfg.grad_accum} accum x "
-                 f"{self.dist.world_size} proc = {chars_per_step:,} chars/step; run dir: {out_dir}")
+        global_batch = tcfg.batch_size * tcfg.grad_accum * self.dist.world_size
+        self.log(f"global batch: {tcfg.batch_size} x {tcfg.grad_accum} accum x {self.dist.world_size} proc = "
+                 f"{global_batch} sequences of {mcfg.block_size} chars = {chars_per_step:,} chars/step; "
+                 f"run dir: {out_dir}")
 
     def log(self, msg):
         if self.dist.is_main:
@@ -228,29 +268,43 @@ class Trainer:
 
     # --- checkpoints ----------------------------------------------------------------------------------
     def _rng_state(self):
-        rng = {"torch": torch.get_rng_state(), "data": self.data_gen.get_state()}
+        """Every rank's random streams, gathered to rank 0 (None elsewhere): rank 0's under the names a single
+        process uses (torch, data, cuda), rank r's as rank{r}.torch ... A collective under DDP."""
+        local = {"torch": torch.get_rng_state(), "data": self.data_gen.get_state()}
         if self.device.type == "cuda":
-            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+            local["cuda"] = torch.cuda.get_rng_state(self.device)
+        names, sizes = list(local), [v.numel() for v in local.values()]
+        gathered = gather_to_main(torch.cat(list(local.values())), self.dist)  # (bytes,) per rank, same size
+        if gathered is None:
+            return None
+        rng = dict(local)
+        for r, flat in enumerate(gathered[1:], start=1):
+            rng.update({f"rank{r}.{n}": part.clone() for n, part in zip(names, flat.split(sizes))})
         return rng
+
+    def _restore_rng(self, rng):
+        """Continue this rank's streams exactly where they stopped. A rank the checkpoint has none for (it was
+        written by fewer processes) starts new streams, reproducibly, from the seed, its rank and the step."""
+        rank, prefix = self.dist.rank, "" if self.dist.is_main else f"rank{self.dist.rank}."
+        if prefix + "torch" in rng and prefix + "data" in rng:
+            torch.set_rng_state(rng[prefix + "torch"])
+            self.data_gen.set_state(rng[prefix + "data"])
+            if prefix + "cuda" in rng and self.device.type == "cuda":
+                torch.cuda.set_rng_state(rng[prefix + "cuda"], self.device)
+        else:
+            seed = self.cfg.seed + self.state.step
+            torch.manual_seed(stream_seed(seed, "dropout", rank))
+            self.data_gen.manual_seed(stream_seed(seed, "data", rank))
 
     def _restore(self, state_path):
         meta, rng = ckpt.load_state(state_path, self.model, self.optimizer)
         s = meta.get("run_state") or {}
-        self.state = RunState(**{k: s[k] for k in RunState.__dataclass_fields__ if k in s})
-        # RNG streams continue exactly where they stopped (single process: the saved rank-0 state)
-        if self.dist.world_size == 1 or "torch" not in rng:
-            if "torch" in rng:
-                torch.set_rng_state(rng["torch"])
-            if "data" in rng:
-                self.data_gen.set_state(rng["data"])
-            if "cuda" in rng and self.device.type == "cuda":
-                torch.cuda.set_rng_state(rng["cuda"], self.device)
-        else:  # other ranks: continue deterministically from the step
-            torch.manual_seed(self.cfg.seed + 7919 * self.dist.rank + self.state.step)
-            self.data_gen.manual_seed(self.cfg.seed + 7919 * (self.dist.rank + 1) + self.state.step)
-            if self.dist.is_main:
-                torch.set_rng_state(rng["torch"])
-                self.data_gen.set_state(rng["data"])
+        try:
+            self.state = RunState(**typed_fields(RunState, s, "run state"))
+        except ConfigError as e:
+            raise CheckpointError(f"{state_path} has corrupted metadata ({e}); re-train or re-copy it") from None
+        ckpt.remove_stale_temps(self.out_dir)  # left by a run that was killed while saving
+        self._restore_rng(rng)
         metrics = self.out_dir / ckpt.METRICS
         if self.dist.is_main and metrics.exists():  # drop lines logged after the state we resume from
             lines = [ln for ln in metrics.read_text(encoding="utf-8").splitlines() if ln.strip()]
@@ -261,31 +315,41 @@ class Trainer:
                 os.replace(tmp, metrics)
 
     def save(self, val_loss=None, improved=False):
-        """Rank 0 writes state (resume), latest, and best when improved; each file atomically."""
+        """Rank 0 writes state (resume), latest, and best when improved; each file atomically. Under DDP every
+        rank calls this: it gathers the ranks' random streams first."""
+        rng = self._rng_state()
         if not self.dist.is_main:
             return
         s = self.state
         extra = dict(step=s.step, val_loss=val_loss, best_val_loss=s.best_val if s.best_val < float("inf") else None,
                      corpus=self.corpus.name, run_state=asdict(s))
         train_cfg = asdict(self.cfg)
-        ckpt.save_state(self.out_dir / ckpt.STATE, self.model, self.optimizer, self._rng_state(),
+        ckpt.save_state(self.out_dir / ckpt.STATE, self.model, self.optimizer, rng,
                         self.corpus.vocab, train_cfg, **extra)
         ckpt.save_model(self.out_dir / ckpt.LATEST, self.model, self.corpus.vocab, train_cfg, **extra)
         if improved:
             ckpt.save_model(self.out_dir / ckpt.BEST, self.model, self.corpus.vocab, train_cfg, **extra)
 
     def evaluate_and_save(self, lr):
-        losses = estimate_loss(self.train_model, self.batches, self.cfg, self.device, self.dtype, self.dist)
+        # the plain module: no DDP sync is needed under no_grad, and torch.compile would recompile for eval mode
+        losses = estimate_loss(self.model, self.batches, self.cfg, self.device, self.dtype, self.dist)
         s = self.state
+        if not all(math.isfinite(v) for v in losses.values()):  # the weights themselves are broken: never save them
+            raise ChargptError(
+                f"evaluation loss became {losses['val']} at step {s.step} (learning rate {lr:.2e}): training "
+                f"diverged, most likely because the learning rate is too high; lower --learning-rate. The last "
+                f"good checkpoint in {self.out_dir} is kept.")
         improved = losses["val"] < s.best_val
         s.best_val = min(s.best_val, losses["val"])
         s.evaluated = True
         record = {"step": s.step, "train_loss": round(losses["train"], 6), "val_loss": round(losses["val"], 6),
                   "train_bpc": round(losses["train"] / LN2, 6), "val_bpc": round(losses["val"] / LN2, 6),
                   "lr": lr, "elapsed_s": round(s.elapsed, 2)}
-        self.save(losses["val"], improved)
+        # the line first, then the state: a kill between the two leaves a line that --resume drops (it is
+        # after the saved step), never a saved step whose line is missing
         if self.dist.is_main:
             ckpt.append_jsonl(self.out_dir / ckpt.METRICS, record)
+        self.save(losses["val"], improved)
         self.log(f"step {s.step:>6}: train {losses['train']:.4f} nats ({losses['train'] / LN2:.3f} bpc), "
                  f"val {losses['val']:.4f} nats ({losses['val'] / LN2:.3f} bpc)" + (" *" if improved else ""))
         return losses["val"]
@@ -295,13 +359,14 @@ class Trainer:
         cfg, s, model = self.cfg, self.state, self.train_model
         stop = _SignalFlag()
         sync_every_step = self.device.type != "cuda" or cfg.skip_nonfinite  # host syncs are free on CPU
-        bar = tqdm(total=cfg.max_iters, initial=s.step, disable=not self.dist.is_main, dynamic_ncols=True,
+        total = cfg.max_iters if cfg.max_iters < UNLIMITED else None  # a time budget alone: no step total
+        bar = tqdm(total=total, initial=s.step, disable=not self.dist.is_main, dynamic_ncols=True,
                    unit="step", leave=False)
         last_val, lr = None, cfg.learning_rate
         t_last, step_last = time.perf_counter(), s.step
         session_start, elapsed_before = time.perf_counter(), s.elapsed
         reason = "max_iters"
-        with stop:
+        with stop, bar:  # the bar is cleared on any exit, so an error line starts on a clean line
             while True:
                 lr = get_lr(s.step, run_fraction(s.step, s.elapsed, cfg), cfg)
                 # 1. evaluate and checkpoint (at the interval, and at the end)
@@ -319,28 +384,28 @@ class Trainer:
                 for micro in range(cfg.grad_accum):
                     x, y = self.batches.get("train", self.data_gen)
                     sync = micro == cfg.grad_accum - 1  # DDP: all-reduce gradients on the last micro-step only
-                    ctx = model.no_sync() if self.dist.enabled and not sync else nullcontext()
-                    with ctx, autocast(self.device, self.dtype):
-                        _, loss = model(x, y)
-                    with ctx:
+                    with model.no_sync() if self.dist.enabled and not sync else nullcontext():  # enter once
+                        with autocast(self.device, self.dtype):
+                            _, loss = model(x, y)
                         self.scaler.scale(loss / cfg.grad_accum).backward()
                     loss_sum += loss.detach()
                 loss_step = loss_sum / cfg.grad_accum
 
                 # 3. agree across ranks on the loss being finite, on stopping, and on the clock
-                # (ranks only ever act on the all-reduced clock, so they can never disagree about stopping)
+                # (ranks only ever act on the all-reduced clock, so they can never disagree about stopping; a
+                # signal to any rank stops all, and the highest signal number is the exit status of every rank)
                 local_elapsed = elapsed_before + time.perf_counter() - session_start
                 if not self.dist.enabled:
                     s.elapsed = local_elapsed
-                nonfinite, stop_now = False, False
+                nonfinite, stop_now = False, 0
                 if sync_every_step or s.step % 10 == 0:  # on CUDA: a host sync, so only every 10 steps
-                    flags = torch.tensor([float(not torch.isfinite(loss_step)), float(stop.requested),
-                                          local_elapsed])
+                    flags = torch.tensor([float(not torch.isfinite(loss_step)), float(stop.signum or 0),
+                                          local_elapsed], dtype=torch.float64)
                     if self.dist.enabled:
                         flags = flags.to(self.device)
                         torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
                         flags = flags.cpu()
-                    nonfinite, stop_now, s.elapsed = bool(flags[0]), bool(flags[1]), float(flags[2])
+                    nonfinite, stop_now, s.elapsed = bool(flags[0]), int(flags[1]), float(flags[2])
                 if nonfinite:
                     self.optimizer.zero_grad(set_to_none=True)
                     if not cfg.skip_nonfinite:
@@ -379,19 +444,28 @@ class Trainer:
         bar.close()
         if reason == "signal":
             self.save(None, False)
+        if self.dist.enabled:
+            # no rank leaves before rank 0's files are complete: the caller (or a --resume) may read them next, and
+            # torchrun stops the remaining workers, mid-save, as soon as one of them exits with an error status
+            torch.distributed.barrier()
+        if reason == "signal":
             where = self.out_dir
+            how = "the same torchrun command (any number of processes) plus" if self.dist.enabled else \
+                "python train.py"
             raise Interrupted(f"interrupted at step {s.step}; saved the run to {where}. Resume with: "
-                              f"python train.py --out-dir {where} --resume", stop.signum)
+                              f"{how} --out-dir {where} --resume", stop_now)
         return {"out_dir": str(self.out_dir), "step": s.step, "best_val_loss": s.best_val, "val_loss": last_val,
                 "elapsed_s": s.elapsed, "stopped_by": reason}
 
 
 def _json_step(line):
+    """The step of a metrics line; infinity for a line that does not parse (cut short by a kill), so that
+    resuming drops it."""
     import json
     try:
         return int(json.loads(line).get("step", 0))
-    except (ValueError, AttributeError):
-        return 0
+    except (ValueError, AttributeError, TypeError):
+        return math.inf
 
 
 class _SignalFlag:

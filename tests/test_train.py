@@ -3,12 +3,12 @@
 import json
 
 import torch
+from conftest import TINY, run_cli
 from safetensors import safe_open
 
 from chargpt.checkpoint import load_model, save_model
 from chargpt.model import CharGPT
 from chargpt.tokenizer import Vocab
-from conftest import TINY, run_cli
 
 
 def test_save_load_gives_identical_logits(tmp_path, tiny_config):
@@ -26,7 +26,7 @@ def test_save_load_gives_identical_logits(tmp_path, tiny_config):
 def test_train_then_sample_end_to_end(corpus, tmp_path):
     out = tmp_path / "run"
     r = run_cli("train.py", "--data", corpus, "--out-dir", out, "--max-iters", "40", "--eval-interval", "20",
-                "--learning-rate", "3e-3", "--warmup-iters", "5", "--sample-chars", "50", *TINY[:-6], "--dtype", "float32")
+                "--learning-rate", "3e-3", "--warmup-iters", "5", *TINY, "--sample-chars", "50")
     assert r.returncode == 0, r.stderr
     assert "step     40" in r.stdout and "bpc" in r.stdout and "--- sample" in r.stdout
     assert {p.name for p in out.iterdir()} == {"latest.safetensors", "best.safetensors", "state.safetensors",
@@ -86,3 +86,16 @@ def test_help_lists_every_flag_with_help():
                  "--eval-iters", "--device", "--dtype", "--compile / --no-compile", "--seed", "--resume",
                  "--max-time", "--threads"]:
         assert name in r.stdout, name
+
+
+def test_compile_on_cpu_saves_the_plain_module(corpus, tmp_path):
+    """--compile trains through torch.compile, and the checkpoint holds the uncompiled names (no _orig_mod.)."""
+    out = tmp_path / "compiled"
+    r = run_cli("train.py", "--data", corpus, "--out-dir", out, "--max-iters", "3", "--eval-interval", "3",
+                "--compile", *TINY, timeout=300)
+    assert r.returncode == 0, r.stderr
+    with safe_open(str(out / "latest.safetensors"), framework="pt") as f:
+        names = list(f.keys())
+    assert names and not any("_orig_mod" in n for n in names)
+    model, _, meta = load_model(out)
+    assert meta["step"] == 3

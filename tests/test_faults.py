@@ -1,0 +1,205 @@
+"""Faults during training: Ctrl-C / SIGTERM, kill -9 at any moment (including mid-save), non-finite losses, and
+exact resumption (N steps + resume + N steps == 2N steps, bit for bit)."""
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from click.testing import CliRunner
+from conftest import ROOT, TINY
+from safetensors.torch import load_file
+
+import chargpt
+from chargpt import checkpoint as ckpt
+from chargpt.cli import train_cli
+from chargpt.errors import ChargptError
+from chargpt.model import CharGPT
+
+TINY_KW = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0, threads=1,
+               sample_chars=0, dtype="float32", warmup_iters=0)
+
+
+def quiet_train(**kw):
+    return chargpt.train(log=lambda msg: None, **{"data": "corpus.txt", **TINY_KW, **kw})
+
+
+def start_training(tmp_path, *extra):
+    """A real `python train.py` process, output to files (a full pipe would block it)."""
+    out, err = open(tmp_path / "stdout.txt", "w"), open(tmp_path / "stderr.txt", "w")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), "--data", "corpus.txt", "--out-dir", "run",
+                             *TINY, "--max-iters", "100000", *extra], stdout=out, stderr=err, env=env)
+    out.close(), err.close()
+    return proc
+
+
+def wait_for(condition, proc, tmp_path, timeout=60.0, poll=0.005):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            pytest.fail(f"training exited early ({proc.returncode}): {(tmp_path / 'stderr.txt').read_text()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("training made no progress")
+        time.sleep(poll)
+
+
+def mtime(path):
+    return path.stat().st_mtime_ns if path.exists() else 0
+
+
+def saved_since(run, before):
+    """-> a condition: state.safetensors was rewritten after mtime `before`, and latest.safetensors exists."""
+    return lambda: mtime(run / ckpt.STATE) > before and (run / ckpt.LATEST).exists()
+
+
+def terminal_lines(text):
+    """Lines a terminal would show: progress-bar updates overwritten with \\r removed."""
+    return [line for line in re.sub(r"[^\n]*\r", "", text).splitlines() if line.strip()]
+
+
+def metric_lines(run):
+    return [json.loads(line) for line in (run / ckpt.METRICS).read_text().splitlines()]
+
+
+@pytest.mark.parametrize("sig,status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
+def test_signal_saves_and_exits_with_conventional_status(tmp_path, corpus, sig, status):
+    run = tmp_path / "run"
+    proc = start_training(tmp_path, "--eval-interval", "5")
+    wait_for(lambda: (run / ckpt.METRICS).exists() and (run / ckpt.METRICS).read_text().count("\n") >= 2, proc,
+             tmp_path)  # evaluated at steps 0 and 5
+    proc.send_signal(sig)
+    assert proc.wait(timeout=60) == status
+    stderr = (tmp_path / "stderr.txt").read_text()
+    assert "Traceback" not in stderr
+    message = terminal_lines(stderr)[-1]
+    match = re.fullmatch(r"interrupted at step (\d+); saved the run to run\. Resume with: python train\.py "
+                         r"--out-dir run --resume", message)
+    assert match, message
+    step = int(match.group(1))
+    assert step >= 5 and ckpt.read_meta(run / ckpt.STATE)[0]["step"] == step
+    assert ckpt.load_model(run / ckpt.LATEST)[2]["step"] == step
+    summary = quiet_train(out_dir="run", resume=True, max_iters=step + 2)
+    assert summary["step"] == step + 2
+
+
+def test_kill_9_at_random_moments_never_loses_the_run(tmp_path, corpus):
+    """Kill a real training process (saving at every step) at random moments and while a file is being written;
+    each time the latest checkpoint loads and --resume carries on."""
+    run, rng = tmp_path / "run", random.Random(4)
+    moments = ["mid-save", rng.uniform(0.0, 0.4), "mid-save", rng.uniform(0.0, 0.4)]
+    steps = []
+    for i, moment in enumerate(moments):
+        state_before = mtime(run / ckpt.STATE)
+        proc = start_training(tmp_path, "--eval-interval", "1", *(["--resume"] if i else []))
+        # it (re)started and saved; the first run also wrote its first latest.safetensors
+        wait_for(saved_since(run, state_before), proc, tmp_path)
+        if moment == "mid-save":  # the moment a temporary checkpoint file appears: the write is under way
+            wait_for(lambda: any(".tmp" in p.name for p in run.iterdir()), proc, tmp_path, poll=0)
+        else:
+            time.sleep(moment)
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+        model, vocab, meta = ckpt.load_model(run / ckpt.LATEST)
+        state_meta, _ = ckpt.read_meta(run / ckpt.STATE)
+        # state is written first, then latest: at most one step apart
+        assert len(vocab) == model.config.vocab_size and state_meta["step"] - meta["step"] in (0, 1)
+        steps.append(state_meta["step"])
+    assert steps == sorted(steps) and steps[-1] > 0
+
+    final = steps[-1] + 3
+    summary = quiet_train(out_dir="run", resume=True, max_iters=final)
+    assert summary["step"] == final
+    assert not [p.name for p in run.iterdir() if ".tmp" in p.name]  # what the kills left behind is cleaned up
+    logged = [m["step"] for m in metric_lines(run)]
+    assert logged == list(range(final + 1))  # every step evaluated once: nothing lost, nothing doubled
+
+
+def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path, corpus):
+    result = CliRunner().invoke(train_cli, ["--data", "corpus.txt", "--out-dir", "run", *TINY, "--max-iters", "200",
+                                            "--eval-interval", "2", "--learning-rate", "1e6", "--warmup-iters", "0"])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    message = terminal_lines(result.stderr)[-1]
+    match = re.search(r"^error: (?:evaluation )?loss became (nan|inf) at step (\d+) \(learning rate 1\.00e\+06\): "
+                      r"training diverged, most likely because the learning rate is too high; lower "
+                      r"--learning-rate.*last good checkpoint in run is kept", message)
+    assert match, message
+    model, _, meta = ckpt.load_model("run")
+    assert meta["step"] <= int(match.group(2)) and meta["val_loss"] is not None
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    state = load_file("run/" + ckpt.STATE)
+    assert all(torch.isfinite(t).all() for k, t in state.items() if k.startswith(("model.", "optim.")))
+
+
+def test_skip_nonfinite_skips_bad_steps(tmp_path, corpus, monkeypatch):
+    forward, calls = CharGPT.forward, []
+
+    def flaky(self, idx, targets=None, cache=None):
+        logits, loss = forward(self, idx, targets, cache)
+        if self.training:
+            calls.append(1)
+            if len(calls) == 3:  # the third training step
+                loss = loss * float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(CharGPT, "forward", flaky)
+    with pytest.raises(ChargptError, match=r"loss became nan at step 2 .*--skip-nonfinite"):
+        quiet_train(out_dir="stop", max_iters=6, eval_interval=2)
+    calls.clear()
+    logs = []
+    summary = chargpt.train(log=logs.append, data="corpus.txt", out_dir="skip", max_iters=6, eval_interval=2,
+                            skip_nonfinite=True, **TINY_KW)
+    assert summary["step"] == 6
+    assert "step 2: non-finite loss, step skipped (1 so far)" in logs
+    meta, _ = ckpt.read_meta("skip/" + ckpt.STATE)
+    assert meta["run_state"]["skipped"] == 1
+    assert all(torch.isfinite(t).all() for t in load_file("skip/" + ckpt.STATE).values() if t.is_floating_point())
+
+
+def test_exact_resume(tmp_path, corpus):
+    """N steps, then resume for N more == 2N steps in one go: weights, optimizer moments, random streams and
+    every metrics line (but the wall-clock) identical. Dropout and gradient accumulation are on, so the random
+    streams and the data order both matter."""
+    n = 6
+    kw = dict(eval_interval=3, lr_decay_iters=2 * n, warmup_iters=2, dropout=0.1, grad_accum=2)
+    quiet_train(out_dir="whole", max_iters=2 * n, **kw)
+    quiet_train(out_dir="split", max_iters=n, **kw)
+    quiet_train(out_dir="split", resume=True, max_iters=2 * n, **kw)
+
+    whole, split = load_file("whole/" + ckpt.STATE), load_file("split/" + ckpt.STATE)
+    assert whole.keys() == split.keys()
+    for name in whole:
+        assert torch.equal(whole[name], split[name]), name
+    assert torch.equal(load_file("whole/" + ckpt.LATEST)["wte.weight"], load_file("split/" + ckpt.LATEST)["wte.weight"])
+
+    def lines(run):
+        return [{k: v for k, v in m.items() if k != "elapsed_s"} for m in metric_lines(tmp_path / run)]
+
+    assert [m["step"] for m in lines("whole")] == [0, 3, 6, 9, 12]
+    assert lines("whole") == lines("split")
+
+
+def test_weights_that_evaluate_to_nan_are_never_saved(tmp_path, corpus, monkeypatch):
+    """If the model breaks between evaluations (finite training loss, non-finite evaluation), the broken weights
+    must not overwrite the last good checkpoint."""
+    from chargpt import training
+    estimate, calls = training.estimate_loss, []
+
+    def breaks_at_second_eval(*args, **kwargs):
+        calls.append(1)
+        losses = estimate(*args, **kwargs)
+        return {k: float("nan") for k in losses} if len(calls) == 2 else losses
+
+    monkeypatch.setattr(training, "estimate_loss", breaks_at_second_eval)
+    with pytest.raises(ChargptError, match=r"evaluation loss became nan at step 2 .*last good checkpoint in run is "
+                                           r"kept"):
+        quiet_train(out_dir="run", max_iters=6, eval_interval=2)
+    assert ckpt.read_meta("run/" + ckpt.STATE)[0]["step"] == ckpt.load_model("run")[2]["step"] == 0
+    assert [m["step"] for m in metric_lines(tmp_path / "run")] == [0]
