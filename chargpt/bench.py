@@ -164,6 +164,7 @@ def full_val_loss(run_dir, data, val_fraction=0.1, batch=64):
 def quality(args):
     """Train with the defaults (plus any --set overrides) for --max-time seconds; report the full val loss."""
     import tempfile
+
     from .training import train
     overrides = {"data": args.data, "max_time": args.max_time, "sample_chars": 0}
     for item in args.set:
@@ -181,6 +182,7 @@ def quality(args):
 
 def type_of(name):
     from dataclasses import fields
+
     from .cli import _field_type
     from .config import ModelConfig, TrainConfig
     for f in fields(ModelConfig) + fields(TrainConfig):
