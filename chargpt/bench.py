@@ -142,16 +142,17 @@ def speed(parts, device):
 
 
 @torch.no_grad()
-def full_val_loss(run_dir, data, val_fraction=0.1, batch=64):
-    """Loss of a run's best checkpoint over the whole validation split, in consecutive windows: one exact
-    number instead of the training loop's sampled estimate."""
+def full_val_loss(run_dir, device="cpu", batch=64):
+    """Loss of a run's best checkpoint over the whole validation split (the run's own corpus and split), in
+    consecutive windows: one exact number instead of the training loop's sampled estimate."""
     from .checkpoint import load_model
     from .data import encode_corpus, split_sizes
-    model, vocab, _ = load_model(run_dir)
-    ids = encode_corpus(data).ids()
-    n_train, _ = split_sizes(len(ids), val_fraction, model.config.block_size)
+    model, _, meta = load_model(run_dir, device)
+    cfg = meta["train_config"]
+    ids = encode_corpus(cfg["data"], cfg["encoding"], cfg["encoding_errors"], cfg["cache_dir"]).ids()
+    n_train, _ = split_sizes(len(ids), cfg["val_fraction"], model.config.block_size)
     T = model.config.block_size
-    val = torch.from_numpy(ids[n_train:].astype("int64"))
+    val = torch.from_numpy(ids[n_train:].astype("int64")).to(device)
     n = (len(val) - 1) // T
     x, y = val[:n * T].view(n, T), val[1:n * T + 1].view(n, T)
     total = 0.0
@@ -174,7 +175,7 @@ def quality(args):
     t0 = time.perf_counter()
     summary = train(out_dir=out, **overrides)
     wall = time.perf_counter() - t0
-    val = full_val_loss(out, args.data)
+    val = full_val_loss(out, pick_device(args.device))
     sets = " ".join(f"--{k}" for k in args.set)
     return (f"quality: --max-time {args.max_time:g} {sets}: full val loss {val:.4f} (loop estimate "
             f"{summary['best_val_loss']:.4f}), {summary['step']} steps, {wall:.0f} s wall")

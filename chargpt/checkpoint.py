@@ -36,13 +36,18 @@ def unwrap(model):
     return getattr(model, "_orig_mod", model)
 
 
-def model_tensors(model, prefix=""):
-    """State dict as contiguous CPU tensors; a tied head is stored once (as the embedding)."""
+def _weights(model):
+    """The state dict to store: a tied head is stored once (as the embedding)."""
     model = unwrap(model)
     sd = model.state_dict()
     if model.config.tie_weights:
         sd.pop("lm_head.weight")
-    return {prefix + k: v.detach().to("cpu").contiguous() for k, v in sd.items()}
+    return sd
+
+
+def model_tensors(model, prefix=""):
+    """The weights as contiguous CPU tensors, ready for safetensors."""
+    return {prefix + k: v.detach().to("cpu").contiguous() for k, v in _weights(model).items()}
 
 
 def _fsync_dir(path):
@@ -127,13 +132,15 @@ def checkpoint_meta(model, vocab, train_config=None, **extra):
             "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"), **extra}
 
 
-def save_model(path, model, vocab, train_config=None, **extra):
-    write_safetensors(path, model_tensors(model), checkpoint_meta(model, vocab, train_config, **extra))
+def save_model(path, model, vocab, train_config=None, weights=None, **extra):
+    """A shareable checkpoint: weights + metadata. `weights` (from model_tensors) saves a second device copy."""
+    write_safetensors(path, weights or model_tensors(model), checkpoint_meta(model, vocab, train_config, **extra))
 
 
-def save_state(path, model, optimizer, rng, vocab, train_config, **extra):
+def save_state(path, model, optimizer, rng, vocab, train_config, weights=None, **extra):
     """Everything to resume exactly: weights, optimizer moments (by parameter index), RNG states."""
-    tensors = model_tensors(model, prefix="model.")
+    weights = weights or model_tensors(model)
+    tensors = {"model." + k: v for k, v in weights.items()}
     for idx, state in optimizer.state_dict()["state"].items():
         for key, value in state.items():
             tensors[f"optim.{idx}.{key}"] = torch.as_tensor(value).detach().to("cpu").contiguous()
@@ -142,11 +149,11 @@ def save_state(path, model, optimizer, rng, vocab, train_config, **extra):
     write_safetensors(path, tensors, checkpoint_meta(model, vocab, train_config, **extra))
 
 
-def resolve(path, prefer=BEST):
+def resolve(path):
     """A run directory or a file -> the checkpoint file (best, else latest, in a directory)."""
     p = Path(path).expanduser()
     if p.is_dir():
-        for name in (prefer, BEST, LATEST):
+        for name in (BEST, LATEST):
             if (p / name).is_file():
                 return p / name
         raise CheckpointError(f"no checkpoint in {path} (expected {BEST} or {LATEST}); train first with "
@@ -215,14 +222,7 @@ def expected_shapes(cfg: ModelConfig, prefix=""):
     """Tensor names and shapes the config implies, computed on the meta device (allocates nothing)."""
     with torch.device("meta"):
         model = CharGPT(cfg)
-    return {k: tuple(v.shape) for k, v in model_tensors_meta(model, prefix).items()}
-
-
-def model_tensors_meta(model, prefix):
-    sd = model.state_dict()
-    if model.config.tie_weights:
-        sd.pop("lm_head.weight")
-    return {prefix + k: v for k, v in sd.items()}
+    return {prefix + k: tuple(v.shape) for k, v in _weights(model).items()}
 
 
 def _check_shapes(path, cfg, shapes, prefix):

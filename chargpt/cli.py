@@ -17,7 +17,7 @@ import click
 from click.core import ParameterSource
 from tqdm import tqdm
 
-from .config import PRESETS, ModelConfig, TrainConfig, flag
+from .config import PRESETS, ModelConfig, SampleSettings, TrainConfig, flag
 from .errors import ChargptError, Interrupted
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
@@ -191,8 +191,9 @@ def _check_interactive(prompt, prompt_file, output, as_json, num_samples):
                    "under checkpoints/]")
 @click.option("--prompt", default=None, help="text to continue ('-' reads stdin) [default: a newline]")
 @click.option("--prompt-file", default=None, help="read the prompt from this UTF-8 file")
-@click.option("--max-new-tokens", default=500, show_default=True, type=int, help="characters to generate")
-@click.option("--temperature", default=0.8, show_default=True, type=float,
+@click.option("--max-new-tokens", default=SampleSettings.max_new_tokens, show_default=True, type=int,
+              help="characters to generate")
+@click.option("--temperature", default=SampleSettings.temperature, show_default=True, type=float,
               help="randomness: below 1 safer, above 1 wilder; 0 always picks the most likely character")
 @click.option("--top-k", default=None, type=int, help="sample only from the k most likely characters "
               "(clamped to the vocabulary; 0: off) [default: off]")
@@ -219,7 +220,7 @@ def sample_cli(checkpoint_path, prompt, prompt_file, max_new_tokens, temperature
     """Write text in the style of a trained run. Text streams to stdout; diagnostics go to stderr."""
     def main():
         from .checkpoint import latest_run
-        from .sampling import SampleSettings, load
+        from .sampling import load
         settings = asdict(SampleSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                                          top_p=top_p, stop=tuple(map(unescape, stop))).validate())
         if num_samples < 1:

@@ -7,7 +7,7 @@ take it from PRESETS, resolved once the device is known.
 """
 
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 
 from .errors import ConfigError
 
@@ -70,7 +70,7 @@ class TrainConfig:
     min_lr: float | None = opt(None, "final learning rate of the cosine decay [default: learning rate / 10]")
     warmup_iters: int = opt(100, "steps of linear warmup")
     lr_decay_iters: int | None = opt(None, "step at which the cosine decay reaches --min-lr [default: --max-iters]")
-    weight_decay: float = opt(0.1, "AdamW weight decay, applied to weight matrices only")
+    weight_decay: float = opt(0.1, "AdamW weight decay, on weight matrices and embeddings (not biases or norms)")
     beta1: float = opt(0.9, "AdamW beta1")
     beta2: float = opt(0.99, "AdamW beta2 (0.99 suits the small batches of character models)")
     grad_clip: float = opt(1.0, "clip the global gradient norm to this value (0 disables)")
@@ -86,7 +86,7 @@ class TrainConfig:
     compile: bool = opt(False, "wrap the model in torch.compile (helps on CUDA; rarely on CPU)")
     attention: str = opt("auto", "attention kernel: auto picks the fastest for the device; fused (torch SDPA) or "
                                  "manual (explicit masked softmax)", choices=("auto", "fused", "manual"))
-    threads: int | None = opt(None, "CPU threads for torch [default: one per physical core, split between "
+    threads: int | None = opt(None, "CPU threads for torch [default: one per CPU core, split between "
                                     "local processes]")
     seed: int = opt(1337, "random seed (model init, batches, dropout)")
     resume: bool = opt(False, "continue the run in --out-dir from its latest state")
@@ -120,17 +120,44 @@ class TrainConfig:
         return self
 
 
+@dataclass
+class SampleSettings:
+    """How to choose characters; the CLI flags and the Generator keywords share these names and defaults."""
+    max_new_tokens: int = 500
+    temperature: float = 0.8  # 0: greedy (always the most likely character)
+    top_k: int | None = None  # None or 0: off
+    top_p: float | None = None  # None or 1: off
+    stop: tuple = field(default_factory=tuple)  # stop strings, not included in the output
+
+    def __post_init__(self):
+        # a lone string would otherwise be read as one stop string per character
+        self.stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    def validate(self):
+        if not self.temperature >= 0:  # also catches NaN
+            raise ConfigError(f"--temperature must be >= 0 (0 means greedy), got {self.temperature}")
+        if self.top_k is not None and self.top_k < 0:
+            raise ConfigError(f"--top-k must be >= 0 (0 disables it), got {self.top_k}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ConfigError(f"--top-p must be in (0, 1] (1 disables it), got {self.top_p}")
+        if self.max_new_tokens < 0:
+            raise ConfigError(f"--max-new-tokens must be >= 0, got {self.max_new_tokens}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ConfigError("--stop needs a non-empty string")
+        return self
+
+
 # Hardware-dependent defaults. "cpu" is tuned for a 2-core laptop-class CPU: a small, wide-enough model with no
 # dropout that learns fast in a few minutes (see benchmarks/RESULTS.md for the search behind it); "gpu" is the
 # classic 10.7M-parameter Shakespeare model (6 x 384, context 256, dropout 0.2).
 PRESETS = {
-    "cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, dropout=0.0, batch_size=32, max_iters=2000,
-                learning_rate=2e-3, warmup_iters=100, eval_interval=250, eval_iters=20),
+    "cpu": dict(n_layer=2, n_head=4, n_embd=128, block_size=64, dropout=0.0, batch_size=16, max_iters=5000,
+                learning_rate=4e-3, warmup_iters=100, eval_interval=250, eval_iters=20),
     "gpu": dict(n_layer=6, n_head=6, n_embd=384, block_size=256, dropout=0.2, batch_size=64, max_iters=5000,
-                learning_rate=1e-3, warmup_iters=100, eval_interval=250, eval_iters=50),
+                learning_rate=1e-3, warmup_iters=100, eval_interval=500, eval_iters=50),
 }
 PRESET_REASONS = {
-    "cpu": "no GPU found: a small model that learns in minutes on a CPU",
+    "cpu": "no GPU found: the small model that learned most per minute in a search on a 2-core CPU",
     "gpu": "GPU found: the 10.7M-parameter model (6 layers x 384, context 256)",
 }
 
@@ -204,7 +231,3 @@ def _has_type(value, t):
     if t is float:
         return isinstance(value, (int, float))
     return isinstance(t, type) and isinstance(value, t)
-
-
-def as_dict(cfg):
-    return asdict(cfg)

@@ -254,7 +254,7 @@ def _read_cache(meta_path, ids_path):
         if meta.get("version") != CACHE_VERSION or ids_path.stat().st_size != length * vocab.id_dtype().itemsize:
             return None
         return vocab, length
-    except (OSError, ValueError, KeyError, TypeError, Exception):
+    except Exception:
         return None  # a missing or damaged cache entry is simply rebuilt
 
 

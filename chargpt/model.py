@@ -19,12 +19,11 @@ from .config import ModelConfig
 
 class KVCache:
     """Keys and values of every layer for the positions decoded so far, so each new character costs one
-    position of work per layer. Allocated once for `max_len` positions (at most block_size)."""
+    position of work per layer. Allocated once for block_size positions."""
 
-    def __init__(self, cfg: ModelConfig, batch_size, max_len=None, device="cpu", dtype=torch.float32):
-        max_len = max_len or cfg.block_size
-        shape = (cfg.n_layer, batch_size, cfg.n_head, max_len, cfg.head_size)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)  # (L, B, nh, max_len, hs)
+    def __init__(self, cfg: ModelConfig, batch_size, device="cpu", dtype=torch.float32):
+        shape = (cfg.n_layer, batch_size, cfg.n_head, cfg.block_size, cfg.head_size)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)  # (L, B, nh, block_size, hs)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.pos = 0  # positions filled so far
 
@@ -57,10 +56,11 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x, cache=None):
         B, T, C = x.size()
+        hs = C // self.n_head
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         start = 0
         if cache is not None:
             start = cache.pos

@@ -75,7 +75,7 @@ def autocast(device, dtype):
 
 
 def configure_threads(threads=None, local_world_size=1):
-    """Default: the physical cores split between the processes on this machine. Two processes each using
+    """Default: the CPU cores split between the processes on this machine. Two processes each using
     every core run several times slower than one thread each, so oversubscription is avoided."""
     if threads is None:
         cores = os.cpu_count() or 1
@@ -86,8 +86,12 @@ def configure_threads(threads=None, local_world_size=1):
 
 def enable_fast_math(device):
     if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True  # TF32 matmuls: ~8x faster on Ampere+, fine for training
-        torch.backends.cudnn.allow_tf32 = True
+        # TF32 matmuls: several times faster on Ampere and newer, and precise enough for training
+        matmul = torch.backends.cuda.matmul
+        if hasattr(matmul, "fp32_precision"):  # torch >= 2.9 deprecates allow_tf32 in favour of this
+            matmul.fp32_precision = "tf32"
+        else:
+            matmul.allow_tf32 = True
 
 
 # Seeds of the random streams. Rank 0 uses the seeds a single process uses; each other rank shifts them by a

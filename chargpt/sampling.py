@@ -16,50 +16,26 @@ exactly the characters of the uncached reference (a full forward over the last b
 step), which is kept for tests and benchmarks. Past that point the two condition on different windows.
 """
 
-from dataclasses import dataclass, field
 
 import torch
 
+from .config import SampleSettings
 from .errors import ChargptError
 from .model import KVCache
-from .runtime import autocast
-
-
-@dataclass
-class SampleSettings:
-    """How to choose characters; the CLI flags and the Generator keywords share these names and defaults."""
-    max_new_tokens: int = 500
-    temperature: float = 0.8  # 0: greedy (always the most likely character)
-    top_k: int | None = None  # None or 0: off
-    top_p: float | None = None  # None or 1: off
-    stop: tuple = field(default_factory=tuple)  # stop strings, not included in the output
-
-    def __post_init__(self):
-        # a lone string would otherwise be read as one stop string per character
-        self.stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
-
-    def validate(self):
-        if not self.temperature >= 0:  # also catches NaN
-            raise ChargptError(f"--temperature must be >= 0 (0 means greedy), got {self.temperature}")
-        if self.top_k is not None and self.top_k < 0:
-            raise ChargptError(f"--top-k must be >= 0 (0 disables it), got {self.top_k}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ChargptError(f"--top-p must be in (0, 1] (1 disables it), got {self.top_p}")
-        if self.max_new_tokens < 0:
-            raise ChargptError(f"--max-new-tokens must be >= 0, got {self.max_new_tokens}")
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise ChargptError("--stop needs a non-empty string")
-        return self
+from .runtime import DTYPES, autocast
+from .tokenizer import describe_chars
 
 
 def sample_next(logits, generator, temperature=1.0, top_k=None, top_p=None):
     """logits (B, V) -> next ids (B,). Temperature 0 is argmax; top_k is clamped to V (0 or None: off); top_p
     keeps the smallest set of most likely characters whose probability reaches top_p (applied after top_k).
     Randomness comes only from `generator` (a CPU torch.Generator): one uniform number per row, mapped
-    through the cumulative distribution, so the same seed gives the same text on any device."""
+    through the cumulative distribution, so the same seed gives the same draws on any device (the text is
+    the same wherever the logits are)."""
     if temperature == 0:
         return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
+    logits = logits.float()
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature  # max first: no inf - inf at tiny T
     if top_k:
         kth = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[:, -1:]  # (B, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -100,7 +76,7 @@ def decode(model, ctx, settings, generator, use_cache=True, keep=None, dtype=tor
         yield nxt
         if step + 1 == settings.max_new_tokens:
             return
-        seq = torch.cat([seq, nxt[:, None]], dim=1)
+        seq = torch.cat([seq[:, max(0, seq.size(1) - block + 1):], nxt[:, None]], dim=1)  # (B, <= block)
         if cache is None:
             logits = forward(seq[:, -block:])
         elif cache.pos < block:
@@ -113,49 +89,47 @@ def decode(model, ctx, settings, generator, use_cache=True, keep=None, dtype=tor
 class StopFilter:
     """Cuts one stream at the first stop string it produces; the stop string may begin inside the prompt
     (but must end in generated text). Text is released only once it can no longer be the start of a stop
-    string, so nothing released ever needs taking back."""
+    string, so nothing released ever needs taking back. Work per character is bounded by the longest stop
+    string, however long the generation."""
 
     def __init__(self, prompt, stops):
         self.stops = tuple(stops)
         self.hold = max((len(s) for s in self.stops), default=1) - 1
-        self.prompt_tail = prompt[-self.hold:] if self.hold else ""  # where a stop string may begin
-        self.text, self.released, self.done = "", 0, False
+        self.before = prompt[-self.hold:] if self.hold else ""  # released context a stop string may begin in
+        self.pending, self.done = "", False  # generated text not yet released
 
     def feed(self, chars):
         """Add generated characters; -> the newly releasable text."""
         if self.done:
             return ""
-        checked = len(self.text)
-        self.text += chars
-        cut = self._first_stop(checked)
+        checked = len(self.pending)
+        self.pending += chars
+        cut = self._first_stop(checked) if self.stops else None
         if cut is not None:
             self.done = True
-            self.text = self.text[:cut]
+            self.pending = self.pending[:cut]
             return self.flush()
-        end = max(self.released, len(self.text) - self.hold)
-        out, self.released = self.text[self.released:end], end
+        release = len(self.pending) - self.hold
+        if release <= 0:
+            return ""
+        out, self.pending = self.pending[:release], self.pending[release:]
+        self.before = (self.before + out)[-self.hold:] if self.hold else ""
         return out
 
     def _first_stop(self, checked):
-        """Where to cut the text for the stop string that completes first after `checked` generated
+        """Where to cut `pending` for the stop string that completes first after its first `checked`
         characters (the longest one if several complete together), or None."""
-        window = self.prompt_tail + self.text
+        window = self.before + self.pending
         first = None  # (end, start) in window
         for s in self.stops:
-            i = window.find(s, max(0, len(self.prompt_tail) + checked + 1 - len(s)))  # must end in new text
+            i = window.find(s, max(0, len(self.before) + checked + 1 - len(s)))  # must end in new text
             if i >= 0 and (first is None or (i + len(s), i) < first):
                 first = (i + len(s), i)
-        return None if first is None else max(0, first[1] - len(self.prompt_tail))
+        return None if first is None else max(0, first[1] - len(self.before))
 
     def flush(self):
-        out, self.released = self.text[self.released:], len(self.text)
+        out, self.pending = self.pending, ""
         return out
-
-
-def describe_chars(found):
-    """[(position, char)] -> "'é' (U+00E9) at 3, ..." (at most 10 listed)."""
-    shown = ", ".join(f"{c!r} (U+{ord(c):04X}) at {i}" for i, c in found[:10])
-    return shown + (f" and {len(found) - 10} more" if len(found) > 10 else "")
 
 
 class Generator:
@@ -231,9 +205,11 @@ def load(path, device="auto", dtype="auto"):
     from .runtime import pick_device
     device = pick_device(device)
     # bf16 decoding only on CUDA: on CPU the per-step work is tiny and fp32 keeps results exact
-    torch_dtype = torch.bfloat16 if dtype == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported() \
-        else {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype)
-    if torch_dtype is None:
+    if dtype == "auto":
+        cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        dtype = "bfloat16" if cuda_bf16 else "float32"
+    if dtype not in ("float32", "bfloat16"):
         raise ChargptError(f"--dtype for sampling must be auto, float32 or bfloat16 (got {dtype!r})")
+    torch_dtype = DTYPES[dtype]
     model, vocab, meta = load_model(path, device)
     return Generator(model, vocab, device, torch_dtype, meta)

@@ -21,6 +21,12 @@ def codepoints(text):
     return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
 
 
+def describe_chars(found):
+    """[(position, char)] -> "'é' (U+00E9) at 3, ..." (at most 10 listed)."""
+    shown = ", ".join(f"{c!r} (U+{ord(c):04X}) at {i}" for i, c in found[:10])
+    return shown + (f" and {len(found) - 10} more" if len(found) > 10 else "")
+
+
 class Vocab:
     def __init__(self, chars):
         chars = list(chars)
@@ -80,9 +86,8 @@ class Vocab:
             raise ChargptError(f"unknown-character policy must be one of {UNKNOWN_POLICIES} (got {unknown!r})")
         missing = self.unknown(text)
         if missing and unknown == "error":
-            shown = ", ".join(f"{c!r} (U+{ord(c):04X}) at {i}" for i, c in missing[:10])
-            more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
-            raise ChargptError(f"prompt has {len(missing)} character(s) the model never saw: {shown}{more}; "
+            raise ChargptError(f"prompt has {len(missing)} character(s) the model never saw: "
+                               f"{describe_chars(missing)}; "
                                f"remove them, or pass --unknown skip or --unknown replace")
         if missing and unknown == "skip":
             text = "".join(c for c in text if c in self.stoi)

@@ -10,6 +10,7 @@ the loss, step, log. Under torchrun every rank runs it; all decisions to stop ar
 import math
 import os
 import signal
+import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
@@ -111,6 +112,7 @@ class RunState:
     elapsed: float = 0.0  # training seconds over all sessions of this run
     evaluated: bool = False  # whether the evaluation at `step` is already logged
     skipped: int = 0  # non-finite steps skipped with --skip-nonfinite
+    eval_time: float = 0.0  # seconds of `elapsed` spent estimating losses
 
 
 def _default_out_dir(name, resume):
@@ -160,9 +162,9 @@ def _resume_configs(state_path, overrides):
     if clashes:
         raise ConfigError(f"--resume: flags disagree with the checkpoint's model: {'; '.join(clashes)}; "
                           f"drop them to resume, or train a new run with another --out-dir")
-    saved_train = meta.get("train_config") or {}
-    known = {f for f in TrainConfig.__dataclass_fields__}
-    tcfg = TrainConfig(**{**{k: v for k, v in saved_train.items() if k in known}, **train_kw, "resume": True})
+    if train_kw.get("max_time") and "max_iters" not in train_kw:
+        train_kw["max_iters"] = UNLIMITED  # as for a new run: a time budget alone decides when to stop
+    tcfg = TrainConfig(**{**(meta.get("train_config") or {}), **train_kw, "resume": True})
     return saved_model, tcfg.validate(), meta
 
 
@@ -179,10 +181,10 @@ class Trainer:
         resume = overrides.get("resume", False)
 
         # where the run lives
-        name, _ = corpus_sources(overrides.get("data"), overrides.get("encoding", "utf-8"))
         if overrides.get("out_dir"):
             out_dir = Path(overrides["out_dir"])
         else:  # rank 0's choice: ranks on other machines may see another checkpoints/ folder
+            name, _ = corpus_sources(overrides.get("data"), overrides.get("encoding", "utf-8"))
             out_dir = Path(broadcast_str(str(_default_out_dir(name, resume)), self.dist))
         self.out_dir = out_dir
         state_path = out_dir / ckpt.STATE
@@ -203,9 +205,16 @@ class Trainer:
         threads = configure_threads(tcfg.threads, self.dist.local_world_size) if self.device.type == "cpu" else None
 
         # data: the corpus is encoded once (cached) and memory-mapped
-        _check_writable(out_dir, create=False) if self.dist.is_main else None  # fail before writing anything
+        if self.dist.is_main:
+            _check_writable(out_dir, create=False)  # fail before writing anything
+        # under torchrun, one process per machine encodes; the others wait, then read its cache entry
+        encoder = self.dist.local_rank == 0
+        if self.dist.enabled and not encoder:
+            torch.distributed.barrier()
         self.corpus = encode_corpus(tcfg.data, tcfg.encoding, tcfg.encoding_errors, tcfg.cache_dir, log=self.log,
                                     check_length=lambda n: split_sizes(n, tcfg.val_fraction, mcfg.block_size))
+        if self.dist.enabled and encoder:
+            torch.distributed.barrier()
         vocab_size = len(self.corpus.vocab)
         if resume:
             saved_vocab = self.resume_meta["vocab"]
@@ -216,7 +225,8 @@ class Trainer:
             mcfg = ModelConfig(**{**asdict(mcfg), "vocab_size": vocab_size}).validate()
         self.mcfg, self.cfg = mcfg, tcfg
         self.batches = Batches(self.corpus.ids(), tcfg.val_fraction, mcfg.block_size, tcfg.batch_size, self.device)
-        _check_writable(out_dir) if self.dist.is_main else None
+        if self.dist.is_main:
+            _check_writable(out_dir)
 
         # model and optimizer; every rank builds the same initial weights from the same seed
         torch.manual_seed(tcfg.seed)
@@ -230,7 +240,7 @@ class Trainer:
                               f"lower --n-embd, --n-layer or --block-size") from None
         self.model.set_attention(tcfg.attention)
         self.optimizer = make_optimizer(self.model, tcfg, self.device)
-        self.scaler = torch.amp.GradScaler("cuda", enabled=self.dtype == torch.float16)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
         # dropout and batch order differ per rank, reproducibly (rank 0 draws what a single process draws)
         torch.manual_seed(stream_seed(tcfg.seed, "dropout", self.dist.rank))
         self.data_gen = torch.Generator().manual_seed(stream_seed(tcfg.seed, "data", self.dist.rank))
@@ -305,6 +315,13 @@ class Trainer:
             raise CheckpointError(f"{state_path} has corrupted metadata ({e}); re-train or re-copy it") from None
         ckpt.remove_stale_temps(self.out_dir)  # left by a run that was killed while saving
         self._restore_rng(rng)
+        scaler = meta.get("scaler")
+        if self.scaler.is_enabled() and isinstance(scaler, dict):
+            try:
+                self.scaler.load_state_dict(scaler)
+            except (KeyError, TypeError, ValueError, RuntimeError):
+                raise CheckpointError(f"{state_path} has a corrupted loss-scaler state; re-train or re-copy it") \
+                    from None
         metrics = self.out_dir / ckpt.METRICS
         if self.dist.is_main and metrics.exists():  # drop lines logged after the state we resume from
             lines = [ln for ln in metrics.read_text(encoding="utf-8").splitlines() if ln.strip()]
@@ -323,14 +340,19 @@ class Trainer:
         s = self.state
         extra = dict(step=s.step, val_loss=val_loss, best_val_loss=s.best_val if s.best_val < float("inf") else None,
                      corpus=self.corpus.name, run_state=asdict(s))
+        if self.scaler.is_enabled():  # fp16 loss scale: part of exact resume
+            extra["scaler"] = self.scaler.state_dict()
         train_cfg = asdict(self.cfg)
+        weights = ckpt.model_tensors(self.model)  # one device-to-host copy serves all three files
         ckpt.save_state(self.out_dir / ckpt.STATE, self.model, self.optimizer, rng,
-                        self.corpus.vocab, train_cfg, **extra)
-        ckpt.save_model(self.out_dir / ckpt.LATEST, self.model, self.corpus.vocab, train_cfg, **extra)
+                        self.corpus.vocab, train_cfg, weights=weights, **extra)
+        ckpt.save_model(self.out_dir / ckpt.LATEST, self.model, self.corpus.vocab, train_cfg, weights=weights, **extra)
         if improved:
-            ckpt.save_model(self.out_dir / ckpt.BEST, self.model, self.corpus.vocab, train_cfg, **extra)
+            ckpt.save_model(self.out_dir / ckpt.BEST, self.model, self.corpus.vocab, train_cfg, weights=weights,
+                            **extra)
 
     def evaluate_and_save(self, lr):
+        t0 = time.perf_counter()
         # the plain module: no DDP sync is needed under no_grad, and torch.compile would recompile for eval mode
         losses = estimate_loss(self.model, self.batches, self.cfg, self.device, self.dtype, self.dist)
         s = self.state
@@ -349,6 +371,7 @@ class Trainer:
         # after the saved step), never a saved step whose line is missing
         if self.dist.is_main:
             ckpt.append_jsonl(self.out_dir / ckpt.METRICS, record)
+        s.eval_time += time.perf_counter() - t0
         self.save(losses["val"], improved)
         self.log(f"step {s.step:>6}: train {losses['train']:.4f} nats ({losses['train'] / LN2:.3f} bpc), "
                  f"val {losses['val']:.4f} nats ({losses['val'] / LN2:.3f} bpc)" + (" *" if improved else ""))
@@ -358,10 +381,10 @@ class Trainer:
     def run(self):
         cfg, s, model = self.cfg, self.state, self.train_model
         stop = _SignalFlag()
-        sync_every_step = self.device.type != "cuda" or cfg.skip_nonfinite  # host syncs are free on CPU
+        sync_every_step = self.device.type == "cpu" or cfg.skip_nonfinite  # host syncs are free on CPU
         total = cfg.max_iters if cfg.max_iters < UNLIMITED else None  # a time budget alone: no step total
         bar = tqdm(total=total, initial=s.step, disable=not self.dist.is_main, dynamic_ncols=True,
-                   unit="step", leave=False)
+                   unit="step", leave=False, mininterval=0.1 if sys.stderr.isatty() else 5.0)  # quiet in logs
         last_val, lr = None, cfg.learning_rate
         t_last, step_last = time.perf_counter(), s.step
         session_start, elapsed_before = time.perf_counter(), s.elapsed
@@ -397,9 +420,10 @@ class Trainer:
                 local_elapsed = elapsed_before + time.perf_counter() - session_start
                 if not self.dist.enabled:
                     s.elapsed = local_elapsed
-                nonfinite, stop_now = False, 0
-                if sync_every_step or s.step % 10 == 0:  # on CUDA: a host sync, so only every 10 steps
-                    flags = torch.tensor([float(not torch.isfinite(loss_step)), float(stop.signum or 0),
+                nonfinite, stop_now, log_now = False, 0, s.step % 10 == 0
+                if sync_every_step or log_now:
+                    loss_value = loss_step.item()  # the step's one host sync (on a GPU only every 10 steps)
+                    flags = torch.tensor([float(not math.isfinite(loss_value)), float(stop.signum or 0),
                                           local_elapsed], dtype=torch.float64)
                     if self.dist.enabled:
                         flags = flags.to(self.device)
@@ -411,7 +435,7 @@ class Trainer:
                     if not cfg.skip_nonfinite:
                         bar.close()
                         raise ChargptError(
-                            f"loss became {loss_step.item()} at step {s.step} (learning rate {lr:.2e}): training "
+                            f"loss became {loss_value} at step {s.step} (learning rate {lr:.2e}): training "
                             f"diverged, most likely because the learning rate is too high; lower --learning-rate "
                             f"or pass --skip-nonfinite. The last good checkpoint in {self.out_dir} is kept.")
                     s.skipped += 1
@@ -428,11 +452,11 @@ class Trainer:
                 s.evaluated = False
 
                 # 5. log
-                if s.step % 10 == 0 or s.step == cfg.max_iters:
+                if log_now:
                     now = time.perf_counter()
                     speed = (s.step - step_last) * self.chars_per_step / max(now - t_last, 1e-9)
                     t_last, step_last = now, s.step
-                    post = {"loss": f"{loss_step.item():.4f}", "val": f"{last_val:.4f}" if last_val else "-",
+                    post = {"loss": f"{loss_value:.4f}", "val": f"{last_val:.4f}" if last_val else "-",
                             "lr": f"{lr:.2e}", "chars/s": f"{speed:,.0f}"}
                     if cfg.max_time:
                         post["left"] = f"{max(0, cfg.max_time - s.elapsed):.0f}s"
@@ -455,7 +479,7 @@ class Trainer:
             raise Interrupted(f"interrupted at step {s.step}; saved the run to {where}. Resume with: "
                               f"{how} --out-dir {where} --resume", stop_now)
         return {"out_dir": str(self.out_dir), "step": s.step, "best_val_loss": s.best_val, "val_loss": last_val,
-                "elapsed_s": s.elapsed, "stopped_by": reason}
+                "elapsed_s": s.elapsed, "eval_fraction": s.eval_time / max(s.elapsed, 1e-9), "stopped_by": reason}
 
 
 def _json_step(line):
@@ -499,6 +523,8 @@ def train(log=tqdm.write, **overrides):
     trainer = Trainer(overrides, log=log)
     try:
         summary = trainer.run()
+        trainer.log(f"done: {summary['step']} steps in {summary['elapsed_s']:.0f} s ({summary['eval_fraction']:.0%} of "
+                    f"it evaluating), best val loss {summary['best_val_loss']:.4f}; run saved in {trainer.out_dir}")
         if trainer.cfg.sample_chars and trainer.dist.is_main:
             from .sampling import Generator
             gen = Generator(trainer.model, trainer.corpus.vocab, trainer.device)

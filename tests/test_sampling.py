@@ -132,6 +132,7 @@ def test_greedy_limits_equal_argmax():
     assert torch.equal(draws(top_k=1)[0], greedy)
     assert torch.equal(draws(top_p=1e-6)[0], greedy)
     assert torch.equal(draws(temperature=0.0, top_k=5, top_p=0.5)[0], greedy)
+    assert torch.equal(draws(temperature=1e-40)[0], greedy)  # a vanishing temperature tends to greedy, not NaN
 
 
 def test_top_k_and_top_p_keep_only_their_sets():
