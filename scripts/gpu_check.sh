@@ -33,7 +33,7 @@ rm -rf "$RUN"
 start=$(date +%s)
 timeout 300 python3 train.py --data "$DATA" --out-dir "$RUN" --device cuda --n-layer 6 --n-head 6 --n-embd 384 \
     --block-size 256 --dropout 0.2 --batch-size 64 --max-iters 5000 --learning-rate 1e-3 --min-lr 1e-4 \
-    --warmup-iters 100 --eval-interval 500 --eval-iters 100 --compile --sample-chars 300 2>&1 | tee "$LOG" \
+    --warmup-iters 100 --eval-interval 500 --eval-iters 50 --compile --sample-chars 300 2>&1 | tee "$LOG" \
     || status=1
 echo "wall time: $(( $(date +%s) - start )) s (including torch.compile)"
 python3 - "$RUN" <<'PY' || status=1
