@@ -78,7 +78,7 @@ def decode(model, ctx, settings, generator, use_cache=True, keep=None, dtype=tor
             return
         seq = torch.cat([seq[:, max(0, seq.size(1) - block + 1):], nxt[:, None]], dim=1)  # (B, <= block)
         if cache is None:
-            logits = forward(seq[:, -block:])
+            logits = forward(seq)  # already trimmed to the last block_size characters
         elif cache.pos < block:
             logits = forward(nxt[:, None])  # one new position per layer
         else:  # window full: rebuild the cache from the last `keep` characters
