@@ -1,19 +1,12 @@
 """Save and load self-contained runs, with no pickle anywhere.
 
-A run directory holds:
-  latest.safetensors   the model at the last save: weights + JSON metadata (config, vocabulary, step, losses)
-  best.safetensors     the same, at the best validation loss so far: what sampling loads by default
-  state.safetensors    everything --resume needs, in one file: weights, AdamW moments, step, RNG states
-  metrics.jsonl        one JSON line per evaluation
-Every file is written to a temporary name, flushed to disk and renamed over the old one, so a crash or a
-full disk during a save leaves the previous file intact. Metadata is JSON and is validated on load; tensor
-names and shapes are checked against the config before anything is read, so a crafted header cannot make
-the loader allocate more than the file holds.
+A checkpoint is a safetensors file: weights (state.safetensors: also AdamW moments and random states) plus
+JSON metadata (config, vocabulary, step, losses). Where these files live, and how they are written safely,
+is rundir.py's business. Metadata is validated on load; tensor names and shapes are checked against the
+config before anything is read, so a crafted header cannot make the loader allocate more than the file holds.
 """
 
-import contextlib
 import json
-import os
 import time
 from pathlib import Path
 
@@ -24,9 +17,9 @@ from safetensors.torch import save_file
 from .config import FORMAT_VERSION, ModelConfig, TrainConfig, model_config_from_dict, typed_fields
 from .errors import ChargptError, CheckpointError, ConfigError
 from .model import CharGPT
+from .rundir import BEST, LATEST, METRICS, STATE, latest_run, resolve, write_atomic  # noqa: F401 (re-exported)
 from .tokenizer import Vocab
 
-LATEST, BEST, STATE, METRICS = "latest.safetensors", "best.safetensors", "state.safetensors", "metrics.jsonl"
 FORMAT_NAME = "chargpt"
 
 
@@ -50,79 +43,17 @@ def model_tensors(model, prefix=""):
     return {prefix + k: v.detach().to("cpu").contiguous() for k, v in _weights(model).items()}
 
 
-def _fsync_dir(path):
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def write_safetensors(path, tensors, meta):
     """Atomically write tensors + {'format', 'format_version', 'chargpt': JSON} to path."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     header = {"format": FORMAT_NAME, "format_version": str(FORMAT_VERSION),
               "chargpt": json.dumps(meta, ensure_ascii=False)}
     try:
-        save_file(tensors, str(tmp), metadata=header)
-        os.chmod(tmp, _file_mode())  # safetensors creates files 0600; a checkpoint is meant to be shared
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    except BaseException as e:  # OSError, safetensors' own error wrapping one (disk full), or a second Ctrl-C
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        if not isinstance(e, Exception):
-            raise
+        write_atomic(path, lambda tmp: save_file(tensors, str(tmp), metadata=header))
+    except Exception as e:  # OSError, or safetensors' own error wrapping one (disk full)
         kept = f"the previous {path.name} is intact" if path.exists() else "no earlier checkpoint existed"
         reason = getattr(e, "strerror", None) or str(e).splitlines()[0][:200]
         raise CheckpointError(f"could not write {path} ({reason}); {kept}; free disk space or choose a "
-                              f"writable --out-dir") from None
-
-
-def _file_mode():
-    """The permissions a plain open() would give a new file (0666 less the umask)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
-def remove_stale_temps(directory, patterns=(".*.tmp*", ".tmp??????")):
-    """Delete temporary files left behind by writes whose process was killed (kill -9, power loss): ours end in
-    the writer's pid (files of processes still running are left alone); `.tmpXXXXXX` ones are made by
-    safetensors itself, which writes through a temporary file of its own."""
-    for p in (p for pattern in patterns for p in Path(directory).glob(pattern)):
-        pid = p.name.rsplit(".tmp", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
-            continue
-        with contextlib.suppress(OSError):
-            p.unlink()
-
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists, owned by someone else
-        return True
-    return True
-
-
-def append_jsonl(path, record):
-    try:
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
-            f.flush()
-    except OSError as e:
-        raise CheckpointError(f"could not append to {path} ({e.strerror}); free disk space or choose a "
                               f"writable --out-dir") from None
 
 
@@ -147,31 +78,6 @@ def save_state(path, model, optimizer, rng, vocab, train_config, weights=None, *
     for name, value in rng.items():
         tensors[f"rng.{name}"] = value.contiguous()
     write_safetensors(path, tensors, checkpoint_meta(model, vocab, train_config, **extra))
-
-
-def resolve(path):
-    """A run directory or a file -> the checkpoint file (best, else latest, in a directory)."""
-    p = Path(path).expanduser()
-    if p.is_dir():
-        for name in (BEST, LATEST):
-            if (p / name).is_file():
-                return p / name
-        raise CheckpointError(f"no checkpoint in {path} (expected {BEST} or {LATEST}); train first with "
-                              f"python train.py --out-dir {path}")
-    if not p.exists():
-        raise CheckpointError(f"checkpoint not found: {path}; pass a run directory or a .safetensors file")
-    return p
-
-
-def latest_run(root="checkpoints"):
-    """The most recently written run directory under root, or an error saying how to make one."""
-    root = Path(root)
-    runs = [d for d in root.iterdir() if d.is_dir() and ((d / BEST).exists() or (d / LATEST).exists())] \
-        if root.is_dir() else []
-    if not runs:
-        raise CheckpointError(f"no trained run under {root}/; train one with python train.py, or pass "
-                              f"--checkpoint PATH")
-    return max(runs, key=lambda d: max((d / n).stat().st_mtime for n in (BEST, LATEST) if (d / n).exists()))
 
 
 def read_meta(path):

@@ -21,6 +21,7 @@ import torch
 from tqdm import tqdm
 
 from .errors import ChargptError, DataError
+from .rundir import remove_stale_temps, write_text_atomic
 from .tokenizer import MAX_CODEPOINT, Vocab, codepoints
 
 # Bounded memory: one chunk of text, its code points and its ids at a time (a few times the chunk size). 1 MB
@@ -242,8 +243,7 @@ def encode_corpus(data=None, encoding="utf-8", errors="strict", cache_dir=None, 
 
 def _remove_dead_temps(cache_dir, key):
     """An encoding killed half-way leaves a partial id file (as large as the corpus): delete it."""
-    from .checkpoint import remove_stale_temps
-    remove_stale_temps(cache_dir, (f"{key}.*.tmp*",))
+    remove_stale_temps(cache_dir, (f"{key}.*.tmp*", f".{key}.*.tmp*"))
 
 
 def _read_cache(meta_path, ids_path):
@@ -259,9 +259,7 @@ def _read_cache(meta_path, ids_path):
 
 
 def _write_json_atomic(path, obj):
-    tmp = path.with_suffix(f".json.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, ensure_ascii=False), encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(obj, ensure_ascii=False))
 
 
 def split_sizes(length, val_fraction, block_size):

@@ -47,13 +47,20 @@ def cpu_has_native_bf16():
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 
 
+def cuda_has_native_bf16(device):
+    """True on GPUs that compute bf16 in hardware: compute capability 8.0 (Ampere) and newer. Older ones only
+    emulate it, much slower than fp16, and torch.cuda.is_bf16_supported() counts the emulation as support."""
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
 def pick_dtype(name, device):
-    """-> (torch dtype, reason). 'auto' is bf16 where the hardware does it natively, else fp32."""
+    """-> (torch dtype, reason). 'auto' is bf16 where the hardware does it natively; else fp16 with a loss scaler
+    on CUDA, fp32 elsewhere."""
     if name == "auto":
         if device.type == "cuda":
-            if torch.cuda.is_bf16_supported():
-                return torch.bfloat16, "bfloat16 autocast (GPU supports it)"
-            return torch.float16, "float16 autocast with loss scaling (GPU lacks bfloat16)"
+            if cuda_has_native_bf16(device):
+                return torch.bfloat16, "bfloat16 autocast (GPU has native bf16)"
+            return torch.float16, "float16 autocast with loss scaling (GPU lacks native bf16: compute capability < 8.0)"
         if device.type == "cpu" and cpu_has_native_bf16():
             return torch.bfloat16, "bfloat16 autocast (CPU has native bf16)"
         return torch.float32, "float32 (no native bfloat16 on this " + device.type.upper() + ")"

@@ -202,11 +202,11 @@ class Generator:
 def load(path, device="auto", dtype="auto"):
     """Checkpoint file or run directory -> Generator."""
     from .checkpoint import load_model
-    from .runtime import pick_device
+    from .runtime import cuda_has_native_bf16, pick_device
     device = pick_device(device)
     # bf16 decoding only on CUDA: on CPU the per-step work is tiny and fp32 keeps results exact
     if dtype == "auto":
-        cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        cuda_bf16 = device.type == "cuda" and cuda_has_native_bf16(device)
         dtype = "bfloat16" if cuda_bf16 else "float32"
     if dtype not in ("float32", "bfloat16"):
         raise ChargptError(f"--dtype for sampling must be auto, float32 or bfloat16 (got {dtype!r})")

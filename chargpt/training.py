@@ -3,38 +3,31 @@
     python train.py --data corpus.txt          # the CLI; or from Python:
     chargpt.train(data="corpus.txt", max_iters=500)
 
-The loop reads top to bottom: evaluate and checkpoint, forward/backward (with gradient accumulation), check
-the loss, step, log. Under torchrun every rank runs it; all decisions to stop are taken together.
+Setup (Trainer.__init__) claims the run directory, settles the configs, prepares the corpus, then builds the
+model once, with the corpus's vocabulary. The loop (Trainer.run) reads top to bottom: evaluate and
+checkpoint, forward/backward (with gradient accumulation), agree on whether the loss was finite and whether to
+stop, step, log. Under torchrun every rank runs it; all decisions to stop are taken together.
 """
 
 import math
-import os
 import signal
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from . import checkpoint as ckpt
-from .config import (
-    PRESET_REASONS,
-    UNLIMITED,
-    ModelConfig,
-    TrainConfig,
-    build_configs,
-    flag,
-    split_overrides,
-    typed_fields,
-)
+from . import rundir
+from .config import PRESET_REASONS, PRESETS, UNLIMITED, ModelConfig, TrainConfig, flag, split_overrides, typed_fields
 from .data import Batches, corpus_sources, encode_corpus, split_sizes
 from .errors import ChargptError, CheckpointError, ConfigError, Interrupted
 from .model import CharGPT
+from .rundir import METRICS, STATE
 from .runtime import (
-    Dist,
     autocast,
     broadcast_str,
     configure_threads,
@@ -47,31 +40,64 @@ from .runtime import (
 )
 
 LN2 = math.log(2)
+HARDWARE = ("device", "dtype", "threads", "compile", "attention")  # how a run is computed, not what it is
+LOG_EVERY = 10  # steps between progress-bar updates (each reads the loss: a host sync on a GPU)
+GPU_SYNC_EVERY = 10  # steps between the host syncs that read the stop flags on a GPU (every step on a CPU)
+NO_BAD_STEP = 2**62  # Trainer.first_bad while every loss so far was finite
 
 
-def get_lr(it, frac, cfg: TrainConfig):
-    """Learning rate at step `it`, with `frac` in [0, 1] the fraction of the run done (by steps or by time):
-    1) linear warmup over warmup_iters steps, 2) cosine decay from learning_rate to min_lr, 3) min_lr after."""
-    min_lr = cfg.min_lr if cfg.min_lr is not None else cfg.learning_rate / 10
-    if it < cfg.warmup_iters:
+# --- the pieces: state, schedule, evaluation, optimizer ----------------------------------------------------
+@dataclass
+class RunState:
+    """What changes as training goes; saved in state.safetensors (with the weights and moments)."""
+    step: int = 0
+    best_val: float = float("inf")
+    elapsed: float = 0.0  # training seconds over all sessions of this run
+    evaluated: bool = False  # whether the evaluation at `step` is already logged
+    skipped: int = 0  # non-finite steps skipped with --skip-nonfinite
+    eval_time: float = 0.0  # seconds of `elapsed` spent estimating losses
+    # The current budget began here. A --resume that changes the budget starts a new one: --max-time counts
+    # from then, and the learning rate decays afresh from the rate it had reached (budget_lr).
+    budget_step: int = 0
+    budget_elapsed: float = 0.0
+    budget_lr: float | None = None  # None: the configured warmup, then decay from --learning-rate
+
+
+def final_lr(cfg: TrainConfig):
+    return cfg.min_lr if cfg.min_lr is not None else cfg.learning_rate / 10
+
+
+def get_lr(it, frac, cfg: TrainConfig, start_lr=None):
+    """Learning rate at step `it`, with `frac` in [0, 1] the fraction of the budget done (by steps or by time):
+    1) linear warmup over warmup_iters steps, 2) cosine decay from learning_rate (or, in a budget begun on
+    --resume, from start_lr, the rate reached then) to min_lr, 3) min_lr after."""
+    min_lr = final_lr(cfg)
+    if start_lr is None and it < cfg.warmup_iters:
         return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
     if frac >= 1:
         return min_lr
+    peak = cfg.learning_rate if start_lr is None else start_lr
     coeff = 0.5 * (1.0 + math.cos(math.pi * frac))  # 1 -> 0
-    return min_lr + coeff * (cfg.learning_rate - min_lr)
+    return min_lr + coeff * (peak - min_lr)
 
 
-def run_fraction(it, elapsed, cfg: TrainConfig):
-    """How much of the decay schedule is done: by steps (after warmup), or by wall-clock with --max-time."""
+def run_fraction(it, elapsed, cfg: TrainConfig, s: RunState):
+    """How much of the decay is done: by steps (from the end of warmup, or from where a resumed budget began
+    decaying), or by training time with --max-time, whichever is further."""
+    begin = cfg.warmup_iters if s.budget_lr is None else s.budget_step
     decay_end = cfg.lr_decay_iters or cfg.max_iters
-    frac = (it - cfg.warmup_iters) / max(1, decay_end - cfg.warmup_iters)
+    frac = (it - begin) / max(1, decay_end - begin)
     if cfg.max_time:
-        frac = max(frac, elapsed / cfg.max_time)
+        frac = max(frac, (elapsed - s.budget_elapsed) / cfg.max_time)
     return min(max(frac, 0.0), 1.0)
 
 
+def lr_at(step, elapsed, cfg: TrainConfig, s: RunState):
+    return get_lr(step, run_fraction(step, elapsed, cfg, s), cfg, s.budget_lr)
+
+
 @torch.no_grad()
-def estimate_loss(model, batches, cfg: TrainConfig, device, dtype, dist: Dist):
+def estimate_loss(model, batches, cfg: TrainConfig, device, dtype, dist):
     """Mean loss over eval_iters batches per split. The batches come from a generator seeded the same way at
     every evaluation, so successive numbers compare the model, not the luck of the draw."""
     model.eval()
@@ -104,179 +130,238 @@ def make_optimizer(model: CharGPT, cfg: TrainConfig, device):
         return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=betas)
 
 
-@dataclass
-class RunState:
-    """What changes as training goes; saved in state.safetensors (with the weights and moments)."""
-    step: int = 0
-    best_val: float = float("inf")
-    elapsed: float = 0.0  # training seconds over all sessions of this run
-    evaluated: bool = False  # whether the evaluation at `step` is already logged
-    skipped: int = 0  # non-finite steps skipped with --skip-nonfinite
-    eval_time: float = 0.0  # seconds of `elapsed` spent estimating losses
+# --- settings: flags, presets and checkpoints -> configs ---------------------------------------------------
+def _budget_flags(train_kw, resume):
+    """A time budget alone decides when to stop (no step limit); on --resume a step budget alone also lifts
+    the run's old time budget."""
+    kw = dict(train_kw)
+    if kw.get("max_time") and "max_iters" not in kw:
+        kw["max_iters"] = UNLIMITED
+    if resume and "max_iters" in kw and "max_time" not in kw:
+        kw["max_time"] = None
+    return kw
 
 
-def _default_out_dir(name, resume):
-    """checkpoints/<name>, or checkpoints/<name>-2, -3 ... so a new run never overwrites an old one; with
-    --resume, the most recent of them."""
-    root = Path("checkpoints")
-    candidates = [root / name] + [root / f"{name}-{i}" for i in range(2, 1000)]
-    existing = [d for d in candidates if (d / ckpt.STATE).exists() or (d / ckpt.LATEST).exists()]
-    if resume:
-        if not existing:
-            return root / name
-        return max(existing, key=lambda d: (d / ckpt.STATE).stat().st_mtime if (d / ckpt.STATE).exists() else 0)
-    return next(d for d in candidates if not any((d / n).exists() for n in (ckpt.STATE, ckpt.LATEST, ckpt.BEST)))
+def _new_settings(preset, flags):
+    """Preset <- flags -> (model fields but the vocabulary size, validated TrainConfig)."""
+    model_kw, train_kw = split_overrides({**PRESETS[preset], **_budget_flags(flags, resume=False)})
+    return model_kw, TrainConfig(**train_kw).validate()
 
 
-def _check_writable(out_dir, create=True):
-    """Create out_dir and prove a file can be written there; with create=False only check, creating nothing
-    (the nearest existing folder must be a writable directory)."""
-    if not create:
-        try:
-            existing = next(p for p in (out_dir, *out_dir.absolute().parents) if p.exists())
-            problem = f"{existing} is not a directory" if not existing.is_dir() else \
-                None if os.access(existing, os.W_OK | os.X_OK) else f"{existing} is not writable"
-        except OSError as e:
-            problem = e.strerror
-        if problem:
-            raise CheckpointError(f"cannot write to --out-dir {out_dir} ({problem}); choose a writable directory")
-        return
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        probe = out_dir / f".write-test{os.getpid()}"
-        probe.write_bytes(b"ok")
-        probe.unlink()
-    except OSError as e:
-        raise CheckpointError(f"cannot write to --out-dir {out_dir} ({e.strerror}); choose a writable "
-                              f"directory") from None
-
-
-def _resume_configs(state_path, overrides):
-    """Saved configs + the flags given now. Architecture flags must agree with the checkpoint; training
-    flags (iterations, learning rate, ...) may change."""
-    meta, _ = ckpt.read_meta(state_path)
+def _resume_settings(meta, flags):
+    """The checkpoint's configs + the flags given now -> (model fields but the vocabulary size, TrainConfig).
+    Architecture flags must agree with the checkpoint (dropout may change, as when fine-tuning); training flags
+    may change; hardware settings come from this command alone (a run may move to other hardware)."""
     saved_model: ModelConfig = meta["model_config"]
-    model_kw, train_kw = split_overrides(overrides)
+    model_kw, train_kw = split_overrides(flags)
     clashes = [f"--{flag(k)} {v} (checkpoint: {getattr(saved_model, k)})" for k, v in model_kw.items()
-               if getattr(saved_model, k) != v]
+               if k != "dropout" and getattr(saved_model, k) != v]
     if clashes:
         raise ConfigError(f"--resume: flags disagree with the checkpoint's model: {'; '.join(clashes)}; "
                           f"drop them to resume, or train a new run with another --out-dir")
-    if train_kw.get("max_time") and "max_iters" not in train_kw:
-        train_kw["max_iters"] = UNLIMITED  # as for a new run: a time budget alone decides when to stop
-    tcfg = TrainConfig(**{**(meta.get("train_config") or {}), **train_kw, "resume": True})
-    return saved_model, tcfg.validate(), meta
+    saved_train = {k: v for k, v in (meta.get("train_config") or {}).items() if k not in HARDWARE}
+    tcfg = TrainConfig(**{**saved_train, **_budget_flags(train_kw, resume=True), "resume": True}).validate()
+    model = {k: v for k, v in asdict(saved_model).items() if k != "vocab_size"}
+    return {**model, **model_kw}, tcfg
 
 
+def _schedule_changed(old: TrainConfig, new: TrainConfig, flags):
+    """Whether a resumed run's budget differs from the saved one: a new --max-time always does (it counts from
+    now), as does another decay end (--lr-decay-iters, else --max-iters) or a lifted time budget."""
+    return ("max_time" in flags or old.max_time != new.max_time
+            or (old.lr_decay_iters or old.max_iters) != (new.lr_decay_iters or new.max_iters))
+
+
+def _describe_budget(cfg: TrainConfig, s: RunState):
+    parts = [f"until step {cfg.max_iters:,}"] if cfg.max_iters < UNLIMITED else []
+    if cfg.max_time:
+        spent = s.elapsed - s.budget_elapsed
+        parts.append(f"{cfg.max_time:g} s of training" + (f" ({cfg.max_time - spent:.0f} s left)" if spent else ""))
+    return " or ".join(parts) + (", whichever comes first" if len(parts) > 1 else "")
+
+
+# --- setup ---------------------------------------------------------------------------------------------------
 class Trainer:
-    """Holds the pieces of one run; `run()` is the loop."""
+    """One run: __init__ sets it up (run directory, configs, corpus, model, optimizer), run() trains it."""
 
     def __init__(self, overrides, log=tqdm.write):
-        self.log_fn = log
+        self.log_fn, self.run_dir, self.notes = log, None, []
         model_kw, train_kw = split_overrides(overrides)  # unknown names and wrong types fail before any work
-        overrides = {**model_kw, **train_kw}
-        self.dist = init_distributed(overrides.get("device", "auto"))
-        self.device = pick_device(overrides.get("device", "auto"))
-        preset = "gpu" if self.device.type == "cuda" else "cpu"
-        resume = overrides.get("resume", False)
+        if "vocab_size" in model_kw:
+            raise ConfigError("vocab_size is set from the corpus, not by a setting; drop it")
+        flags = {**model_kw, **train_kw}
+        self.dist = init_distributed(flags.get("device", "auto"))
+        self.device = pick_device(flags.get("device", "auto"))
+        try:
+            self._setup(flags)
+        except BaseException:
+            self.close()  # a failed start leaves no lock and no empty run directory behind
+            raise
 
-        # where the run lives
-        if overrides.get("out_dir"):
-            out_dir = Path(overrides["out_dir"])
-        else:  # rank 0's choice: ranks on other machines may see another checkpoints/ folder
-            name, _ = corpus_sources(overrides.get("data"), overrides.get("encoding", "utf-8"))
-            out_dir = Path(broadcast_str(str(_default_out_dir(name, resume)), self.dist))
-        self.out_dir = out_dir
-        state_path = out_dir / ckpt.STATE
+    def _setup(self, flags):
+        resume = flags.get("resume", False)
+        self.out_dir = self._claim_run_dir(flags, resume)
+        meta = ckpt.read_meta(self.out_dir / STATE)[0] if resume else None
+        model_kw, self.cfg = _resume_settings(meta, flags) if resume else \
+            _new_settings("gpu" if self.device.type == "cuda" else "cpu", flags)
+        self.cfg.out_dir = str(self.out_dir)
+        ModelConfig(**model_kw).validate()  # bad model flags fail now, before the corpus is read and cached
+        self.state = self._resumed_state(meta, flags) if resume else RunState()
+        self._setup_hardware()
+        self.corpus = self._prepare_corpus(model_kw["block_size"])
+        if resume and meta["vocab"] != self.corpus.vocab:
+            raise ConfigError(f"--resume: the corpus's vocabulary ({len(self.corpus.vocab)} characters) differs from "
+                              f"the checkpoint's ({len(meta['vocab'])}); resume with the same --data")
+        self.mcfg = ModelConfig(**model_kw, vocab_size=len(self.corpus.vocab)).validate()
+        self.batches = Batches(self.corpus.ids(), self.cfg.val_fraction, self.mcfg.block_size, self.cfg.batch_size,
+                               self.device)
+        self._build_model()
         if resume:
-            if not state_path.exists():
-                raise CheckpointError(f"--resume: no training state in {out_dir} ({ckpt.STATE} missing); "
-                                      f"start without --resume, or pass the run's --out-dir")
-            mcfg, tcfg, self.resume_meta = _resume_configs(state_path, overrides)
-        elif (state_path.exists() or (out_dir / ckpt.LATEST).exists()) and overrides.get("out_dir"):
-            raise ConfigError(f"{out_dir} already holds a run; pass --resume to continue it, or another --out-dir "
-                              f"for a new one (nothing was changed)")
-        else:
-            mcfg, tcfg = build_configs(preset, {k: v for k, v in overrides.items() if k != "out_dir"}, 1)
+            self._restore(meta)
+        self._wrap_model()
+        self._log_start(meta)
 
-        # hardware
-        self.dtype, dtype_reason = pick_dtype(tcfg.dtype, self.device)
-        enable_fast_math(self.device)
-        threads = configure_threads(tcfg.threads, self.dist.local_world_size) if self.device.type == "cpu" else None
-
-        # data: the corpus is encoded once (cached) and memory-mapped
+    def _claim_run_dir(self, flags, resume):
+        """Choose the run directory; rank 0 claims it (created if new, locked for the run's lifetime)."""
+        if flags.get("out_dir"):
+            out_dir = Path(flags["out_dir"])
+        else:  # rank 0's choice: ranks on other machines may see another checkpoints/ folder
+            name, _ = corpus_sources(flags.get("data"), flags.get("encoding", "utf-8"))
+            out_dir = Path(broadcast_str(str(rundir.default_out_dir(name, resume)), self.dist))
+        if resume and not (out_dir / STATE).exists():
+            raise CheckpointError(f"--resume: no training state in {out_dir} ({STATE} missing); "
+                                  f"start without --resume, or pass the run's --out-dir")
         if self.dist.is_main:
-            _check_writable(out_dir, create=False)  # fail before writing anything
-        # under torchrun, one process per machine encodes; the others wait, then read its cache entry
+            self.run_dir = rundir.RunDir(out_dir).claim()
+            if resume:
+                rundir.check_metrics(out_dir / METRICS)
+            elif rundir.holds_run(out_dir):
+                raise ConfigError(f"{out_dir} already holds a run; pass --resume to continue it, or another "
+                                  f"--out-dir for a new one (nothing was changed)")
+        return out_dir
+
+    def _resumed_state(self, meta, flags):
+        """The saved RunState; with a new budget, a new decay from the learning rate the run had reached."""
+        try:
+            s = RunState(**typed_fields(RunState, meta.get("run_state") or {}, "run state"))
+        except ConfigError as e:
+            raise CheckpointError(f"{self.out_dir / STATE} has corrupted metadata ({e}); re-train or re-copy "
+                                  f"it") from None
+        old = TrainConfig(**meta["train_config"]) if meta.get("train_config") else self.cfg
+        if _schedule_changed(old, self.cfg, flags):
+            lr = lr_at(s.step, s.elapsed, old, s)
+            warming = s.budget_lr is None and s.step < self.cfg.warmup_iters  # finish the warmup first
+            s = replace(s, budget_step=s.step, budget_elapsed=s.elapsed, budget_lr=None if warming else lr)
+            self.notes.append(f"new budget: {_describe_budget(self.cfg, s)}; the learning rate "
+                              + ("finishes its warmup, then decays" if warming else f"decays from {lr:.2e} (the "
+                                 f"rate reached)") + f" to {final_lr(self.cfg):.2e} over it")
+        if self._finished(s) and s.evaluated:
+            raise ConfigError(f"--resume: the run in {self.out_dir} is already finished (step {s.step:,}, budget "
+                              f"{_describe_budget(self.cfg, s)}); to train on, give a new budget: --max-iters N "
+                              f"(more than {s.step:,}) or --max-time SECONDS (counted from now)")
+        return s
+
+    def _setup_hardware(self):
+        self.dtype, self.dtype_reason = pick_dtype(self.cfg.dtype, self.device)
+        enable_fast_math(self.device)
+        self.threads = configure_threads(self.cfg.threads, self.dist.local_world_size) \
+            if self.device.type == "cpu" else None
+
+    def _hardware(self):
+        """The hardware settings in effect (saved with each checkpoint, to say on --resume what changed)."""
+        return {"device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
+                "threads": self.threads, "compile": self.cfg.compile, "attention": self.cfg.attention}
+
+    def _prepare_corpus(self, block_size):
+        """The corpus, encoded once (cached) and memory-mapped. Under torchrun one process per machine encodes;
+        the others wait, then read its cache entry."""
+        cfg = self.cfg
         encoder = self.dist.local_rank == 0
         if self.dist.enabled and not encoder:
             torch.distributed.barrier()
-        self.corpus = encode_corpus(tcfg.data, tcfg.encoding, tcfg.encoding_errors, tcfg.cache_dir, log=self.log,
-                                    check_length=lambda n: split_sizes(n, tcfg.val_fraction, mcfg.block_size))
+        corpus = encode_corpus(cfg.data, cfg.encoding, cfg.encoding_errors, cfg.cache_dir, log=self.log,
+                               check_length=lambda n: split_sizes(n, cfg.val_fraction, block_size))
         if self.dist.enabled and encoder:
             torch.distributed.barrier()
-        vocab_size = len(self.corpus.vocab)
-        if resume:
-            saved_vocab = self.resume_meta["vocab"]
-            if saved_vocab != self.corpus.vocab:
-                raise ConfigError(f"--resume: the corpus's vocabulary ({vocab_size} characters) differs from the "
-                                  f"checkpoint's ({len(saved_vocab)}); resume with the same --data")
-        else:
-            mcfg = ModelConfig(**{**asdict(mcfg), "vocab_size": vocab_size}).validate()
-        self.mcfg, self.cfg = mcfg, tcfg
-        self.batches = Batches(self.corpus.ids(), tcfg.val_fraction, mcfg.block_size, tcfg.batch_size, self.device)
-        if self.dist.is_main:
-            _check_writable(out_dir)
+        return corpus
 
-        # model and optimizer; every rank builds the same initial weights from the same seed
-        torch.manual_seed(tcfg.seed)
+    def _build_model(self):
+        """Model, optimizer, loss scaler and random streams. Every rank builds the same initial weights from the
+        same seed; dropout and batch order differ per rank, reproducibly (rank 0 draws what one process does)."""
+        cfg, mcfg = self.cfg, self.mcfg
+        torch.manual_seed(cfg.seed)
         try:
             self.model = CharGPT(mcfg).to(self.device)
         except (RuntimeError, MemoryError) as e:  # e.g. --n-embd 100000: torch's "can't allocate memory"
-            if "alloc" not in str(e).lower() and "memory" not in str(e).lower():
+            if not isinstance(e, MemoryError) and "alloc" not in str(e).lower() and "memory" not in str(e).lower():
                 raise
             n = 12 * mcfg.n_layer * mcfg.n_embd ** 2 + (mcfg.vocab_size + mcfg.block_size) * mcfg.n_embd
             raise ConfigError(f"a model of about {n / 1e6:,.0f}M parameters does not fit in {self.device} memory; "
                               f"lower --n-embd, --n-layer or --block-size") from None
-        self.model.set_attention(tcfg.attention)
-        self.optimizer = make_optimizer(self.model, tcfg, self.device)
+        self.model.set_attention(cfg.attention)
+        self.optimizer = make_optimizer(self.model, cfg, self.device)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
-        # dropout and batch order differ per rank, reproducibly (rank 0 draws what a single process draws)
-        torch.manual_seed(stream_seed(tcfg.seed, "dropout", self.dist.rank))
-        self.data_gen = torch.Generator().manual_seed(stream_seed(tcfg.seed, "data", self.dist.rank))
-        self.state = RunState()
-        if resume:
-            self._restore(state_path)
-        self.train_model = self.model
-        if tcfg.compile:
-            self.train_model = torch.compile(self.model)
+        torch.manual_seed(stream_seed(cfg.seed, "dropout", self.dist.rank))
+        self.data_gen = torch.Generator().manual_seed(stream_seed(cfg.seed, "data", self.dist.rank))
+
+    def _wrap_model(self):
+        """What the loop calls: the model, compiled and/or wrapped for DDP; self.model stays the plain one."""
+        self.train_model = torch.compile(self.model) if self.cfg.compile else self.model
         if self.dist.enabled:
             from torch.nn.parallel import DistributedDataParallel as DDP
-            self.train_model = DDP(self.train_model, device_ids=[self.device.index] if self.device.type == "cuda"
-                                   else None)
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.train_model = DDP(self.train_model, device_ids=ids)
+        # every sync_every steps the host reads whether to stop (a sync: free on a CPU, a stall on a GPU)
+        self.sync_every = 1 if self.device.type == "cpu" or self.cfg.skip_nonfinite else GPU_SYNC_EVERY
 
-        chars_per_step = tcfg.batch_size * mcfg.block_size * tcfg.grad_accum * self.dist.world_size
-        self.chars_per_step = chars_per_step
-        self.log(f"corpus: {self.corpus.name} — {self.corpus.length:,} characters, {vocab_size:,} distinct"
+    def _log_start(self, meta):
+        cfg, mcfg, corpus = self.cfg, self.mcfg, self.corpus
+        self.chars_per_step = cfg.batch_size * mcfg.block_size * cfg.grad_accum * self.dist.world_size
+        self.log(f"corpus: {corpus.name} — {corpus.length:,} characters, {len(corpus.vocab):,} distinct"
                  + (" (built-in default: the Python help topics from pydoc_data; pass --data FILE for your own "
-                    "text)" if tcfg.data is None else f" ({tcfg.data})"))
-        self.log(f"device: {self.device}, {dtype_reason}" + (f", {threads} threads" if threads else "")
+                    "text)" if cfg.data is None else f" ({cfg.data})"))
+        self.log(f"device: {self.device}, {self.dtype_reason}" + (f", {self.threads} threads" if self.threads else "")
                  + (f", {self.dist.world_size} processes" if self.dist.enabled else ""))
-        if not resume:
+        if meta is None:
+            preset = "gpu" if self.device.type == "cuda" else "cpu"
             self.log(f"model: {mcfg.n_layer} layers x {mcfg.n_embd} wide, {mcfg.n_head} heads, context "
                      f"{mcfg.block_size}, {self.model.num_params() / 1e6:.2f}M parameters — {PRESET_REASONS[preset]}")
         else:
-            self.log(f"resuming {out_dir} at step {self.state.step} (best val loss {self.state.best_val:.4f})")
-        global_batch = tcfg.batch_size * tcfg.grad_accum * self.dist.world_size
-        self.log(f"global batch: {tcfg.batch_size} x {tcfg.grad_accum} accum x {self.dist.world_size} proc = "
-                 f"{global_batch} sequences of {mcfg.block_size} chars = {chars_per_step:,} chars/step; "
-                 f"run dir: {out_dir}")
+            s = self.state
+            self.log(f"resuming {self.out_dir} at step {s.step} (best val loss {s.best_val:.4f})")
+            self.notes += self._changes_since(meta)
+        global_batch = cfg.batch_size * cfg.grad_accum * self.dist.world_size
+        self.log(f"global batch: {cfg.batch_size} x {cfg.grad_accum} accum x {self.dist.world_size} proc = "
+                 f"{global_batch} sequences of {mcfg.block_size} chars = {self.chars_per_step:,} chars/step; "
+                 f"run dir: {self.out_dir}")
+        if not any(note.startswith("new budget") for note in self.notes):
+            self.log(f"budget: {_describe_budget(cfg, self.state)}")
+        for note in self.notes:
+            self.log(note)
+
+    def _changes_since(self, meta):
+        """Lines saying how this session differs from the checkpoint: hardware, and dropout."""
+        saved, now = meta.get("hardware"), self._hardware()
+        if not isinstance(saved, dict):  # written before hardware was recorded: compare the flags
+            saved, now = meta.get("train_config") or {}, {k: getattr(self.cfg, k) for k in HARDWARE}
+        changed = [f"{k} {now[k]} (checkpoint: {saved[k]})" for k in HARDWARE if k in saved and saved[k] != now[k]]
+        notes = [f"hardware as this command sets it: {', '.join(changed)}"] if changed else []
+        if meta["model_config"].dropout != self.mcfg.dropout:
+            notes.append(f"dropout {self.mcfg.dropout} (checkpoint: {meta['model_config'].dropout}) from here on")
+        return notes
 
     def log(self, msg):
         if self.dist.is_main:
             self.log_fn(msg)
 
-    # --- checkpoints ----------------------------------------------------------------------------------
+    def close(self):
+        """Give the run directory up (rank 0): unlock it, and remove it if this start created it and nothing
+        was saved in it."""
+        if self.run_dir is not None:
+            self.run_dir.release()
+            self.run_dir = None
+
+    # --- checkpoints ----------------------------------------------------------------------------------------
     def _rng_state(self):
         """Every rank's random streams, gathered to rank 0 (None elsewhere): rank 0's under the names a single
         process uses (torch, data, cuda), rank r's as rank{r}.torch ... A collective under DDP."""
@@ -306,14 +391,11 @@ class Trainer:
             torch.manual_seed(stream_seed(seed, "dropout", rank))
             self.data_gen.manual_seed(stream_seed(seed, "data", rank))
 
-    def _restore(self, state_path):
-        meta, rng = ckpt.load_state(state_path, self.model, self.optimizer)
-        s = meta.get("run_state") or {}
-        try:
-            self.state = RunState(**typed_fields(RunState, s, "run state"))
-        except ConfigError as e:
-            raise CheckpointError(f"{state_path} has corrupted metadata ({e}); re-train or re-copy it") from None
-        ckpt.remove_stale_temps(self.out_dir)  # left by a run that was killed while saving
+    def _restore(self, meta):
+        """Weights, moments, random streams and loss scale from state.safetensors; metrics logged after it
+        (by a run killed between a metrics line and its save) are dropped, to be logged again."""
+        state_path = self.out_dir / STATE
+        _, rng = ckpt.load_state(state_path, self.model, self.optimizer)
         self._restore_rng(rng)
         scaler = meta.get("scaler")
         if self.scaler.is_enabled() and isinstance(scaler, dict):
@@ -322,14 +404,9 @@ class Trainer:
             except (KeyError, TypeError, ValueError, RuntimeError):
                 raise CheckpointError(f"{state_path} has a corrupted loss-scaler state; re-train or re-copy it") \
                     from None
-        metrics = self.out_dir / ckpt.METRICS
-        if self.dist.is_main and metrics.exists():  # drop lines logged after the state we resume from
-            lines = [ln for ln in metrics.read_text(encoding="utf-8").splitlines() if ln.strip()]
-            keep = [ln for ln in lines if _json_step(ln) <= self.state.step]
-            if len(keep) != len(lines):
-                tmp = metrics.with_name(f".{metrics.name}.tmp")
-                tmp.write_text("".join(ln + "\n" for ln in keep), encoding="utf-8")
-                os.replace(tmp, metrics)
+        if self.dist.is_main:
+            rundir.remove_stale_temps(self.out_dir)  # left by a run that was killed while saving
+            rundir.truncate_metrics(self.out_dir / METRICS, self.state.step)
 
     def save(self, val_loss=None, improved=False):
         """Rank 0 writes state (resume), latest, and best when improved; each file atomically. Under DDP every
@@ -339,19 +416,154 @@ class Trainer:
             return
         s = self.state
         extra = dict(step=s.step, val_loss=val_loss, best_val_loss=s.best_val if s.best_val < float("inf") else None,
-                     corpus=self.corpus.name, run_state=asdict(s))
+                     corpus=self.corpus.name, run_state=asdict(s), hardware=self._hardware())
         if self.scaler.is_enabled():  # fp16 loss scale: part of exact resume
             extra["scaler"] = self.scaler.state_dict()
         train_cfg = asdict(self.cfg)
         weights = ckpt.model_tensors(self.model)  # one device-to-host copy serves all three files
-        ckpt.save_state(self.out_dir / ckpt.STATE, self.model, self.optimizer, rng,
-                        self.corpus.vocab, train_cfg, weights=weights, **extra)
-        ckpt.save_model(self.out_dir / ckpt.LATEST, self.model, self.corpus.vocab, train_cfg, weights=weights, **extra)
+        ckpt.save_state(self.out_dir / STATE, self.model, self.optimizer, rng, self.corpus.vocab, train_cfg,
+                        weights=weights, **extra)
+        ckpt.save_model(self.out_dir / rundir.LATEST, self.model, self.corpus.vocab, train_cfg, weights=weights,
+                        **extra)
         if improved:
-            ckpt.save_model(self.out_dir / ckpt.BEST, self.model, self.corpus.vocab, train_cfg, weights=weights,
+            ckpt.save_model(self.out_dir / rundir.BEST, self.model, self.corpus.vocab, train_cfg, weights=weights,
                             **extra)
 
-    def evaluate_and_save(self, lr):
+    # --- the loop ---------------------------------------------------------------------------------------------
+    def run(self):
+        """Train until the budget is spent or a signal arrives; -> summary dict. Phase by phase, as in
+        nanoGPT's train.py."""
+        s, signum, reason = self.state, 0, None
+        self._start_clocks()
+        try:
+            with self.signals, self.bar:  # the bar is cleared on any exit, so an error line starts clean
+                while True:
+                    lr = lr_at(s.step, s.elapsed, self.cfg, s)
+                    reason = self._finished(s)
+                    if (s.step % self.cfg.eval_interval == 0 or reason) and not s.evaluated:
+                        self._evaluate_and_save(lr)  # 1. evaluate and checkpoint, at the interval and at the end
+                    if reason:
+                        break
+                    loss = self._forward_backward()  # 2. gradients, accumulated over micro-batches
+                    bad_step, signum = self._agree(loss, lr)  # 3. across ranks: loss finite? stop? clock?
+                    self._step(bad_step, lr)  # 4. update the weights (or drop a non-finite step)
+                    self._log_progress(loss, lr)  # 5. progress bar
+                    if signum:
+                        reason = "signal"
+                        break
+            return self._finish(reason, signum)
+        finally:
+            self.close()
+
+    def _start_clocks(self):
+        s = self.state
+        self.signals = _SignalFlag()
+        self.bar = tqdm(total=self.cfg.max_iters if self.cfg.max_iters < UNLIMITED else None, initial=s.step,
+                        disable=not self.dist.is_main, dynamic_ncols=True, unit="step", leave=False,
+                        mininterval=0.1 if sys.stderr.isatty() else 5.0)  # quiet in logs
+        self.session_start, self.elapsed_before = time.perf_counter(), s.elapsed
+        self.pauses = 0.0  # seconds spent in evaluate-and-save this session: not part of training speed
+        self.window = (time.perf_counter(), 0.0, s.step)  # (time, pauses, step) where the speed window began
+        self.first_bad = torch.tensor(NO_BAD_STEP, device=self.device)  # first step with a non-finite loss
+        self.bad_loss = torch.zeros((), device=self.device)  # its loss
+        self.lrs = {}  # step -> learning rate, since the last sync (to name the rate of a bad step)
+        self.last_val = None
+
+    def _finished(self, s: RunState):
+        """Why the run stops now ('max_iters' or 'max_time'), or None while budget is left."""
+        if s.step >= self.cfg.max_iters:
+            return "max_iters"
+        if self.cfg.max_time and s.elapsed - s.budget_elapsed >= self.cfg.max_time:
+            return "max_time"
+        return None
+
+    def _forward_backward(self):
+        """Gradients of one optimizer step over grad_accum micro-batches; -> their mean loss (on the device)."""
+        cfg, model = self.cfg, self.train_model
+        loss_sum = torch.zeros((), device=self.device)
+        for micro in range(cfg.grad_accum):
+            x, y = self.batches.get("train", self.data_gen)
+            last = micro == cfg.grad_accum - 1  # DDP: all-reduce gradients on the last micro-batch only
+            with model.no_sync() if self.dist.enabled and not last else nullcontext():  # enter once
+                with autocast(self.device, self.dtype):
+                    _, loss = model(x, y)
+                self.scaler.scale(loss / cfg.grad_accum).backward()
+            loss_sum += loss.detach()
+        return loss_sum / cfg.grad_accum
+
+    def _agree(self, loss, lr):
+        """-> (first step whose loss was not finite, or None; signal number or 0), agreed by all ranks.
+
+        Reading them costs a host sync, so on a GPU it happens every sync_every steps, and on the step before
+        an evaluation or the end; in between the first non-finite loss is remembered on the device. Ranks
+        act only on the all-reduced clock, so they never disagree about stopping; a signal to any rank stops
+        all, and the highest signal number is every rank's exit status."""
+        s = self.state
+        fresh = ~torch.isfinite(loss) & (self.first_bad == NO_BAD_STEP)
+        self.first_bad = torch.where(fresh, s.step, self.first_bad)
+        self.bad_loss = torch.where(fresh, loss, self.bad_loss)
+        self.lrs[s.step] = lr
+        ahead = s.step + 1
+        if s.step % self.sync_every and ahead % self.cfg.eval_interval and ahead < self.cfg.max_iters:
+            return None, 0
+        first_bad = self.first_bad.item()  # note: the host sync
+        elapsed = self.elapsed_before + time.perf_counter() - self.session_start
+        # all MAX-reduced: -(first bad step) so that the earliest wins; -inf when every loss was finite
+        flags = torch.tensor([-first_bad if first_bad != NO_BAD_STEP else -math.inf,
+                              float(self.signals.signum or 0), elapsed], dtype=torch.float64)
+        if self.dist.enabled:
+            flags = flags.to(self.dist.device)
+            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+            flags = flags.cpu()
+        s.elapsed = float(flags[2])
+        bad = None if flags[0] == -math.inf else int(-flags[0])
+        self.bad_value = self.bad_loss.item() if bad == first_bad else "non-finite"  # another rank's value
+        return bad, int(flags[1])
+
+    def _step(self, bad_step, lr):
+        """Apply the gradients; a non-finite loss stops the run (or, with --skip-nonfinite, drops the step)."""
+        s, cfg = self.state, self.cfg
+        if bad_step is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+            if not cfg.skip_nonfinite:
+                raise ChargptError(
+                    f"loss became {self.bad_value} at step {bad_step} (learning rate {self.lrs.get(bad_step, lr):.2e})"
+                    f": training diverged, most likely because the learning rate is too high; lower --learning-rate "
+                    f"or pass --skip-nonfinite. The last good checkpoint in {self.out_dir} is kept.")
+            s.skipped += 1
+            self.first_bad.fill_(NO_BAD_STEP)
+            self.log(f"step {s.step}: non-finite loss, step skipped ({s.skipped} so far)")
+        else:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            if cfg.grad_clip > 0:
+                self.scaler.unscale_(self.optimizer)
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.optimizer.zero_grad(set_to_none=True)
+        if s.step % self.sync_every == 0:
+            self.lrs.clear()
+        s.step += 1
+        s.evaluated = False
+
+    def _log_progress(self, loss, lr):
+        """Every LOG_EVERY steps: loss, last validation loss, learning rate, speed (evaluation time excluded, as
+        in the bar's own steps/s: see _evaluate_and_save) and time left."""
+        s, cfg = self.state, self.cfg
+        if (s.step - 1) % LOG_EVERY == 0:
+            now = time.perf_counter()
+            t0, pauses0, step0 = self.window
+            speed = (s.step - step0) * self.chars_per_step / max(now - t0 - (self.pauses - pauses0), 1e-9)
+            self.window = (now, self.pauses, s.step)
+            post = {"loss": f"{loss.item():.4f}", "val": f"{self.last_val:.4f}" if self.last_val else "-",
+                    "lr": f"{lr:.2e}", "chars/s": f"{speed:,.0f}"}
+            if cfg.max_time:
+                post["left"] = f"{max(0, cfg.max_time - (s.elapsed - s.budget_elapsed)):.0f}s"
+            self.bar.set_postfix(post, refresh=False)
+        self.bar.update(1)
+
+    def _evaluate_and_save(self, lr):
         t0 = time.perf_counter()
         # the plain module: no DDP sync is needed under no_grad, and torch.compile would recompile for eval mode
         losses = estimate_loss(self.model, self.batches, self.cfg, self.device, self.dtype, self.dist)
@@ -370,102 +582,24 @@ class Trainer:
         # the line first, then the state: a kill between the two leaves a line that --resume drops (it is
         # after the saved step), never a saved step whose line is missing
         if self.dist.is_main:
-            ckpt.append_jsonl(self.out_dir / ckpt.METRICS, record)
+            rundir.append_jsonl(self.out_dir / METRICS, record)
         s.eval_time += time.perf_counter() - t0
         self.save(losses["val"], improved)
         self.log(f"step {s.step:>6}: train {losses['train']:.4f} nats ({losses['train'] / LN2:.3f} bpc), "
                  f"val {losses['val']:.4f} nats ({losses['val'] / LN2:.3f} bpc)" + (" *" if improved else ""))
-        return losses["val"]
+        self.last_val = losses["val"]
+        self._pause_speed(time.perf_counter() - t0)
 
-    # --- the loop -------------------------------------------------------------------------------------
-    def run(self):
-        cfg, s, model = self.cfg, self.state, self.train_model
-        stop = _SignalFlag()
-        sync_every_step = self.device.type == "cpu" or cfg.skip_nonfinite  # host syncs are free on CPU
-        total = cfg.max_iters if cfg.max_iters < UNLIMITED else None  # a time budget alone: no step total
-        bar = tqdm(total=total, initial=s.step, disable=not self.dist.is_main, dynamic_ncols=True,
-                   unit="step", leave=False, mininterval=0.1 if sys.stderr.isatty() else 5.0)  # quiet in logs
-        last_val, lr = None, cfg.learning_rate
-        t_last, step_last = time.perf_counter(), s.step
-        session_start, elapsed_before = time.perf_counter(), s.elapsed
-        reason = "max_iters"
-        with stop, bar:  # the bar is cleared on any exit, so an error line starts on a clean line
-            while True:
-                lr = get_lr(s.step, run_fraction(s.step, s.elapsed, cfg), cfg)
-                # 1. evaluate and checkpoint (at the interval, and at the end)
-                finished = s.step >= cfg.max_iters or (cfg.max_time and s.elapsed >= cfg.max_time)
-                if (s.step % cfg.eval_interval == 0 or finished) and not s.evaluated:
-                    last_val = self.evaluate_and_save(lr)
-                if finished:
-                    reason = "max_time" if s.step < cfg.max_iters else reason
-                    break
-                for group in self.optimizer.param_groups:
-                    group["lr"] = lr
+    def _pause_speed(self, seconds):
+        """Leave `seconds` out of the speeds shown: chars/s (see _log_progress) and the bar's own steps/s and ETA
+        (shifting its clocks, as tqdm's unpause() does, by exactly the pause)."""
+        self.pauses += seconds
+        if not self.bar.disable:
+            self.bar.start_t += seconds
+            self.bar.last_print_t += seconds
 
-                # 2. forward/backward, accumulating gradients over micro-batches
-                loss_sum = torch.zeros((), device=self.device)
-                for micro in range(cfg.grad_accum):
-                    x, y = self.batches.get("train", self.data_gen)
-                    sync = micro == cfg.grad_accum - 1  # DDP: all-reduce gradients on the last micro-step only
-                    with model.no_sync() if self.dist.enabled and not sync else nullcontext():  # enter once
-                        with autocast(self.device, self.dtype):
-                            _, loss = model(x, y)
-                        self.scaler.scale(loss / cfg.grad_accum).backward()
-                    loss_sum += loss.detach()
-                loss_step = loss_sum / cfg.grad_accum
-
-                # 3. agree across ranks on the loss being finite, on stopping, and on the clock
-                # (ranks only ever act on the all-reduced clock, so they can never disagree about stopping; a
-                # signal to any rank stops all, and the highest signal number is the exit status of every rank)
-                local_elapsed = elapsed_before + time.perf_counter() - session_start
-                if not self.dist.enabled:
-                    s.elapsed = local_elapsed
-                nonfinite, stop_now, log_now = False, 0, s.step % 10 == 0
-                if sync_every_step or log_now:
-                    loss_value = loss_step.item()  # the step's one host sync (on a GPU only every 10 steps)
-                    flags = torch.tensor([float(not math.isfinite(loss_value)), float(stop.signum or 0),
-                                          local_elapsed], dtype=torch.float64)
-                    if self.dist.enabled:
-                        flags = flags.to(self.device)
-                        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
-                        flags = flags.cpu()
-                    nonfinite, stop_now, s.elapsed = bool(flags[0]), int(flags[1]), float(flags[2])
-                if nonfinite:
-                    self.optimizer.zero_grad(set_to_none=True)
-                    if not cfg.skip_nonfinite:
-                        bar.close()
-                        raise ChargptError(
-                            f"loss became {loss_value} at step {s.step} (learning rate {lr:.2e}): training "
-                            f"diverged, most likely because the learning rate is too high; lower --learning-rate "
-                            f"or pass --skip-nonfinite. The last good checkpoint in {self.out_dir} is kept.")
-                    s.skipped += 1
-                    self.log(f"step {s.step}: non-finite loss, step skipped ({s.skipped} so far)")
-                else:
-                    # 4. step
-                    if cfg.grad_clip > 0:
-                        self.scaler.unscale_(self.optimizer)
-                        torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-                    self.scaler.step(self.optimizer)
-                    self.scaler.update()
-                    self.optimizer.zero_grad(set_to_none=True)
-                s.step += 1
-                s.evaluated = False
-
-                # 5. log
-                if log_now:
-                    now = time.perf_counter()
-                    speed = (s.step - step_last) * self.chars_per_step / max(now - t_last, 1e-9)
-                    t_last, step_last = now, s.step
-                    post = {"loss": f"{loss_value:.4f}", "val": f"{last_val:.4f}" if last_val else "-",
-                            "lr": f"{lr:.2e}", "chars/s": f"{speed:,.0f}"}
-                    if cfg.max_time:
-                        post["left"] = f"{max(0, cfg.max_time - s.elapsed):.0f}s"
-                    bar.set_postfix(post, refresh=False)
-                bar.update(1)
-                if stop_now:
-                    reason = "signal"
-                    break
-        bar.close()
+    def _finish(self, reason, signum):
+        s = self.state
         if reason == "signal":
             self.save(None, False)
         if self.dist.enabled:
@@ -473,23 +607,12 @@ class Trainer:
             # torchrun stops the remaining workers, mid-save, as soon as one of them exits with an error status
             torch.distributed.barrier()
         if reason == "signal":
-            where = self.out_dir
             how = "the same torchrun command (any number of processes) plus" if self.dist.enabled else \
                 "python train.py"
-            raise Interrupted(f"interrupted at step {s.step}; saved the run to {where}. Resume with: "
-                              f"{how} --out-dir {where} --resume", stop_now)
-        return {"out_dir": str(self.out_dir), "step": s.step, "best_val_loss": s.best_val, "val_loss": last_val,
+            raise Interrupted(f"interrupted at step {s.step}; saved the run to {self.out_dir}. Resume with: "
+                              f"{how} --out-dir {self.out_dir} --resume", signum)
+        return {"out_dir": str(self.out_dir), "step": s.step, "best_val_loss": s.best_val, "val_loss": self.last_val,
                 "elapsed_s": s.elapsed, "eval_fraction": s.eval_time / max(s.elapsed, 1e-9), "stopped_by": reason}
-
-
-def _json_step(line):
-    """The step of a metrics line; infinity for a line that does not parse (cut short by a kill), so that
-    resuming drops it."""
-    import json
-    try:
-        return int(json.loads(line).get("step", 0))
-    except (ValueError, AttributeError, TypeError):
-        return math.inf
 
 
 class _SignalFlag:
@@ -520,8 +643,9 @@ class _SignalFlag:
 def train(log=tqdm.write, **overrides):
     """Train a CharGPT. Keyword arguments are the CLI's flags with underscores (data=..., max_iters=...);
     anything not given takes its default (hardware-dependent ones from config.PRESETS). -> summary dict."""
-    trainer = Trainer(overrides, log=log)
+    trainer = None
     try:
+        trainer = Trainer(overrides, log=log)
         summary = trainer.run()
         trainer.log(f"done: {summary['step']} steps in {summary['elapsed_s']:.0f} s ({summary['eval_fraction']:.0%} of "
                     f"it evaluating), best val loss {summary['best_val_loss']:.4f}; run saved in {trainer.out_dir}")
@@ -534,5 +658,5 @@ def train(log=tqdm.write, **overrides):
                 f"---\n{text}\n---\nmore with: python sample.py --checkpoint {trainer.out_dir} --prompt \"...\"")
         return summary
     finally:
-        if trainer.dist.enabled and torch.distributed.is_initialized():
+        if trainer is not None and trainer.dist.enabled and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()

@@ -187,7 +187,7 @@ def _rank_main(rank, port, root):
         kw = {**TINY_KW, "dropout": 0.1, "data": corpus, "eval_interval": 2}
         Trainer({**kw, "out_dir": f"{root}/straight", "max_iters": 4}, log=quiet).run()
         Trainer({**kw, "out_dir": f"{root}/resumed", "max_iters": 2}, log=quiet).run()
-        Trainer({"out_dir": f"{root}/resumed", "resume": True, "max_iters": 4}, log=quiet).run()
+        Trainer({**kw, "out_dir": f"{root}/resumed", "resume": True, "max_iters": 4}, log=quiet).run()  # same hardware
     finally:
         torch.distributed.destroy_process_group()
 

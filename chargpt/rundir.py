@@ -1,0 +1,318 @@
+"""Run directories: what they hold, where they go, who owns one, and how files in them are written.
+
+A run directory (checkpoints/<corpus name> by default) holds:
+  best.safetensors     the model at its best validation loss: what sampling loads by default
+  latest.safetensors   the model at the last save
+  state.safetensors    everything --resume needs: weights, AdamW moments, step, random states
+  metrics.jsonl        one JSON line per evaluation
+  .lock                while a training owns the directory: an OS lock, and that process's id
+
+Every file is written to a temporary name, flushed to disk and renamed over the old one (write_atomic), so a
+crash or a full disk during a save leaves the previous file intact. One training at a time owns a directory
+(RunDir.claim): the lock is the kernel's (flock), so it dies with its process, even under kill -9.
+"""
+
+import contextlib
+import json
+import math
+import os
+import socket
+import time
+from pathlib import Path
+
+from .errors import CheckpointError
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; runs are not locked there
+    fcntl = None
+
+LATEST, BEST, STATE, METRICS, LOCK = ("latest.safetensors", "best.safetensors", "state.safetensors",
+                                      "metrics.jsonl", ".lock")
+RUN_FILES = (STATE, LATEST, BEST)
+DEFAULT_ROOT = Path("checkpoints")
+
+
+# --- where runs are ---------------------------------------------------------------------------------------
+def holds_run(directory):
+    return any((Path(directory) / name).exists() for name in RUN_FILES)
+
+
+def default_out_dir(name, resume, root=DEFAULT_ROOT):
+    """checkpoints/<name>, or <name>-2, -3 ... so that a new run never overwrites an old one nor joins a
+    training that is still starting there; with --resume, the one whose state was saved last."""
+    root = Path(root)
+    candidates = [root / name] + [root / f"{name}-{i}" for i in range(2, 1000)]
+    if resume:
+        saved = [d for d in candidates if (d / STATE).is_file()]
+        return max(saved, key=lambda d: (d / STATE).stat().st_mtime) if saved else root / name
+    return next(d for d in candidates if not holds_run(d) and lock_holder(d) is None)
+
+
+def latest_run(root=DEFAULT_ROOT):
+    """The most recently written run directory under root, or an error saying how to make one."""
+    root = Path(root)
+    runs = [d for d in root.iterdir() if d.is_dir() and ((d / BEST).exists() or (d / LATEST).exists())] \
+        if root.is_dir() else []
+    if not runs:
+        raise CheckpointError(f"no trained run under {root}/; train one with python train.py, or pass "
+                              f"--checkpoint PATH")
+    return max(runs, key=lambda d: max((d / n).stat().st_mtime for n in (BEST, LATEST) if (d / n).exists()))
+
+
+def resolve(path):
+    """A run directory or a file -> the checkpoint file (best, else latest, in a directory)."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        for name in (BEST, LATEST):
+            if (p / name).is_file():
+                return p / name
+        raise CheckpointError(f"no checkpoint in {path} (expected {BEST} or {LATEST}); train first with "
+                              f"python train.py --out-dir {path}")
+    if not p.exists():
+        raise CheckpointError(f"checkpoint not found: {path}; pass a run directory or a .safetensors file")
+    return p
+
+
+# --- who owns a run ---------------------------------------------------------------------------------------
+def check_writable(out_dir):
+    """Fail, creating nothing, unless out_dir can be made: its nearest existing folder must be a writable
+    directory."""
+    out_dir = Path(out_dir)
+    try:
+        existing = next(p for p in (out_dir, *out_dir.absolute().parents) if p.exists())
+        problem = f"{existing} is not a directory" if not existing.is_dir() else \
+            None if os.access(existing, os.W_OK | os.X_OK) else f"{existing} is not writable"
+    except OSError as e:
+        problem = e.strerror
+    if problem:
+        raise CheckpointError(f"cannot write to --out-dir {out_dir} ({problem}); choose a writable directory")
+
+
+class RunDir:
+    """A run directory owned by this process: created if needed and locked until release(). A start that
+    fails before anything was saved leaves no trace: release() removes the folders claim() created, if
+    they are still empty."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.created = []  # folders made by claim(), outermost first
+        self._fd = None  # the open lock file; closing it (or dying) releases the lock
+
+    def claim(self):
+        check_writable(self.path)
+        for _ in range(3):  # a failed start elsewhere may remove an empty folder between our mkdir and open
+            try:
+                self._make_dirs()
+                return self._lock()
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                self.release()
+                raise CheckpointError(f"cannot write to --out-dir {self.path} ({e.strerror}); choose a writable "
+                                      f"directory") from None
+        raise CheckpointError(f"{self.path} keeps disappearing; is another program removing it?")
+
+    def _make_dirs(self):
+        for d in reversed([self.path, *self.path.parents]):
+            if not d.exists():
+                with contextlib.suppress(FileExistsError):
+                    d.mkdir()
+                    self.created.append(d)
+
+    def _lock(self):
+        path = self.path / LOCK
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            if fcntl is None:
+                break
+            if not _flock(fd, retries=3):
+                holder = _read_holder(fd)
+                os.close(fd)
+                self.release()
+                raise CheckpointError(f"{self.path} is in use by another training ({holder}); wait for it to "
+                                      f"finish or stop it (Ctrl-C saves it), or pass another --out-dir")
+            # the holder before us may have removed the file between our open and our lock: lock the new one
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                    break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode())
+        self._fd = fd
+        return self
+
+    def release(self):
+        """Give the directory up: the lock file goes first (while still locked, so no one can lock the file
+        we are removing), then any folder claim() created that is still empty, then the lock itself."""
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path / LOCK)
+        for d in reversed(self.created):
+            with contextlib.suppress(OSError):
+                d.rmdir()  # only succeeds on an empty folder: a saved run is never touched
+        self.created = []
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _flock(fd, retries):
+    """Take the lock without waiting; a few quick retries ride over lock_holder()'s brief probes."""
+    for attempt in range(retries):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            time.sleep(0.05 * (attempt + 1))
+        except OSError:  # a filesystem without locks (some network mounts): go on unlocked
+            return True
+    return False
+
+
+def _read_holder(fd):
+    try:
+        info = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        pid, host = int(info["pid"]), str(info["host"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "a process that is still starting"
+    return f"pid {pid}" + ("" if host == socket.gethostname() else f" on {host}")
+
+
+def lock_holder(directory):
+    """'pid N' of the training that owns directory, or None if none does."""
+    if fcntl is None:
+        return None
+    try:
+        fd = os.open(Path(directory) / LOCK, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        return _read_holder(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)  # also drops the probe's shared lock
+
+
+# --- writing files ----------------------------------------------------------------------------------------
+def write_atomic(path, write):
+    """`write(tmp)` fills a temporary file next to path (named with our pid, so a later cleanup can tell a
+    dead writer's leftovers from a live one's); then it is flushed to disk and renamed over path, and the
+    rename itself is flushed. On any failure, including Ctrl-C, the temporary file is removed and the
+    exception goes on; path is untouched."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        write(tmp)
+        os.chmod(tmp, _file_mode())  # some writers (safetensors) create files 0600; a run is meant to be shared
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path, text):
+    write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def _fsync_dir(path):
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _file_mode():
+    """The permissions a plain open() would give a new file (0666 less the umask)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def remove_stale_temps(directory, patterns=(".*.tmp*", ".tmp??????")):
+    """Delete temporary files left behind by writes whose process was killed (kill -9, power loss): ours end in
+    the writer's pid (files of processes still running are left alone); `.tmpXXXXXX` ones are made by
+    safetensors itself, which writes through a temporary file of its own."""
+    for p in (p for pattern in patterns for p in Path(directory).glob(pattern)):
+        pid = p.name.rsplit(".tmp", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
+            continue
+        with contextlib.suppress(OSError):
+            p.unlink()
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
+
+
+# --- metrics.jsonl ----------------------------------------------------------------------------------------
+def append_jsonl(path, record):
+    """One line, flushed to disk: the line is written before the state it describes (see Trainer)."""
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise CheckpointError(f"could not append to {path} ({e.strerror}); free disk space or choose a "
+                              f"writable --out-dir") from None
+
+
+def check_metrics(path):
+    """Before resuming: metrics.jsonl, if there, must be a readable file (resuming rewrites it)."""
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        return
+    problem = None if path.is_file() else "it is a directory" if path.is_dir() else "it is not a regular file"
+    if problem is None:
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as e:
+            problem = e.strerror
+    if problem:
+        raise CheckpointError(f"cannot resume: {path} is unusable ({problem}); move it out of the run "
+                              f"directory (a new one is started) and resume again")
+
+
+def truncate_metrics(path, step):
+    """Drop the lines logged after `step`, the step a run resumes from: it logs them again. A line cut short
+    by a kill does not parse and is dropped too."""
+    path = Path(path)
+    if not path.exists():
+        return
+    try:
+        lines = [ln for ln in path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
+        keep = [ln for ln in lines if _json_step(ln) <= step]
+        if len(keep) != len(lines):
+            write_text_atomic(path, "".join(ln + "\n" for ln in keep))
+    except OSError as e:
+        raise CheckpointError(f"cannot rewrite {path} ({e.strerror}); fix its permissions and resume again") \
+            from None
+
+
+def _json_step(line):
+    try:
+        return int(json.loads(line).get("step", 0))
+    except (ValueError, AttributeError, TypeError):
+        return math.inf
