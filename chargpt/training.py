@@ -172,11 +172,12 @@ def _schedule_changed(old: TrainConfig, new: TrainConfig, flags):
             or (old.lr_decay_iters or old.max_iters) != (new.lr_decay_iters or new.max_iters))
 
 
-def _describe_budget(cfg: TrainConfig, s: RunState):
+def _describe_budget(cfg: TrainConfig, s: RunState, left=True):
     parts = [f"until step {cfg.max_iters:,}"] if cfg.max_iters < UNLIMITED else []
     if cfg.max_time:
         spent = s.elapsed - s.budget_elapsed
-        parts.append(f"{cfg.max_time:g} s of training" + (f" ({cfg.max_time - spent:.0f} s left)" if spent else ""))
+        parts.append(f"{cfg.max_time:g} s of training"
+                     + (f" ({max(0.0, cfg.max_time - spent):.0f} s left)" if spent and left else ""))
     return " or ".join(parts) + (", whichever comes first" if len(parts) > 1 else "")
 
 
@@ -256,9 +257,9 @@ class Trainer:
                               + ("finishes its warmup, then decays" if warming else f"decays from {lr:.2e} (the "
                                  f"rate reached)") + f" to {final_lr(self.cfg):.2e} over it")
         if self._finished(s) and s.evaluated:
-            raise ConfigError(f"--resume: the run in {self.out_dir} is already finished (step {s.step:,}, budget "
-                              f"{_describe_budget(self.cfg, s)}); to train on, give a new budget: --max-iters N "
-                              f"(more than {s.step:,}) or --max-time SECONDS (counted from now)")
+            raise ConfigError(f"--resume: the run in {self.out_dir} is already finished at step {s.step:,} (its "
+                              f"budget: {_describe_budget(self.cfg, s, left=False)}); to train on, give a new budget: "
+                              f"--max-iters N (more than {s.step:,}) or --max-time SECONDS (counted from now)")
         return s
 
     def _setup_hardware(self):

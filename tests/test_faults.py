@@ -2,6 +2,7 @@
 exact resumption (N steps + resume + N steps == 2N steps, bit for bit)."""
 
 import json
+import math
 import os
 import random
 import re
@@ -203,3 +204,28 @@ def test_weights_that_evaluate_to_nan_are_never_saved(tmp_path, corpus, monkeypa
         quiet_train(out_dir="run", max_iters=6, eval_interval=2)
     assert ckpt.read_meta("run/" + ckpt.STATE)[0]["step"] == ckpt.load_model("run")[2]["step"] == 0
     assert [m["step"] for m in metric_lines(tmp_path / "run")] == [0]
+
+
+def test_gpu_style_periodic_check_names_the_first_nonfinite_step(tmp_path, corpus, monkeypatch):
+    """On a GPU the host reads the stop flags only every 10 steps (each read is a sync). The first non-finite loss
+    is remembered on the device in between, so the error still names its step, not the step of the check."""
+    from chargpt.training import Trainer
+    forward, calls = CharGPT.forward, []
+
+    def nan_from_step_3(self, idx, targets=None, cache=None):
+        logits, loss = forward(self, idx, targets, cache)
+        if self.training:
+            calls.append(1)
+            if len(calls) >= 4:  # the fourth training step (step 3) and after
+                loss = loss * float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(CharGPT, "forward", nan_from_step_3)
+    trainer = Trainer({"data": "corpus.txt", "out_dir": "run", "device": "cpu", **TINY_KW, "max_iters": 30,
+                       "eval_interval": 100, "learning_rate": 1e-2}, log=lambda msg: None)
+    trainer.sync_every = 10  # what a GPU does; the CPU default is every step
+    lr_3 = 1e-3 + 0.5 * (1 + math.cos(math.pi * 3 / 30)) * 9e-3  # the rate of step 3 (step 10's is 7.75e-03)
+    with pytest.raises(ChargptError, match=rf"^loss became nan at step 3 \(learning rate {lr_3:.2e}\)"):
+        trainer.run()
+    assert len(calls) == 11  # it ran on to the check after step 10, as a GPU does, and no further
+    assert ckpt.read_meta("run/" + ckpt.STATE)[0]["step"] == 0  # nothing saved from the broken steps

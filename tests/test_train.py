@@ -1,13 +1,20 @@
 """End to end: the real train.py and sample.py as a user runs them, and checkpoint round trips."""
 
 import json
+import re
+import time
 
+import pytest
 import torch
+import tqdm.std
 from conftest import TINY, run_cli
 from safetensors import safe_open
 
+import chargpt
+from chargpt import checkpoint, runtime, training
 from chargpt.checkpoint import load_model, save_model
 from chargpt.model import CharGPT
+from chargpt.runtime import pick_dtype
 from chargpt.tokenizer import Vocab
 
 
@@ -48,7 +55,8 @@ def test_train_then_sample_end_to_end(corpus, tmp_path):
 
     # with no --checkpoint, sample.py takes the most recent run under checkpoints/
     r = run_cli("train.py", "--data", corpus, "--max-iters", "2", "--eval-interval", "2", *TINY)
-    assert r.returncode == 0, r.stderr and (tmp_path / "checkpoints" / "corpus" / "best.safetensors").exists()
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "checkpoints" / "corpus" / "best.safetensors").exists()
     r = run_cli("sample.py", "--max-new-tokens", "5", "--seed", "1")
     assert r.returncode == 0 and "checkpoints/corpus" in r.stderr
 
@@ -99,3 +107,42 @@ def test_compile_on_cpu_saves_the_plain_module(corpus, tmp_path):
     assert names and not any("_orig_mod" in n for n in names)
     model, _, meta = load_model(out)
     assert meta["step"] == 3
+
+
+@pytest.mark.parametrize("capability,dtype", [((7, 5), torch.float16), ((8, 0), torch.bfloat16),
+                                              ((9, 0), torch.bfloat16)])
+def test_auto_dtype_on_cuda_is_bf16_only_where_the_gpu_has_it_natively(monkeypatch, tiny_config, capability, dtype):
+    """torch.cuda.is_bf16_supported() also counts emulated bf16 (slow) on pre-Ampere GPUs: the compute capability
+    decides, for training and for sampling alike."""
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *args, **kwargs: capability)
+    cuda = torch.device("cuda", 0)
+    assert pick_dtype("auto", cuda)[0] == dtype
+    assert pick_dtype("bfloat16", cuda)[0] == torch.bfloat16  # asked for by name: allowed where torch supports it
+
+    model, vocab = CharGPT(tiny_config), Vocab("\nabcdefghij")
+    monkeypatch.setattr(runtime, "pick_device", lambda name: cuda)
+    monkeypatch.setattr(checkpoint, "load_model", lambda path, device: (model, vocab, {}))
+    assert chargpt.load("run").dtype == (torch.bfloat16 if dtype == torch.bfloat16 else torch.float32)
+
+
+def test_progress_speeds_leave_out_evaluation_time(tmp_path, corpus, monkeypatch):
+    """chars/s and the bar's own steps/s measure training: each evaluation here 'takes' 100 s (a shifted clock)."""
+    offset, perf_counter, wall = [0.0], time.perf_counter, time.time
+    monkeypatch.setattr(time, "perf_counter", lambda: perf_counter() + offset[0])
+    monkeypatch.setattr(tqdm.std, "time", lambda: wall() + offset[0])
+    estimate = training.estimate_loss
+
+    def slow_estimate(*args, **kwargs):
+        offset[0] += 100.0
+        return estimate(*args, **kwargs)
+
+    monkeypatch.setattr(training, "estimate_loss", slow_estimate)
+    tiny = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
+                threads=1, sample_chars=0, dtype="float32")
+    trainer = training.Trainer({**tiny, "data": "corpus.txt", "out_dir": "run", "max_iters": 20, "eval_interval": 5},
+                               log=lambda msg: None)
+    trainer.run()  # evaluates at steps 0, 5, 10, 15, 20; the bar's last speed is over steps 1-11
+    speed = float(re.search(r"chars/s=([\d,]+)", trainer.bar.postfix).group(1).replace(",", ""))
+    assert speed > 2 * trainer.chars_per_step  # 10 steps in under 5 s (with 200 s of evaluation: < 0.05)
+    assert trainer.bar.format_dict["elapsed"] < 100  # the bar's clock, behind its steps/s and ETA, too

@@ -1,0 +1,184 @@
+"""Run directories: one training owns one at a time (an OS lock that dies with its process), a failed start
+leaves nothing behind, latest-run selection, atomic writes and the clean-up of what killed writers left."""
+
+import errno
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import ROOT, TINY
+
+import chargpt
+from chargpt import rundir, training
+from chargpt.checkpoint import read_meta
+from chargpt.cli import train_cli
+from chargpt.data import corpus_key, corpus_sources, encode_corpus
+from chargpt.errors import CheckpointError
+from chargpt.rundir import LOCK, METRICS, STATE, RunDir, default_out_dir, latest_run, lock_holder
+
+TINY_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
+               threads=1, sample_chars=0, dtype="float32", warmup_iters=0)
+
+
+def quiet_train(**kw):
+    return chargpt.train(log=lambda msg: None, **{"data": "corpus.txt", **TINY_KW, **kw})
+
+
+def one_line_error(args):
+    """Run train.py's command in-process; -> its one stderr line (exit 1, no traceback)."""
+    result = CliRunner().invoke(train_cli, [str(a) for a in args])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), (result.exception, result.output)
+    lines = [line for line in re.sub(r"[^\n]*\r", "", result.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def snapshot(root):
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else "dir") for p in sorted(Path(root).rglob("*"))}
+
+
+def dead_pid():
+    proc = subprocess.Popen([sys.executable, "-c", ""])
+    proc.wait()
+    return proc.pid
+
+
+# --- one training per run directory ----------------------------------------------------------------------
+def test_a_second_training_into_a_busy_run_directory_is_refused_until_the_first_dies(tmp_path, corpus):
+    out, err = open(tmp_path / "stdout.txt", "w"), open(tmp_path / "stderr.txt", "w")
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), "--data", "corpus.txt", "--out-dir", "run", *TINY,
+                             "--max-iters", "100000", "--eval-interval", "5"], stdout=out, stderr=err,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out.close(), err.close()
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "run" / STATE).exists():  # it trains and has saved once
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr.txt").read_text()
+            time.sleep(0.01)
+        for extra in ([], ["--resume"]):  # a new run, or a resume, into the same directory
+            line = one_line_error(["--data", "corpus.txt", "--out-dir", "run", *TINY, "--max-iters", "100000", *extra])
+            assert re.fullmatch(rf"error: run is in use by another training \(pid {proc.pid}\); wait for it to finish "
+                                rf"or stop it \(Ctrl-C saves it\), or pass another --out-dir", line), line
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert (tmp_path / "run" / LOCK).exists()  # kill -9 leaves the file, but the kernel has dropped the lock
+    step = read_meta(tmp_path / "run" / STATE)[0]["step"]
+    assert quiet_train(out_dir="run", resume=True, max_iters=step + 2)["step"] == step + 2
+    assert not (tmp_path / "run" / LOCK).exists()  # a training that ends gives the directory back
+
+
+def test_the_lock_names_its_holder_and_new_default_runs_step_around_it(tmp_path):
+    held = RunDir("checkpoints/corpus").claim()  # a training that has started but not saved yet
+    try:
+        assert lock_holder("checkpoints/corpus") == f"pid {os.getpid()}"
+        with pytest.raises(CheckpointError, match=rf"checkpoints/corpus is in use by another training \(pid "
+                                                  rf"{os.getpid()}\)"):
+            RunDir("checkpoints/corpus").claim()
+        assert default_out_dir("corpus", resume=False) == Path("checkpoints/corpus-2")
+    finally:
+        held.release()
+    assert lock_holder("checkpoints/corpus") is None
+    assert not Path("checkpoints").exists()  # it created both folders, saved nothing: both are gone
+
+
+def test_without_fcntl_runs_are_simply_not_locked(tmp_path, monkeypatch):
+    monkeypatch.setattr(rundir, "fcntl", None)  # as on Windows
+    first, second = RunDir("run").claim(), RunDir("run").claim()
+    assert lock_holder("run") is None
+    second.release(), first.release()
+    assert not Path("run").exists()
+
+
+# --- a failed start leaves nothing behind ------------------------------------------------------------------
+def test_a_failed_start_removes_the_run_directory_it_created(tmp_path, corpus, monkeypatch):
+    (tmp_path / "short.txt").write_text("a short corpus.\n" * 2, encoding="utf-8")  # found too short after claiming
+    (tmp_path / "mine").mkdir()
+    before = snapshot(tmp_path)
+    for out_dir in (["--out-dir", "new/run"], [], ["--out-dir", "mine"]):  # new folders, checkpoints/short, an old one
+        assert "too short" in one_line_error(["--data", "short.txt", *out_dir, *TINY])
+    assert snapshot(tmp_path) == before  # "mine" was there before: kept, and still empty
+
+    def no_memory(cfg):
+        raise MemoryError
+    monkeypatch.setattr(training, "CharGPT", no_memory)
+    assert "does not fit in cpu memory" in one_line_error(["--data", "corpus.txt", "--out-dir", "big/run", *TINY])
+    assert not (tmp_path / "big").exists()
+
+
+# --- metrics.jsonl ----------------------------------------------------------------------------------------
+def test_resume_with_metrics_replaced_by_a_directory_is_a_clean_error(tmp_path, corpus):
+    quiet_train(out_dir="run", max_iters=2, eval_interval=1)
+    (tmp_path / "run" / METRICS).unlink()
+    (tmp_path / "run" / METRICS).mkdir()
+    before = snapshot(tmp_path)
+    line = one_line_error(["--out-dir", "run", "--resume", "--max-iters", "4", *TINY])
+    assert re.search(r"cannot resume: run/metrics\.jsonl is unusable \(it is a directory\); move it out", line), line
+    assert snapshot(tmp_path) == before
+
+
+def test_resume_drops_metrics_logged_after_the_saved_state(tmp_path):
+    path = tmp_path / METRICS
+    path.write_text('{"step": 0}\n{"step": 5}\n{"step": 10}\n{"step": 1', encoding="utf-8")  # cut short by a kill
+    rundir.truncate_metrics(path, 5)
+    assert path.read_text(encoding="utf-8") == '{"step": 0}\n{"step": 5}\n'
+
+
+# --- which run ------------------------------------------------------------------------------------------------
+def test_latest_run_and_resume_pick_the_newest_and_new_runs_the_next_free_name(tmp_path):
+    def make(d, name, age):
+        (tmp_path / d).mkdir(parents=True, exist_ok=True)
+        (tmp_path / d / name).write_bytes(b"")
+        os.utime(tmp_path / d / name, (time.time() - age, time.time() - age))
+
+    with pytest.raises(CheckpointError, match=r"no trained run under checkpoints/; train one with python train\.py"):
+        latest_run()
+    make("checkpoints/poems", "best.safetensors", age=100)
+    make("checkpoints/poems-2", "latest.safetensors", age=10)  # newer, only a latest (stopped before improving)
+    make("checkpoints/notes", "state.safetensors", age=1)  # no model file: nothing to sample
+    assert latest_run() == Path("checkpoints/poems-2")
+    make("checkpoints/poems", "state.safetensors", age=50)
+    make("checkpoints/poems-2", "state.safetensors", age=60)
+    assert default_out_dir("poems", resume=True) == Path("checkpoints/poems")  # its state was saved last
+    assert default_out_dir("poems", resume=False) == Path("checkpoints/poems-3")
+    assert default_out_dir("other", resume=False) == Path("checkpoints/other")
+
+
+# --- writing files ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("failure", [OSError(errno.ENOSPC, "No space left on device"), KeyboardInterrupt()],
+                         ids=["disk-full", "ctrl-c"])
+def test_an_interrupted_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path, failure):
+    path = tmp_path / "metrics.jsonl"
+    rundir.write_text_atomic(path, "old\n")
+
+    def fails_half_way(tmp):
+        tmp.write_text("partial", encoding="utf-8")
+        raise failure
+
+    with pytest.raises(type(failure)):
+        rundir.write_atomic(path, fails_half_way)
+    assert path.read_text(encoding="utf-8") == "old\n" and [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_temporaries_of_dead_writers_are_removed_and_live_ones_kept(tmp_path, corpus):
+    dead, alive = dead_pid(), os.getppid()
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in (f".state.safetensors.tmp{dead}", f".latest.safetensors.tmp{alive}", ".tmpab12cd"):
+        (run / name).write_bytes(b"x")
+    rundir.remove_stale_temps(run)
+    assert [p.name for p in run.iterdir()] == [f".latest.safetensors.tmp{alive}"]
+
+    # the corpus cache goes through the same helpers: a dead encoder's temporary is cleaned up
+    _, sources = corpus_sources(str(corpus))
+    key, cache = corpus_key(sources, "utf-8", "strict"), tmp_path / "cache"
+    cache.mkdir()
+    (cache / f".{key}.json.tmp{dead}").write_text("{", encoding="utf-8")
+    encode_corpus(str(corpus), cache_dir=cache)
+    assert sorted(p.name for p in cache.iterdir()) == [f"{key}.bin", f"{key}.json"]
