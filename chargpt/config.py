@@ -64,8 +64,9 @@ class TrainConfig:
     batch_size: int = opt(64, "sequences per micro-batch")
     grad_accum: int = opt(1, "micro-batches accumulated per optimizer step")
     max_iters: int = opt(5000, "optimizer steps to train for")
-    max_time: float | None = opt(None, "wall-clock budget in seconds; the learning-rate schedule is fitted to it "
-                                       "and training stops (and saves) when it is spent")
+    max_time: float | None = opt(None, "wall-clock budget in seconds of training from this command on (with "
+                                       "--resume: more time); the learning-rate schedule is fitted to it and training "
+                                       "stops (and saves) when it is spent")
     learning_rate: float = opt(1e-3, "peak learning rate (AdamW)")
     min_lr: float | None = opt(None, "final learning rate of the cosine decay [default: learning rate / 10]")
     warmup_iters: int = opt(100, "steps of linear warmup")
@@ -89,7 +90,8 @@ class TrainConfig:
     threads: int | None = opt(None, "CPU threads for torch [default: one per CPU core, split between "
                                     "local processes]")
     seed: int = opt(1337, "random seed (model init, batches, dropout)")
-    resume: bool = opt(False, "continue the run in --out-dir from its latest state")
+    resume: bool = opt(False, "continue the run in --out-dir from its latest state, with its budget; a finished "
+                              "run needs a new one (--max-iters or --max-time)")
 
     def validate(self):
         positive = ("batch_size", "max_iters", "learning_rate", "eval_interval", "eval_iters", "warmup_iters")

@@ -193,6 +193,7 @@ class Trainer:
         flags = {**model_kw, **train_kw}
         self.dist = init_distributed(flags.get("device", "auto"))
         self.device = pick_device(flags.get("device", "auto"))
+        self.preset = "gpu" if self.device.type == "cuda" else "cpu"  # hardware-dependent defaults (config.PRESETS)
         try:
             self._setup(flags)
         except BaseException:
@@ -203,8 +204,7 @@ class Trainer:
         resume = flags.get("resume", False)
         self.out_dir = self._claim_run_dir(flags, resume)
         meta = ckpt.read_meta(self.out_dir / STATE)[0] if resume else None
-        model_kw, self.cfg = _resume_settings(meta, flags) if resume else \
-            _new_settings("gpu" if self.device.type == "cuda" else "cpu", flags)
+        model_kw, self.cfg = _resume_settings(meta, flags) if resume else _new_settings(self.preset, flags)
         self.cfg.out_dir = str(self.out_dir)
         ModelConfig(**model_kw).validate()  # bad model flags fail now, before the corpus is read and cached
         self.state = self._resumed_state(meta, flags) if resume else RunState()
@@ -216,6 +216,7 @@ class Trainer:
         self.mcfg = ModelConfig(**model_kw, vocab_size=len(self.corpus.vocab)).validate()
         self.batches = Batches(self.corpus.ids(), self.cfg.val_fraction, self.mcfg.block_size, self.cfg.batch_size,
                                self.device)
+        self.chars_per_step = self.cfg.batch_size * self.mcfg.block_size * self.cfg.grad_accum * self.dist.world_size
         self._build_model()
         if resume:
             self._restore(meta)
@@ -317,16 +318,15 @@ class Trainer:
 
     def _log_start(self, meta):
         cfg, mcfg, corpus = self.cfg, self.mcfg, self.corpus
-        self.chars_per_step = cfg.batch_size * mcfg.block_size * cfg.grad_accum * self.dist.world_size
         self.log(f"corpus: {corpus.name} — {corpus.length:,} characters, {len(corpus.vocab):,} distinct"
                  + (" (built-in default: the Python help topics from pydoc_data; pass --data FILE for your own "
                     "text)" if cfg.data is None else f" ({cfg.data})"))
         self.log(f"device: {self.device}, {self.dtype_reason}" + (f", {self.threads} threads" if self.threads else "")
                  + (f", {self.dist.world_size} processes" if self.dist.enabled else ""))
         if meta is None:
-            preset = "gpu" if self.device.type == "cuda" else "cpu"
+            size = f"{self.model.num_params() / 1e6:.2f}M parameters"
             self.log(f"model: {mcfg.n_layer} layers x {mcfg.n_embd} wide, {mcfg.n_head} heads, context "
-                     f"{mcfg.block_size}, {self.model.num_params() / 1e6:.2f}M parameters — {PRESET_REASONS[preset]}")
+                     f"{mcfg.block_size}, {size} — {PRESET_REASONS[self.preset]}")
         else:
             s = self.state
             self.log(f"resuming {self.out_dir} at step {s.step} (best val loss {s.best_val:.4f})")
