@@ -110,8 +110,9 @@ def test_kill_9_at_random_moments_never_loses_the_run(tmp_path, corpus):
         assert proc.wait(timeout=30) == -signal.SIGKILL
         model, vocab, meta = ckpt.load_model(run / ckpt.LATEST)
         state_meta, _ = ckpt.read_meta(run / ckpt.STATE)
-        # state is written first, then latest: at most one step apart
-        assert len(vocab) == model.config.vocab_size and state_meta["step"] - meta["step"] in (0, 1)
+        # state is written first, then latest: latest is never ahead, and each kill between the two writes can
+        # leave it one save behind (a resumed run saves latest again only at its next evaluation)
+        assert len(vocab) == model.config.vocab_size and 0 <= state_meta["step"] - meta["step"] <= i + 1
         steps.append(state_meta["step"])
     assert steps == sorted(steps) and steps[-1] > 0
 
