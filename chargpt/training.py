@@ -21,7 +21,7 @@ import torch
 from tqdm import tqdm
 
 from . import checkpoint as ckpt
-from . import rundir
+from . import errors, rundir
 from .config import PRESET_REASONS, PRESETS, UNLIMITED, ModelConfig, TrainConfig, flag, split_overrides, typed_fields
 from .data import Batches, corpus_sources, encode_corpus, split_sizes
 from .errors import ChargptError, CheckpointError, ConfigError, Interrupted
@@ -181,6 +181,23 @@ def _describe_budget(cfg: TrainConfig, s: RunState, left=True):
     return " or ".join(parts) + (", whichever comes first" if len(parts) > 1 else "")
 
 
+def _rank0_decides(fn, dist):
+    """Run fn on rank 0 only; if it raises a ChargptError, raise it on every rank, so that all of them stop with
+    the one clean line (rather than the others failing at their next collective with a traceback)."""
+    error = None
+    if dist.is_main:
+        try:
+            fn()
+        except ChargptError as e:
+            error = e
+    message = broadcast_str(f"{type(error).__name__}\n{error}" if error else "", dist)
+    if error:
+        raise error
+    if message:
+        kind, text = message.split("\n", 1)
+        raise getattr(errors, kind, ChargptError)(text)
+
+
 # --- setup ---------------------------------------------------------------------------------------------------
 class Trainer:
     """One run: __init__ sets it up (run directory, configs, corpus, model, optimizer), run() trains it."""
@@ -233,14 +250,16 @@ class Trainer:
         if resume and not (out_dir / STATE).exists():
             raise CheckpointError(f"--resume: no training state in {out_dir} ({STATE} missing); "
                                   f"start without --resume, or pass the run's --out-dir")
-        if self.dist.is_main:
-            self.run_dir = rundir.RunDir(out_dir).claim()
-            if resume:
-                rundir.check_metrics(out_dir / METRICS)
-            elif rundir.holds_run(out_dir):
-                raise ConfigError(f"{out_dir} already holds a run; pass --resume to continue it, or another "
-                                  f"--out-dir for a new one (nothing was changed)")
+        _rank0_decides(lambda: self._claim(out_dir, resume), self.dist)
         return out_dir
+
+    def _claim(self, out_dir, resume):
+        self.run_dir = rundir.RunDir(out_dir).claim()
+        if resume:
+            rundir.check_metrics(out_dir / METRICS)
+        elif rundir.holds_run(out_dir):
+            raise ConfigError(f"{out_dir} already holds a run; pass --resume to continue it, or another "
+                              f"--out-dir for a new one (nothing was changed)")
 
     def _resumed_state(self, meta, flags):
         """The saved RunState; with a new budget, a new decay from the learning rate the run had reached."""
