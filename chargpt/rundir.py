@@ -111,6 +111,7 @@ class RunDir:
                 self.release()
                 raise CheckpointError(f"cannot write to --out-dir {self.path} ({e.strerror}); choose a writable "
                                       f"directory") from None
+        self.release()
         raise CheckpointError(f"{self.path} keeps disappearing; is another program removing it?")
 
     def _make_dirs(self):
@@ -137,9 +138,9 @@ class RunDir:
                 if os.stat(path).st_ino == os.fstat(fd).st_ino:
                     break
             os.close(fd)
+        self._fd = fd
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode())
-        self._fd = fd
         return self
 
     def release(self):
