@@ -3,6 +3,7 @@
     python -m chargpt.bench                      # all speed benchmarks; prints a Markdown table
     python -m chargpt.bench --write              # ... and appends it to benchmarks/RESULTS.md
     python -m chargpt.bench --only decode        # one part: peak, train, baseline, decode
+    python -m chargpt.bench --quick              # every part on a tiny shape in seconds: a smoke test, not numbers
     python -m chargpt.bench quality --data ../shared/data/tinyshakespeare.txt --max-time 120
 
 MFU is model FLOPs per second against the best matmul throughput measured in the same process, per dtype.
@@ -26,6 +27,7 @@ SHAPES = {  # name: (model config, batch size)
     "6x384 ctx256 b8": (ModelConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384, dropout=0.0), 8),
 }
 DECODE_SHAPE = SHAPES["6x384 ctx256 b8"][0]
+QUICK_SHAPE = ModelConfig(vocab_size=65, block_size=16, n_layer=1, n_head=2, n_embd=16, dropout=0.0)  # --quick
 
 
 def sync(device):
@@ -79,10 +81,10 @@ def time_train_step(cfg, batch, device, dtype, attention="auto", fused_adam=True
     return statistics.median(times)
 
 
-def decode_speed(device, new_tokens=1000, use_cache=True):
+def decode_speed(device, new_tokens=1000, use_cache=True, cfg=DECODE_SHAPE):
     """Characters per second for one stream of new_tokens characters from a one-character prompt."""
     torch.manual_seed(0)
-    model = CharGPT(DECODE_SHAPE).to(device).eval()
+    model = CharGPT(cfg).to(device).eval()
     ctx = torch.zeros(1, 1, dtype=torch.long, device=device)
     settings = SampleSettings(max_new_tokens=new_tokens, temperature=1.0)
     gen = torch.Generator().manual_seed(0)
@@ -106,7 +108,10 @@ def machine():
             f"torch {torch.__version__}, Python {platform.python_version()}")
 
 
-def speed(parts, device):
+def speed(parts, device, quick=False):
+    shapes = {"1x16 ctx16 b4": (QUICK_SHAPE, 4)} if quick else SHAPES
+    peak_kw, step_kw = (dict(sizes=(64,), seconds=0.02), dict(steps=2, warmup=1)) if quick else ({}, {})
+    decode_cfg, decode_chars = (QUICK_SHAPE, 20) if quick else (DECODE_SHAPE, 1000)
     dtypes = [torch.float32]
     if device.type == "cuda" or cpu_has_native_bf16():
         dtypes.append(torch.bfloat16)
@@ -114,29 +119,30 @@ def speed(parts, device):
     peaks = {}
     if {"peak", "train", "baseline"} & parts:
         for dt in dtypes:
-            peaks[dt] = matmul_peak(device, dt)
+            peaks[dt] = matmul_peak(device, dt, **peak_kw)
             rows.append(f"matmul peak {str(dt)[6:]}: {peaks[dt]:.0f} GFLOP/s")
         rows.append("")
     if {"train", "baseline"} & parts:
         rows += ["| shape | dtype | attention | AdamW | ms/step | chars/s | MFU | vs fp32 baseline |",
                  "|---|---|---|---|---|---|---|---|"]
-        for name, (cfg, batch) in SHAPES.items():
+        for name, (cfg, batch) in shapes.items():
             flops = flops_per_step(cfg, batch)
             chars = batch * cfg.block_size
-            base = time_train_step(cfg, batch, device, torch.float32, "manual", fused_adam=False)
+            base = time_train_step(cfg, batch, device, torch.float32, "manual", fused_adam=False, **step_kw)
             peak32 = peaks[torch.float32]
             rows.append(f"| {name} | float32 | manual | for-loop | {base * 1e3:.1f} | {chars / base:,.0f} | "
                         f"{flops / base / 1e9 / peak32:.0%} | 1.00x (baseline) |")
             if "train" in parts:
                 for dt in dtypes:
-                    t = time_train_step(cfg, batch, device, dt, "auto", fused_adam=True)
+                    t = time_train_step(cfg, batch, device, dt, "auto", fused_adam=True, **step_kw)
                     rows.append(f"| {name} | {str(dt)[6:]} | auto | fused | {t * 1e3:.1f} | {chars / t:,.0f} | "
                                 f"{flops / t / 1e9 / peaks[dt]:.0%} | {base / t:.2f}x |")
         rows.append("")
     if "decode" in parts:
-        cached = decode_speed(device, use_cache=True)
-        uncached = decode_speed(device, use_cache=False)
-        rows.append(f"decode 1000 chars, batch 1, 6x384 ctx256: cached {cached:,.0f} chars/s, uncached "
+        cached = decode_speed(device, decode_chars, use_cache=True, cfg=decode_cfg)
+        uncached = decode_speed(device, decode_chars, use_cache=False, cfg=decode_cfg)
+        shape = f"{decode_cfg.n_layer}x{decode_cfg.n_embd} ctx{decode_cfg.block_size}"
+        rows.append(f"decode {decode_chars} chars, batch 1, {shape}: cached {cached:,.0f} chars/s, uncached "
                     f"{uncached:,.0f} chars/s, ratio {cached / uncached:.1f}x")
     return "\n".join(rows)
 
@@ -206,11 +212,13 @@ def main(argv=None):
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="quality: override a training flag, e.g. --set n-embd=192 (repeatable)")
     p.add_argument("--write", action="store_true", help="append the results to benchmarks/RESULTS.md")
+    p.add_argument("--quick", action="store_true", help="speed: every part on a tiny shape in seconds, to check "
+                   "that the benchmark runs (its numbers mean nothing)")
     args = p.parse_args(argv)
     device = pick_device(args.device)
     if device.type == "cpu":
         configure_threads(args.threads)
-    report = speed(set(args.only), device) if args.mode == "speed" else quality(args)
+    report = speed(set(args.only), device, args.quick) if args.mode == "speed" else quality(args)
     print(report)
     if args.write:
         path = Path("benchmarks/RESULTS.md")

@@ -1,12 +1,15 @@
 """DistributedDataParallel on CPU with the Gloo backend: real torchrun jobs of train.py, and in-process ranks
-(torch.multiprocessing) checked against a single process fed the same data."""
+(torch.multiprocessing) checked against a single process fed the same data.
+
+Every run pins --device cpu, so the tests mean the same on a machine with a GPU. No test picks a free port
+ahead of time (another process could take it first): torchrun --standalone lets the kernel choose, and the
+in-process ranks meet through a rendezvous file."""
 
 import json
 import os
 import queue
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -131,7 +134,7 @@ def test_ctrl_c_to_a_torchrun_job_saves_once_and_exits(corpus):
     assert_one_checkpoint_set(run)
     meta, shapes = ckpt.read_meta(run / ckpt.STATE)
     assert meta["step"] == step and "rng.rank1.data" in shapes
-    summary = train(log=quiet, out_dir="run", resume=True, max_iters=step + 2)  # two processes -> one
+    summary = train(log=quiet, out_dir="run", resume=True, max_iters=step + 2, device="cpu")  # two processes -> one
     assert summary["step"] == step + 2
 
 
@@ -163,11 +166,14 @@ def trainer_on_global_batches(out_dir, corpus, global_batch, world):
     return t
 
 
-def _rank_main(rank, port, root):
+def _rank_main(rank, root):
     """One of two ranks, set up as torchrun would, then the scenarios the tests below check."""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), CHARGPT_CACHE_DIR=f"{root}/cache")
+                      CHARGPT_CACHE_DIR=f"{root}/cache")
     torch.set_num_threads(1)
+    # joined here through a file rather than a TCP port chosen in advance; chargpt's init_distributed then finds
+    # the group ready and only reads the environment above
+    torch.distributed.init_process_group("gloo", init_method=f"file://{root}/rendezvous", rank=rank, world_size=2)
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     corpus = f"{root}/corpus.txt"
     try:
@@ -192,19 +198,13 @@ def _rank_main(rank, port, root):
         torch.distributed.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     """Runs both ranks once for the tests below (each start of a process costs seconds)."""
     root = tmp_path_factory.mktemp("ddp")
     (root / "corpus.txt").write_text("".join(f"To be, or not to be: that is the question {i}.\nROMEO: O, she doth "
                                              f"teach the torches.\n" for i in range(60)), encoding="utf-8")
-    torch.multiprocessing.spawn(_rank_main, args=(_free_port(), str(root)), nprocs=2)
+    torch.multiprocessing.spawn(_rank_main, args=(str(root),), nprocs=2)
     return root
 
 

@@ -128,13 +128,21 @@ def test_bad_training_input(inputs, kw, exc, pattern):
     assert snapshot(inputs) == before
 
 
-def test_read_only_out_dir(tmp_path, corpus):
-    if os.geteuid() == 0:
-        pytest.skip("root can write anywhere")
+def test_unwritable_out_dir(tmp_path, corpus):
+    """An --out-dir that cannot be created is refused before anything is written. A path below a regular file
+    fails for every user, root included; a read-only folder is tried too where permissions bind (not as root)."""
+    (tmp_path / "notes.txt").write_text("a file, not a folder")
     (tmp_path / "locked").mkdir(mode=0o500)
+    cases = {"notes.txt/runs/run": r"notes\.txt is not a directory"}
+    if os.geteuid() != 0:
+        cases["locked/run"] = r"locked is not writable"
     before = snapshot(tmp_path)
-    assert_one_line_error(invoke(train_cli, ["--data", "corpus.txt", "--out-dir", "locked/run", *flags(TINY_KW)]),
-                          r"cannot write to --out-dir locked/run.*not writable")
+    for out_dir, problem in cases.items():
+        pattern = rf"cannot write to --out-dir {re.escape(out_dir)} \(.*{problem}\); choose a writable directory"
+        assert_one_line_error(invoke(train_cli, ["--data", "corpus.txt", "--out-dir", out_dir, *flags(TINY_KW)]),
+                              pattern)
+        with pytest.raises(CheckpointError, match=pattern):
+            chargpt.train(log=lambda msg: None, data="corpus.txt", out_dir=out_dir, **TINY_KW)
     assert snapshot(tmp_path) == before
 
 

@@ -94,6 +94,27 @@ def test_gpt2_init_and_weight_tying(tiny_config):
 
 
 def test_weight_decay_only_on_matrices(tiny_config):
-    decay, no_decay = CharGPT(tiny_config).optimizer_groups(0.1)
-    assert all(p.dim() >= 2 for p in decay["params"]) and decay["weight_decay"] == 0.1
-    assert all(p.dim() < 2 for p in no_decay["params"]) and no_decay["weight_decay"] == 0.0
+    """Every parameter in exactly one group: matrices and embeddings decay, biases and norm gains do not."""
+    model = CharGPT(tiny_config)
+    decay, no_decay = model.optimizer_groups(0.1)
+    names = {id(p): n for n, p in model.named_parameters()}  # the tied head is the embedding: listed once
+    decayed, kept = ({names[id(p)] for p in g["params"]} for g in (decay, no_decay))
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert {"wte.weight", "wpe.weight", "h.0.attn.c_attn.weight", "h.1.mlp.c_proj.weight"} <= decayed
+    assert {"h.0.attn.c_attn.bias", "h.0.ln_1.weight", "ln_f.bias"} <= kept
+    assert decayed | kept == set(names.values()) and not decayed & kept
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
+
+
+@pytest.mark.parametrize("dropout,training,fused", [(0.0, True, True), (0.1, True, False), (0.1, False, True)])
+def test_attention_auto_on_cpu_avoids_the_slow_fused_dropout_path(tiny_config, dropout, training, fused):
+    """--attention auto: torch's fused kernel on CPU unless attention dropout is active (training with dropout),
+    where its generic fallback is slower than the explicit softmax; both give the same function."""
+    model = CharGPT(ModelConfig(**{**vars(tiny_config), "dropout": dropout})).train(training)
+    model.set_attention("auto")
+    x = torch.zeros(1, 4, tiny_config.n_embd)
+    assert all(block.attn.use_fused(x) is fused for block in model.h)
+    for kernel, want in (("fused", True), ("manual", False)):  # an explicit choice always wins
+        model.set_attention(kernel)
+        assert all(block.attn.use_fused(x) is want for block in model.h)

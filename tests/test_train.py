@@ -96,19 +96,6 @@ def test_help_lists_every_flag_with_help():
         assert name in r.stdout, name
 
 
-def test_compile_on_cpu_saves_the_plain_module(corpus, tmp_path):
-    """--compile trains through torch.compile, and the checkpoint holds the uncompiled names (no _orig_mod.)."""
-    out = tmp_path / "compiled"
-    r = run_cli("train.py", "--data", corpus, "--out-dir", out, "--max-iters", "3", "--eval-interval", "3",
-                "--compile", *TINY, timeout=300)
-    assert r.returncode == 0, r.stderr
-    with safe_open(str(out / "latest.safetensors"), framework="pt") as f:
-        names = list(f.keys())
-    assert names and not any("_orig_mod" in n for n in names)
-    model, _, meta = load_model(out)
-    assert meta["step"] == 3
-
-
 @pytest.mark.parametrize("capability,dtype", [((7, 5), torch.float16), ((8, 0), torch.bfloat16),
                                               ((9, 0), torch.bfloat16)])
 def test_auto_dtype_on_cuda_is_bf16_only_where_the_gpu_has_it_natively(monkeypatch, tiny_config, capability, dtype):
