@@ -95,7 +95,7 @@ def get(name, data_dir=DATA_DIR, base_url=None, log=print, progress=True):
     url = source_url(corpus, base_url)
     for attempt in range(1, ATTEMPTS + 1):
         try:
-            _download(url, part, corpus.size, progress)
+            _download(url, part, dest, corpus.size, progress)
             break
         except _Dropped as e:
             have = part.stat().st_size if part.exists() else 0
@@ -117,7 +117,7 @@ def _host(url):
     return urllib.request.urlparse(url).netloc or url
 
 
-def _download(url, part, size, progress):
+def _download(url, part, dest, size, progress):
     """Fetch url into `part`, continuing from its current length with a Range request when it has one."""
     have = part.stat().st_size if part.exists() else 0
     if have >= size:  # complete already (checked next) or longer than the file can be: start over
@@ -133,13 +133,13 @@ def _download(url, part, size, progress):
     except urllib.error.HTTPError as e:
         if e.code == 416 and have:  # the server cannot continue this partial file: start again
             part.unlink()
-            return _download(url, part, size, progress)
-        raise DataError(f"{url} answered HTTP {e.code} {e.reason}; try again later, or download it yourself into "
-                        f"{part.parent}/") from None
+            return _download(url, part, dest, size, progress)
+        raise DataError(f"{url} answered HTTP {e.code} {e.reason}; try again later, or download it yourself as "
+                        f"{dest}") from None
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", None) or getattr(e, "strerror", None) or e
         raise DataError(f"cannot reach {_host(url)} ({reason}); check the internet connection (or proxy), or "
-                        f"download {url} yourself into {part.parent}/") from None
+                        f"download {url} yourself as {dest}") from None
     with response:
         start = _resume_offset(response, have)
         if start is None:  # a confused server or proxy: the next attempt starts from scratch
