@@ -296,7 +296,8 @@ def _field_option(cls, name):
                         help=f.metadata["help"])
 
 
-from . import __version__  # noqa: E402  (the package is initialised before any of its modules)
+from . import __version__  # noqa: E402  (this block is kept apart from the imports above for easy merging)
+from .corpora import DATA_DIR  # noqa: E402
 
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="print one JSON object (for scripts)")
 
@@ -363,7 +364,7 @@ def bench_command(args):
     bench_main(list(args), prog="chargpt bench")
 
 
-DATA_DIR_OPTION = click.option("--dir", "data_dir", default="data", show_default=True, help="folder for corpora")
+DATA_DIR_OPTION = click.option("--dir", "data_dir", default=DATA_DIR, show_default=True, help="folder for corpora")
 
 
 @click.group("data", context_settings=CONTEXT)

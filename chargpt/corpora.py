@@ -119,44 +119,60 @@ def _host(url):
 
 def _download(url, part, dest, size, progress):
     """Fetch url into `part`, continuing from its current length with a Range request when it has one."""
+    have = _partial_size(part, size)
+    if have == size:
+        return  # complete already (checked next)
+    response = _open(url, have, dest)
+    if response is None:  # the server cannot continue this partial file: start again
+        part.unlink()
+        return _download(url, part, dest, size, progress)
+    with response:
+        start = _resume_offset(response, have)
+        if start is None:  # a confused server or proxy: the next attempt starts from scratch
+            part.unlink()
+            raise _Dropped(f"the server resumed at the wrong place ({response.headers.get('Content-Range')!r})")
+        _write_body(response, part, start, size, progress)
+    if part.stat().st_size < size:  # the server closed the body early without an error
+        raise _Dropped(f"{part.stat().st_size:,} of {size:,} bytes received")
+
+
+def _partial_size(part, size):
+    """Bytes already fetched; a partial file longer than the corpus cannot be right and is deleted."""
     have = part.stat().st_size if part.exists() else 0
-    if have >= size:  # complete already (checked next) or longer than the file can be: start over
-        if have > size:
-            part.unlink()
-            have = 0
-        else:
-            return
-    request = urllib.request.Request(url, headers={"User-Agent": "chargpt", **({"Range": f"bytes={have}-"}
-                                                                                if have else {})})
+    if have > size:
+        part.unlink()
+        return 0
+    return have
+
+
+def _open(url, have, dest):
+    """-> the HTTP response (asking for the bytes from `have` on), or None when the server refuses that range."""
+    headers = {"User-Agent": "chargpt", **({"Range": f"bytes={have}-"} if have else {})}
     try:
-        response = urllib.request.urlopen(request, timeout=TIMEOUT_S)
+        return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=TIMEOUT_S)
     except urllib.error.HTTPError as e:
-        if e.code == 416 and have:  # the server cannot continue this partial file: start again
-            part.unlink()
-            return _download(url, part, dest, size, progress)
+        if e.code == 416 and have:  # Range Not Satisfiable
+            return None
         raise DataError(f"{url} answered HTTP {e.code} {e.reason}; try again later, or download it yourself as "
                         f"{dest}") from None
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", None) or getattr(e, "strerror", None) or e
         raise DataError(f"cannot reach {_host(url)} ({reason}); check the internet connection (or proxy), or "
                         f"download {url} yourself as {dest}") from None
-    with response:
-        start = _resume_offset(response, have)
-        if start is None:  # a confused server or proxy: the next attempt starts from scratch
-            part.unlink()
-            raise _Dropped(f"the server resumed at the wrong place ({response.headers.get('Content-Range')!r})")
-        mode = "ab" if start else "wb"  # 200 instead of 206: the server sent the whole file again
-        try:
-            with open(part, mode) as f, tqdm(total=size, initial=start, unit="B", unit_scale=True, leave=False,
-                                             desc="downloading", disable=not progress, dynamic_ncols=True) as bar:
-                while chunk := _read(response):
-                    f.write(chunk)
-                    bar.update(len(chunk))
-        except OSError as e:
-            raise DataError(f"cannot write {part} ({e.strerror}); free disk space or run from a writable "
-                            f"directory") from None
-    if part.stat().st_size < size:  # the server closed the body early without an error
-        raise _Dropped(f"{part.stat().st_size:,} of {size:,} bytes received")
+
+
+def _write_body(response, part, start, size, progress):
+    """Append the body to `part` (or rewrite it, for a body that is the whole file), with a progress bar."""
+    try:
+        with open(part, "ab" if start else "wb") as f, \
+                tqdm(total=size, initial=start, unit="B", unit_scale=True, leave=False, desc="downloading",
+                     disable=not progress, dynamic_ncols=True) as bar:
+            while chunk := _read(response):
+                f.write(chunk)
+                bar.update(len(chunk))
+    except OSError as e:
+        raise DataError(f"cannot write {part} ({e.strerror}); free disk space or run from a writable "
+                        f"directory") from None
 
 
 def _resume_offset(response, have):
@@ -171,7 +187,7 @@ def _resume_offset(response, have):
 def _read(response):
     try:
         return response.read(CHUNK)
-    except (http.client.IncompleteRead, ConnectionError, TimeoutError, OSError) as e:
+    except (http.client.HTTPException, OSError) as e:  # IncompleteRead, a reset connection, a read timeout
         raise _Dropped(type(e).__name__) from None
 
 

@@ -19,6 +19,7 @@ from a few random batches (and what `python -m chargpt.bench quality` reports).
 """
 
 import math
+import sys
 from collections import Counter
 
 import numpy as np
@@ -44,6 +45,8 @@ def default_stride(block_size):
 def window_plan(n_targets, block_size, stride):
     """-> (starts, fresh, L): the start of every window of L characters, and how many of each window's last
     positions are scored there. The fresh counts add up to n_targets: each target is scored exactly once."""
+    if not 1 <= stride <= block_size:  # a larger stride would skip characters between windows
+        raise ValueError(f"stride must be in 1 .. block_size ({block_size}), got {stride}")
     L = min(block_size, n_targets)
     last = n_targets - L  # the final window ends exactly at the last target
     starts = np.arange(0, last + 1, stride)
@@ -108,7 +111,7 @@ def validation_split(meta, vocab, block_size):
     if not cfg:
         raise DataError("this checkpoint records no training run, so it has no validation split; pass --data FILE")
     corpus = encode_corpus(cfg.get("data"), cfg.get("encoding", "utf-8"), cfg.get("encoding_errors", "strict"),
-                           cfg.get("cache_dir"))
+                           cfg.get("cache_dir"), log=lambda m: print(m, file=sys.stderr))  # stdout may be --json
     if corpus.vocab != vocab:
         raise DataError(f"the run's corpus {cfg.get('data') or corpus.name} has changed since training (its "
                         f"characters differ); pass --data FILE to score a text")

@@ -26,6 +26,7 @@ class Server:
 
     def __init__(self):
         self.body, self.drops, self.drop_at, self.ranges, self.status = BODY, 0, 50_000, True, 200
+        self.refuse_ranges = False  # answer a Range request with 416 Range Not Satisfiable
         self.requests = []
         server = self
 
@@ -33,8 +34,8 @@ class Server:
             def do_GET(self):
                 rng = self.headers.get("Range")
                 server.requests.append(rng)
-                if server.status != 200:
-                    self.send_error(server.status)
+                if server.status != 200 or (rng and server.refuse_ranges):
+                    self.send_error(416 if rng and server.refuse_ranges else server.status)
                     return
                 start = int(rng[len("bytes="):].rstrip("-")) if rng and server.ranges else 0
                 self.send_response(206 if start else 200)
@@ -106,6 +107,14 @@ def test_a_server_that_ignores_range_sends_the_whole_file_again(server, tmp_path
     server.drops, server.ranges = 1, False
     path, _ = fetch(server, tmp_path)
     assert path.read_bytes() == BODY and server.requests == [None, "bytes=50000-"]
+
+
+def test_a_partial_file_the_server_cannot_continue_is_started_again(server, tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / ".test.txt.part").write_bytes(b"stale")
+    server.refuse_ranges = True
+    path, _ = fetch(server, tmp_path)
+    assert path.read_bytes() == BODY and server.requests == ["bytes=5-", None]
 
 
 def test_connection_that_keeps_dropping_keeps_the_partial_for_next_time(server, tmp_path):

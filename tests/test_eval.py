@@ -10,9 +10,10 @@ from conftest import run_chargpt
 from torch.nn import functional as F
 
 import chargpt.evaluate as ev
-from chargpt.checkpoint import load_model, read_meta, resolve
+from chargpt.checkpoint import load_model, read_meta, resolve, save_model
 from chargpt.cli import eval_cli
 from chargpt.data import encode_corpus, split_sizes
+from chargpt.errors import DataError
 from chargpt.evaluate import evaluate, window_plan
 
 # only characters of the tiny run's corpus
@@ -137,6 +138,13 @@ def test_eval_bad_input_is_one_line(tiny_run, tmp_path, args, needle):
     r = CliRunner().invoke(eval_cli, ["--checkpoint", str(tiny_run), *args])
     lines = r.stderr.strip().splitlines()
     assert r.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
+
+
+def test_a_checkpoint_without_its_run_needs_data(tiny_run, tmp_path):
+    model, vocab, _ = load_model(tiny_run)
+    save_model(tmp_path / "bare.safetensors", model, vocab)  # saved from Python: no training config
+    with pytest.raises(DataError, match="no validation split; pass --data FILE"):
+        evaluate(tmp_path / "bare.safetensors", device="cpu")
 
 
 def test_eval_without_a_run_says_how_to_make_one(tmp_path):
