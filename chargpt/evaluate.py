@@ -15,7 +15,7 @@ Characters outside the model's vocabulary are counted and reported, never scored
 the context by the vocabulary's stand-in (U+FFFD, '?' or a space, the first it has; Vocab.replacement).
 
 With no text given, the run's own validation split is scored: the exact number the training loop estimates
-from a few random batches (and what `python -m chargpt.bench quality` reports).
+from a few random batches. `python -m chargpt.bench quality` reports it with stride = block_size.
 """
 
 import math
