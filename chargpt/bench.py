@@ -147,27 +147,6 @@ def speed(parts, device, quick=False):
     return "\n".join(rows)
 
 
-@torch.no_grad()
-def full_val_loss(run_dir, device="cpu", batch=64):
-    """Loss of a run's best checkpoint over the whole validation split (the run's own corpus and split), in
-    consecutive windows: one exact number instead of the training loop's sampled estimate."""
-    from .checkpoint import load_model
-    from .data import encode_corpus, split_sizes
-    model, _, meta = load_model(run_dir, device)
-    cfg = meta["train_config"]
-    ids = encode_corpus(cfg["data"], cfg["encoding"], cfg["encoding_errors"], cfg["cache_dir"]).ids()
-    n_train, _ = split_sizes(len(ids), cfg["val_fraction"], model.config.block_size)
-    T = model.config.block_size
-    val = torch.from_numpy(ids[n_train:].astype("int64")).to(device)
-    n = (len(val) - 1) // T
-    x, y = val[:n * T].view(n, T), val[1:n * T + 1].view(n, T)
-    total = 0.0
-    for i in range(0, n, batch):
-        _, loss = model(x[i:i + batch], y[i:i + batch])
-        total += loss.item() * len(x[i:i + batch])
-    return total / n
-
-
 def quality(args):
     """Train with the defaults (plus any --set overrides) for --max-time seconds; report the full val loss."""
     import tempfile
@@ -181,7 +160,11 @@ def quality(args):
     t0 = time.perf_counter()
     summary = train(out_dir=out, **overrides)
     wall = time.perf_counter() - t0
-    val = full_val_loss(out, pick_device(args.device))
+    # consecutive windows (stride = context), as for the numbers already in benchmarks/RESULTS.md
+    from .checkpoint import read_meta, resolve
+    from .evaluate import evaluate
+    block = read_meta(resolve(out))[0]["model_config"].block_size
+    val = evaluate(out, stride=block, device=args.device, progress=False)["loss"]
     sets = " ".join(f"--{k}" for k in args.set)
     return (f"quality: --max-time {args.max_time:g} {sets}: full val loss {val:.4f} (loop estimate "
             f"{summary['best_val_loss']:.4f}), {summary['step']} steps, {wall:.0f} s wall")
@@ -199,8 +182,8 @@ def type_of(name):
     raise SystemExit(f"unknown setting {name}")
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv=None, prog=None):
+    p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("mode", nargs="?", default="speed", choices=["speed", "quality"])
     p.add_argument("--only", nargs="*", default=["peak", "train", "baseline", "decode"],
                    help="parts of the speed benchmark: peak train baseline decode")

@@ -270,3 +270,147 @@ def _write_output(path, body):
 def bench_cli():
     from .bench import main
     main()
+
+
+# --- the `chargpt` command: one group over the same click command objects as train.py and sample.py --------------
+# Options shared between subcommands are the same click objects (_param) or are built from the config
+# dataclasses (_field_option), so each option has exactly one definition.
+def _param(command, name):
+    """The parameter object `name` of another command."""
+    return next(p for p in command.params if p.name == name)
+
+
+def _with(*params):
+    """Decorator (above @click.command) putting parameters of other commands first in this command."""
+    def decorate(command):
+        command.params[:0] = list(params)
+        return command
+    return decorate
+
+
+def _field_option(cls, name):
+    """A click option from a config dataclass field: its flag name, type, default, choices and help."""
+    f = next(f for f in fields(cls) if f.name == name)
+    ptype = click.Choice(f.metadata["choices"]) if "choices" in f.metadata else _field_type(f)
+    return click.option(f"--{flag(name)}", name, type=ptype, default=f.default, show_default=True,
+                        help=f.metadata["help"])
+
+
+from . import __version__  # noqa: E402  (this block is kept apart from the imports above for easy merging)
+from .corpora import DATA_DIR  # noqa: E402
+
+JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="print one JSON object (for scripts)")
+
+
+@_with(_param(sample_cli, "checkpoint_path"), _param(sample_cli, "device"))
+@click.command("eval", context_settings=CONTEXT)
+@click.option("--data", default=None, help="text file, or folder of text files, to score [default: the run's own "
+              "validation split]")
+@_field_option(TrainConfig, "encoding")
+@_field_option(TrainConfig, "encoding_errors")
+@click.option("--stride", type=int, default=None, help="characters between windows; each window after the first "
+              "scores its last STRIDE characters, so each sees at least context - STRIDE before it; 1: a full "
+              "window for every character (slowest) [default: half the context]")
+@click.option("--batch-size", type=int, default=None, help="windows per forward pass [default: up to 64, fewer "
+              "for large vocabularies]")
+@JSON_OPTION
+def eval_cli(checkpoint_path, device, data, encoding, encoding_errors, stride, batch_size, as_json):
+    """Loss and bits per character of a checkpoint on any text (every character scored once, with a sliding
+    window). Characters the model never saw are counted and reported, not scored."""
+    def run():
+        from .checkpoint import latest_run
+        from .evaluate import evaluate, format_result
+        result = evaluate(checkpoint_path or latest_run(), data, encoding=encoding, encoding_errors=encoding_errors,
+                          stride=stride, batch_size=batch_size, device=device)
+        click.echo(json.dumps(result, ensure_ascii=False) if as_json else format_result(result))
+    run_guarded(run)
+
+
+@click.command("info", context_settings=CONTEXT)
+@click.argument("run", required=False)
+@JSON_OPTION
+def info_cli(run, as_json):
+    """What a run is: model, vocabulary, steps, best validation loss, training time, files. RUN is a run
+    directory or a .safetensors file [default: the most recent run under checkpoints/]. Reads headers only."""
+    def show():
+        from .checkpoint import latest_run
+        from .runinfo import format_info, run_info
+        info = run_info(run or latest_run())
+        click.echo(json.dumps(info, ensure_ascii=False) if as_json else format_info(info))
+    run_guarded(show)
+
+
+@click.command("plot", context_settings=CONTEXT)
+@click.argument("runs", nargs=-1)
+@click.option("-o", "--output", default="curves.png", show_default=True, help="PNG file to write")
+@click.option("--unit", type=click.Choice(["nats", "bpc"]), default="nats", show_default=True,
+              help="loss in nats per character, or bits per character")
+def plot_cli(runs, output, unit):
+    """Train (dashed) and validation (solid) loss against steps, one colour per run: RUNS are run directories
+    [default: the most recent run under checkpoints/]. Needs matplotlib: pip install -e ".[plots]"."""
+    def draw():
+        from .checkpoint import latest_run
+        from .plot import plot_runs
+        click.echo(f"wrote {plot_runs(list(runs) or [latest_run()], output, unit)}", err=True)
+    run_guarded(draw)
+
+
+@click.command("bench", context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+               add_help_option=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def bench_command(args):
+    """Speed and quality benchmarks (chargpt bench --help; the flags of python -m chargpt.bench)."""
+    from .bench import main as bench_main
+    bench_main(list(args), prog="chargpt bench")
+
+
+DATA_DIR_OPTION = click.option("--dir", "data_dir", default=DATA_DIR, show_default=True, help="folder for corpora")
+
+
+@click.group("data", context_settings=CONTEXT)
+def data_cli():
+    """Corpora to download: data list, data get NAME (checksum-verified, resumable)."""
+
+
+@data_cli.command("list", context_settings=CONTEXT)
+@DATA_DIR_OPTION
+def data_list_cli(data_dir):
+    """The corpora `data get` knows, and whether they are downloaded."""
+    from .corpora import list_corpora
+    for c in list_corpora(data_dir):
+        where = f"downloaded: {c['path']}" if c["downloaded"] else f"not downloaded ({c['size']:,} bytes)"
+        click.echo(f"{c['name']:<18} {c['about']}\n{'':<18} {where}; {c['url']}")
+
+
+@data_cli.command("get", context_settings=CONTEXT)
+@click.argument("name")
+@DATA_DIR_OPTION
+def data_get_cli(name, data_dir):
+    """Download corpus NAME into --dir; an interrupted download resumes when run again."""
+    def fetch():
+        from .corpora import get
+        path = get(name, data_dir, log=lambda m: click.echo(m, err=True))
+        click.echo(f"train on it with: chargpt train --data {path}", err=True)
+    run_guarded(fetch)
+
+
+@click.group(context_settings=CONTEXT)
+@click.version_option(__version__, prog_name="chargpt")
+def main():
+    """chargpt: train a character-level GPT on any text, and write, score and inspect with it.
+
+    \b
+      chargpt data get tinyshakespeare
+      chargpt train --data data/tinyshakespeare.txt
+      chargpt sample --prompt "ROMEO:"
+      chargpt eval --data new_text.txt
+      chargpt info
+      chargpt plot -o curves.png
+
+    `chargpt COMMAND --help` lists a command's flags.
+    """
+
+
+for _name, _command in {"train": train_cli, "sample": sample_cli, "eval": eval_cli, "info": info_cli,
+                        "plot": plot_cli, "bench": bench_command, "data": data_cli}.items():
+    main.add_command(_command, _name)

@@ -48,3 +48,26 @@ def run_cli(script, *args, timeout=120, **kw):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, str(ROOT / script), *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, env=env, **kw)
+
+
+def run_chargpt(*args, timeout=120, **kw):
+    """Run the `chargpt` command (python -m chargpt) as a user would; -> CompletedProcess with text output."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **kw.pop("env", {})}
+    return subprocess.run([sys.executable, "-m", "chargpt", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env, **kw)
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """A run trained for 20 steps (about a second), shared by the eval, info, plot and command tests. Read it;
+    copy it before changing anything in it."""
+    import chargpt
+    root = tmp_path_factory.mktemp("tiny_run")
+    corpus = root / "corpus.txt"
+    corpus.write_text("".join(f"To be, or not to be: that is the question {i}.\nROMEO: O, she doth teach the "
+                              f"torches.\n" for i in range(60)), encoding="utf-8")
+    chargpt.train(data=str(corpus), out_dir=str(root / "run"), cache_dir=str(root / "cache"), max_iters=20,
+                  eval_interval=10, device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4,
+                  eval_iters=2, dropout=0.0, threads=1, sample_chars=0, dtype="float32", learning_rate=3e-3,
+                  warmup_iters=5, log=lambda *a: None)
+    return root / "run"

@@ -1,0 +1,169 @@
+"""Score a checkpoint on any text: mean loss per character (nats) and bits per character.
+
+    chargpt eval --checkpoint checkpoints/shakespeare --data new_play.txt     # or, from Python:
+    evaluate("checkpoints/shakespeare", "new_play.txt")                        # -> {"loss": 1.52, "bpc": 2.19, ...}
+
+Every character but the first is scored exactly once, as a target inside a window of at most block_size
+characters (sliding windows, as in Hugging Face's perplexity guide). Windows start every `stride` characters;
+the first one scores all its positions, each later one only its last `stride` (the ones the window before did
+not reach), and a last window aligned to the end of the text scores what is left. So every character after the
+first block_size is predicted from at least block_size - stride characters of context. The default stride is
+half the window; stride 1 gives every character a full window (block_size times the work of stride
+block_size, which is the plain loss over consecutive chunks).
+
+Characters outside the model's vocabulary are counted and reported, never scored as targets, and replaced in
+the context by the vocabulary's stand-in (U+FFFD, '?' or a space, the first it has; Vocab.replacement).
+
+With no text given, the run's own validation split is scored: the exact number the training loop estimates
+from a few random batches. `python -m chargpt.bench quality` reports it with stride = block_size.
+"""
+
+import math
+import sys
+from collections import Counter
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+from tqdm import tqdm
+
+from .checkpoint import load_model, resolve
+from .data import corpus_sources, encode_corpus, iter_text, split_sizes
+from .errors import ConfigError, DataError
+from .runtime import autocast, pick_device, pick_dtype
+from .tokenizer import codepoints
+
+LOGITS_BUDGET = 1 << 24  # logits per forward pass (64 MB in float32): bounds memory for 10,000-character alphabets
+MAX_BATCH = 64  # windows per forward pass
+PROGRESS_MIN_CHARS = 200_000  # a progress bar only where scoring takes noticeable time
+
+
+def default_stride(block_size):
+    return max(1, block_size // 2)
+
+
+def window_plan(n_targets, block_size, stride):
+    """-> (starts, fresh, L): the start of every window of L characters, and how many of each window's last
+    positions are scored there. The fresh counts add up to n_targets: each target is scored exactly once."""
+    if not 1 <= stride <= block_size:  # a larger stride would skip characters between windows
+        raise ValueError(f"stride must be in 1 .. block_size ({block_size}), got {stride}")
+    L = min(block_size, n_targets)
+    last = n_targets - L  # the final window ends exactly at the last target
+    starts = np.arange(0, last + 1, stride)
+    if starts[-1] != last:
+        starts = np.append(starts, last)
+    fresh = np.diff(starts, prepend=starts[0] - L)  # the first window: all L positions
+    return starts, fresh, L
+
+
+@torch.no_grad()
+def score_ids(model, ids, known=None, stride=None, batch_size=None, dtype=torch.float32, progress=False):
+    """Sum of -log p(character | window before it) over every target of `ids` (1-D ids, memory-mapped is fine;
+    `known`: a boolean mask, False where a character is not scored) -> (total nats, characters scored)."""
+    model.eval()
+    T, V = model.config.block_size, model.config.vocab_size
+    stride = stride or default_stride(T)
+    device = next(model.parameters()).device
+    starts, fresh, L = window_plan(len(ids) - 1, T, stride)
+    batch_size = batch_size or max(1, min(MAX_BATCH, LOGITS_BUDGET // (L * V)))
+    offsets, positions = np.arange(L + 1), np.arange(L)
+    total, count = torch.zeros((), dtype=torch.float64, device=device), 0
+    with tqdm(total=len(ids) - 1, desc="scoring", unit="char", unit_scale=True, leave=False, dynamic_ncols=True,
+              disable=not progress or len(ids) < PROGRESS_MIN_CHARS) as bar:
+        for i in range(0, len(starts), batch_size):
+            s, new = starts[i:i + batch_size], fresh[i:i + batch_size]
+            window = torch.from_numpy(np.asarray(ids[s[:, None] + offsets], dtype=np.int64)).to(device)  # (B, L+1)
+            scored = positions[None, :] >= (L - new)[:, None]  # (B, L): the last `new` positions of each window
+            if known is not None:
+                scored &= known[s[:, None] + 1 + positions]
+            with autocast(device, dtype):
+                logits, _ = model(window[:, :-1])  # (B, L, V)
+            nll = F.cross_entropy(logits.float().transpose(1, 2), window[:, 1:], reduction="none")  # (B, L)
+            total += nll[torch.from_numpy(scored).to(device)].double().sum()
+            count += int(scored.sum())
+            bar.update(int(new.sum()))
+    return total.item(), count  # note: the only host sync
+
+
+def encode_text(vocab, data, encoding="utf-8", errors="strict"):
+    """A text file or folder, read like a corpus (chargpt.data) -> (ids, known mask, Counter of unknown
+    characters). Unknown characters become the vocabulary's stand-in, marked False in the mask."""
+    _, sources = corpus_sources(data, encoding)
+    stand_in = vocab.stoi[vocab.replacement()]
+    ids, known, unknown = [], [], Counter()
+    for text in iter_text(sources, encoding, errors):
+        pts = codepoints(text)
+        pos = np.minimum(np.searchsorted(vocab.points, pts), len(vocab) - 1)  # vocab.points is sorted
+        ok = vocab.points[pos] == pts
+        ids.append(np.where(ok, pos, stand_in).astype(vocab.id_dtype))
+        known.append(ok)
+        if not ok.all():
+            chars, counts = np.unique(pts[~ok], return_counts=True)
+            unknown.update({chr(int(c)): int(n) for c, n in zip(chars, counts)})
+    if not ids:
+        return np.zeros(0, dtype=vocab.id_dtype), np.zeros(0, dtype=bool), unknown
+    return np.concatenate(ids), np.concatenate(known), unknown
+
+
+def validation_split(meta, vocab, block_size):
+    """The ids of a run's own validation split, re-read from its corpus (through the encoded-corpus cache)."""
+    cfg = meta.get("train_config")
+    if not cfg:
+        raise DataError("this checkpoint records no training run, so it has no validation split; pass --data FILE")
+    corpus = encode_corpus(cfg.get("data"), cfg.get("encoding", "utf-8"), cfg.get("encoding_errors", "strict"),
+                           cfg.get("cache_dir"), log=lambda m: print(m, file=sys.stderr))  # stdout may be --json
+    if corpus.vocab != vocab:
+        raise DataError(f"the run's corpus {cfg.get('data') or corpus.name} has changed since training (its "
+                        f"characters differ); pass --data FILE to score a text")
+    n_train, _ = split_sizes(corpus.length, cfg.get("val_fraction", 0.1), block_size)
+    return corpus.ids()[n_train:], f"validation split of {corpus.name} ({cfg.get('val_fraction', 0.1):g})"
+
+
+def evaluate(checkpoint, data=None, *, encoding="utf-8", encoding_errors="strict", stride=None, batch_size=None,
+             device="auto", progress=True):
+    """Loss of a checkpoint (run directory or file) on a text file or folder; data=None scores the run's own
+    validation split. -> dict: loss (nats per character), bpc, characters, scored, unknown, stride, ..."""
+    path = resolve(checkpoint)
+    device = pick_device(device)
+    model, vocab, meta = load_model(path, device)
+    T = model.config.block_size
+    stride = default_stride(T) if stride is None else stride
+    if not 1 <= stride <= T:
+        raise ConfigError(f"--stride must be between 1 and the model's context length {T} (got {stride})")
+    if batch_size is not None and batch_size < 1:
+        raise ConfigError(f"--batch-size must be at least 1 (got {batch_size})")
+    unknown = Counter()
+    if data is None:
+        ids, label = validation_split(meta, vocab, T)
+        known = None
+    else:
+        ids, known, unknown = encode_text(vocab, data, encoding, encoding_errors)
+        label = str(data)
+    if len(ids) < 2:
+        raise DataError(f"{label} has {len(ids)} character(s); scoring needs at least 2 (each character is "
+                        f"predicted from the ones before it)")
+    # on CPU float32 keeps the number exact and reproducible; on a GPU its fast mixed precision
+    dtype = torch.float32 if device.type != "cuda" else pick_dtype("auto", device)[0]
+    total, scored = score_ids(model, ids, known, stride, batch_size, dtype, progress)
+    if scored == 0:
+        raise DataError(f"none of the characters of {label} are in the model's vocabulary ({len(vocab)} "
+                        f"characters), so nothing can be scored; evaluate a text in the corpus's alphabet")
+    loss = total / scored
+    return {"checkpoint": str(path), "data": label, "step": meta.get("step"), "characters": len(ids),
+            "scored": scored, "unknown": sum(unknown.values()), "unknown_chars": dict(unknown.most_common(10)),
+            "stand_in": vocab.replacement(), "loss": loss, "bpc": loss / math.log(2), "stride": stride,
+            "block_size": T, "device": str(device)}
+
+
+def format_result(r):
+    """The dict of evaluate() -> a few lines for people."""
+    lines = [f"{r['checkpoint']} (step {r['step']}) on {r['data']}:",
+             f"  loss {r['loss']:.4f} nats/char, {r['bpc']:.4f} bits/char over {r['scored']:,} characters",
+             f"  windows of {r['block_size']} characters every {r['stride']} (--stride {r['stride']}): each character "
+             f"after the first {r['block_size']} saw at least {r['block_size'] - r['stride']} characters of context"]
+    if r["unknown"]:
+        shown = ", ".join(f"{c!r} x{n}" for c, n in r["unknown_chars"].items())
+        lines.append(f"  {r['unknown']:,} character(s) outside the model's vocabulary ({shown}): not scored, and "
+                     f"replaced by {r['stand_in']!r} where they are context")
+    return "\n".join(lines)
+

@@ -1,0 +1,124 @@
+"""Loss curves as pictures: metrics.jsonl rows -> a matplotlib figure -> PNG.
+
+    chargpt plot checkpoints/a checkpoints/b -o curves.png --unit bpc
+    plot_runs(["checkpoints/a", "checkpoints/b"], "curves.png", unit="bpc")
+
+Train loss (dashed) and validation loss (solid) against the step, one colour per run, several runs overlaid.
+matplotlib is optional (pip install -e ".[plots]"); it is imported only here, with the Agg backend through
+matplotlib.figure.Figure (no pyplot, no display, no global state).
+"""
+
+import contextlib
+import json
+import math
+import os
+from pathlib import Path
+
+from .checkpoint import METRICS
+from .errors import ChargptError, DataError
+
+UNITS = {"nats": ("loss", "loss (nats per character)"), "bpc": ("bpc", "bits per character")}
+CURVES = "curves.png"
+
+
+def _require_matplotlib():
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ChargptError('plotting needs matplotlib, which is not installed; pip install -e ".[plots]" '
+                           '(or pip install matplotlib)') from None
+    return Figure
+
+
+def read_metrics(run):
+    """A run directory (or its metrics.jsonl) -> rows sorted by step, the last line kept for a repeated step;
+    a line cut short by a kill is skipped."""
+    path = Path(run)
+    path = path / METRICS if path.is_dir() else path
+    if not Path(run).exists():
+        raise DataError(f"run not found: {run}; pass run directories (as written by chargpt train)")
+    if not path.is_file():
+        raise DataError(f"no {METRICS} in {run}; pass a run directory that has trained (chargpt train --out-dir)")
+    rows = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            row = json.loads(line)
+            rows[int(row["step"])] = row
+    if not rows:
+        raise DataError(f"{path} has no evaluations yet; train for at least one --eval-interval")
+    return [rows[s] for s in sorted(rows)]
+
+
+def _value(row, split, unit):
+    """The row's loss for split ('train'/'val') in unit; rows without *_bpc are converted from nats."""
+    nats = row.get(f"{split}_loss")
+    if unit == "bpc":
+        return row.get(f"{split}_bpc", nats / math.log(2) if nats is not None else None)
+    return nats
+
+
+def figure(runs, unit="nats"):
+    """{label: rows} -> a matplotlib Figure with train (dashed) and val (solid) curves per run."""
+    if unit not in UNITS:
+        raise ChargptError(f"unit must be one of {', '.join(UNITS)} (got {unit!r})")
+    fig = _require_matplotlib()(figsize=(8, 5), dpi=100, layout="tight")
+    ax = fig.add_subplot()
+    for i, (label, rows) in enumerate(runs.items()):
+        color = f"C{i % 10}"
+        for split, style in (("train", "--"), ("val", "-")):
+            points = [(r["step"], _value(r, split, unit)) for r in rows if _value(r, split, unit) is not None]
+            if points:
+                steps, values = zip(*points)
+                ax.plot(steps, values, style, color=color, marker="." if len(points) < 30 else None,
+                        label=f"{label} {split}")
+    ax.set_xlabel("step")
+    ax.set_ylabel(UNITS[unit][1])
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    return fig
+
+
+def _run_name(run):
+    p = Path(run).resolve()
+    return (p.parent if p.name == METRICS else p).name
+
+
+def labels(runs):
+    """Short, distinct legend labels: the run directories' names, or the paths as given where names repeat."""
+    names = [_run_name(r) for r in runs]
+    return [str(r) if names.count(n) > 1 else n for r, n in zip(runs, names)]
+
+
+def plot_runs(runs, out_png, unit="nats"):
+    """Draw the curves of one or more runs (directories or metrics.jsonl files) into out_png, written atomically.
+    -> the path written."""
+    _require_matplotlib()  # before reading anything: the missing extra is the first thing to fix
+    data = {label: read_metrics(run) for label, run in zip(labels(runs), runs)}
+    fig = figure(data, unit)
+    out = Path(out_png)
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    try:
+        fig.savefig(tmp, format="png")
+        os.replace(tmp, out)
+    except OSError as e:
+        raise ChargptError(f"cannot write {out} ({e.strerror}); choose a writable path with -o") from None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+    return out
+
+
+def maybe_write_curves(run_dir, log=print):
+    """At the end of training: run_dir/curves.png when matplotlib is installed (silently nothing otherwise). A
+    picture that cannot be drawn is a warning, never a failed run. -> the path written, or None."""
+    try:
+        _require_matplotlib()
+    except ChargptError:
+        return None
+    try:
+        path = plot_runs([run_dir], Path(run_dir) / CURVES)
+    except ChargptError as e:
+        log(f"warning: no loss curves drawn: {e}")
+        return None
+    log(f"loss curves: {path}")
+    return path

@@ -1,0 +1,135 @@
+"""What a run is, from its files' headers alone: `chargpt info RUN`.
+
+    run_info("checkpoints/shakespeare")          # -> dict (what `chargpt info --json` prints)
+    print(format_info(run_info("checkpoints/shakespeare")))
+
+Only safetensors headers (checkpoint.read_meta) and metrics.jsonl are read, never the weights, so it is instant
+even for a large model. The parameter count comes from the tensor shapes in the header.
+"""
+
+import json
+import math
+import textwrap
+from dataclasses import asdict
+from pathlib import Path
+
+from safetensors import safe_open
+
+from .checkpoint import LATEST, METRICS, read_meta, resolve
+
+PREVIEW_CHARS = 80
+WRAP = 110  # columns of the human format
+NAMED_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\"}
+
+
+def escape(text):
+    """Whitespace and invisible characters made visible: newline as \\n, others as \\uXXXX; a plain space stays."""
+    return "".join(_visible(c) for c in text)
+
+
+def _visible(c):
+    if c in NAMED_ESCAPES:
+        return NAMED_ESCAPES[c]
+    if c == " " or (c.isprintable() and not c.isspace()):
+        return c
+    return f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}"
+
+
+def _format_version(path):
+    with safe_open(str(path), framework="pt") as f:
+        return int((f.metadata() or {}).get("format_version", 0))
+
+
+def _metrics(run_dir):
+    """The evaluation rows of metrics.jsonl (lines cut short by a kill are skipped)."""
+    rows = []
+    path = run_dir / METRICS
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+    return rows
+
+
+def run_info(path):
+    """A run directory (its best checkpoint for the model, its latest for progress) or one checkpoint file ->
+    dict of facts about it."""
+    p = Path(path).expanduser()
+    ckpt = resolve(p)
+    run_dir = p if p.is_dir() else None
+    meta, shapes = read_meta(ckpt)
+    latest = meta
+    if run_dir is not None and (run_dir / LATEST).is_file() and ckpt.name != LATEST:
+        latest = read_meta(run_dir / LATEST)[0]
+    cfg, tcfg = meta["model_config"], latest.get("train_config") or {}
+    state = latest.get("run_state") or {}
+    step = latest.get("step", 0)
+    processes = latest.get("world_size")  # recorded by newer trainers; None: unknown (one process assumed)
+    per_step = tcfg.get("batch_size", 0) * tcfg.get("grad_accum", 1) * cfg.block_size * (processes or 1)
+    best = latest.get("best_val_loss", meta.get("best_val_loss", meta.get("val_loss")))
+    rows = _metrics(run_dir) if run_dir is not None else []
+    files = sorted(run_dir.iterdir()) if run_dir is not None else [ckpt]
+    return {
+        "path": str(p), "checkpoint": str(ckpt), "format_version": _format_version(ckpt),
+        "parameters": sum(math.prod(s) for k, s in shapes.items() if not k.startswith(("optim.", "rng."))),
+        "model_config": asdict(cfg), "train_config": tcfg or None,
+        "vocab_size": len(meta["vocab"]), "vocab_preview": escape("".join(meta["vocab"].chars[:PREVIEW_CHARS])),
+        "corpus": latest.get("corpus"), "steps": step, "checkpoint_step": meta.get("step", 0),
+        "best_val_loss": best, "best_val_bpc": best / math.log(2) if isinstance(best, (int, float)) else None,
+        "training_time_s": state.get("elapsed"), "eval_time_s": state.get("eval_time"),
+        "characters_seen": step * per_step if per_step else None, "characters_per_step": per_step or None,
+        "processes": processes, "evaluations": len(rows), "saved_at": latest.get("saved_at"),
+        "files": {f.name: f.stat().st_size for f in files if f.is_file() and not f.name.startswith(".")},
+    }
+
+
+def _size(n):
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+
+
+def _duration(seconds):
+    if seconds is None:
+        return "unknown time"
+    h, rest = divmod(seconds, 3600)
+    return f"{int(h)} h {rest / 60:.0f} min" if h else f"{seconds / 60:.1f} min" if seconds >= 60 else \
+        f"{seconds:.1f} s"
+
+
+def format_info(info):
+    """The dict of run_info() -> aligned lines for people."""
+    m, t = info["model_config"], info["train_config"] or {}
+    model = (f"{m['n_layer']} layer{'s' * (m['n_layer'] != 1)} x {m['n_embd']} wide, {m['n_head']} heads, "
+             f"context {m['block_size']}, "
+             f"dropout {m['dropout']:g}{', bias' if m['bias'] else ', no bias'}"
+             f"{', tied embeddings' if m['tie_weights'] else ''}: {info['parameters']:,} parameters")
+    training = f"{info['steps']:,} steps in {_duration(info['training_time_s'])}"
+    if info["training_time_s"] and info["eval_time_s"] is not None:
+        training += f" ({info['eval_time_s'] / max(info['training_time_s'], 1e-9):.0%} of it evaluating)"
+    if info["characters_seen"] is not None:
+        procs = f"on {info['processes']} processes" if info["processes"] else "one process assumed"
+        training += f"; {info['characters_seen']:,} characters seen ({info['characters_per_step']:,} per step, {procs})"
+    best = "none yet" if info["best_val_loss"] is None else \
+        f"{info['best_val_loss']:.4f} nats ({info['best_val_bpc']:.3f} bits/char)"
+    rows = [("run", info["path"]),
+            ("checkpoint", f"{Path(info['checkpoint']).name} (step {info['checkpoint_step']:,}, "
+                           f"checkpoint format {info['format_version']})"),
+            ("model", model),
+            ("vocabulary", f"{info['vocab_size']:,} characters: \"{info['vocab_preview']}\""
+                           + (" ..." if info["vocab_size"] > PREVIEW_CHARS else "")),
+            ("training", training),
+            ("best val loss", best + (f", {info['evaluations']} evaluations" if info["evaluations"] else "")),
+            ("corpus", f"{info['corpus'] or '?'} ({t.get('data') or 'built-in'}, {t.get('encoding', 'utf-8')}, "
+                       f"last {t.get('val_fraction', 0.1):g} validates)" if t else info["corpus"] or "unknown"),
+            ("saved", info["saved_at"] or "unknown"),
+            ("files", ", ".join(f"{name} {_size(n)}" for name, n in info["files"].items()))]
+    width = max(len(k) for k, _ in rows + [("training config", "")])
+    lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    if t:  # the one long row: wrapped between settings
+        lines.append(textwrap.fill(f"{'training config':<{width}}  " + " ".join(f"{k}={v}" for k, v in t.items()),
+                                   WRAP, subsequent_indent=" " * (width + 2), break_on_hyphens=False))
+    return "\n".join(lines)

@@ -1,0 +1,173 @@
+"""chargpt data: downloads against a local HTTP server started here (never the internet): checksum, resume
+with Range requests after a dropped connection, servers that ignore Range, offline and HTTP errors."""
+
+import hashlib
+import http.server
+import os
+import socket
+import threading
+
+import pytest
+from click.testing import CliRunner
+
+import chargpt.corpora as corpora
+from chargpt.cli import data_cli
+from chargpt.corpora import Corpus, get
+from chargpt.errors import DataError
+
+BODY = bytes(range(256)) * 800  # 204,800 bytes: several reads of 64 KiB
+GOOD = Corpus("testcorpus", "test.txt", "http://unused.invalid/test.txt", hashlib.sha256(BODY).hexdigest(),
+              len(BODY), "a test corpus")
+
+
+class Server:
+    """A local server for BODY at /<any name>. `drops`: how many responses break off after `drop_at` bytes;
+    `ranges`: whether Range requests are honoured; `body`: what it serves. Records each request's Range."""
+
+    def __init__(self):
+        self.body, self.drops, self.drop_at, self.ranges, self.status = BODY, 0, 50_000, True, 200
+        self.refuse_ranges = False  # answer a Range request with 416 Range Not Satisfiable
+        self.requests = []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                rng = self.headers.get("Range")
+                server.requests.append(rng)
+                if server.status != 200 or (rng and server.refuse_ranges):
+                    self.send_error(416 if rng and server.refuse_ranges else server.status)
+                    return
+                start = int(rng[len("bytes="):].rstrip("-")) if rng and server.ranges else 0
+                self.send_response(206 if start else 200)
+                if start:
+                    self.send_header("Content-Range", f"bytes {start}-{len(server.body) - 1}/{len(server.body)}")
+                self.send_header("Content-Length", str(len(server.body) - start))
+                self.end_headers()
+                if server.drops:
+                    server.drops -= 1
+                    self.wfile.write(server.body[start:start + server.drop_at])
+                    self.close_connection = True
+                    return
+                self.wfile.write(server.body[start:])
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server(monkeypatch):
+    monkeypatch.setitem(corpora.CORPORA, GOOD.name, GOOD)
+    monkeypatch.setattr(corpora.time, "sleep", lambda s: None)  # no back-off waits in tests
+    s = Server()
+    yield s
+    s.close()
+
+
+def fetch(server, tmp_path, **kw):
+    said = []
+    path = get(GOOD.name, tmp_path / "data", base_url=server.url, log=said.append, progress=False, **kw)
+    return path, said
+
+
+def leftovers(tmp_path):
+    return sorted(p.name for p in (tmp_path / "data").iterdir())
+
+
+def test_download_checks_and_installs(server, tmp_path):
+    path, said = fetch(server, tmp_path)
+    assert path.read_bytes() == BODY and leftovers(tmp_path) == ["test.txt"]
+    assert server.requests == [None] and "checksum verified" in said[-1]
+    path, said = fetch(server, tmp_path)  # already there: nothing downloaded again
+    assert server.requests == [None] and "already here" in said[-1]
+
+
+def test_dropped_connection_resumes_with_a_range_request(server, tmp_path):
+    server.drops = 1
+    path, said = fetch(server, tmp_path)
+    assert path.read_bytes() == BODY and leftovers(tmp_path) == ["test.txt"]
+    assert server.requests == [None, "bytes=50000-"] and "resuming" in said[0]
+
+
+def test_a_partial_file_from_an_earlier_run_is_continued(server, tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / ".test.txt.part").write_bytes(BODY[:120_000])
+    path, _ = fetch(server, tmp_path)
+    assert path.read_bytes() == BODY and server.requests == ["bytes=120000-"]
+
+
+def test_a_server_that_ignores_range_sends_the_whole_file_again(server, tmp_path):
+    server.drops, server.ranges = 1, False
+    path, _ = fetch(server, tmp_path)
+    assert path.read_bytes() == BODY and server.requests == [None, "bytes=50000-"]
+
+
+def test_a_partial_file_the_server_cannot_continue_is_started_again(server, tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / ".test.txt.part").write_bytes(b"stale")
+    server.refuse_ranges = True
+    path, _ = fetch(server, tmp_path)
+    assert path.read_bytes() == BODY and server.requests == ["bytes=5-", None]
+
+
+def test_connection_that_keeps_dropping_keeps_the_partial_for_next_time(server, tmp_path):
+    server.drops = corpora.ATTEMPTS
+    with pytest.raises(DataError, match="run the same command again to resume"):
+        fetch(server, tmp_path)
+    assert leftovers(tmp_path) == [".test.txt.part"]
+    assert (tmp_path / "data" / ".test.txt.part").read_bytes() == BODY[:corpora.ATTEMPTS * 50_000]
+    path, _ = fetch(server, tmp_path)  # the next run finishes it
+    assert path.read_bytes() == BODY
+
+
+def test_checksum_mismatch_keeps_nothing(server, tmp_path, monkeypatch):
+    """The real tinyshakespeare entry, served a file of the right size but other bytes."""
+    server.body = b"x" * corpora.CORPORA["tinyshakespeare"].size
+    with pytest.raises(DataError, match="not the published tinyshakespeare") as e:
+        get("tinyshakespeare", tmp_path / "data", base_url=server.url, log=lambda m: None, progress=False)
+    assert "\n" not in str(e.value) and leftovers(tmp_path) == []
+
+
+def test_offline_is_one_clear_error(server, tmp_path):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(DataError, match="cannot reach 127.0.0.1.*check the internet connection"):
+        get(GOOD.name, tmp_path / "data", base_url=f"http://127.0.0.1:{port}", progress=False)
+    assert leftovers(tmp_path) == []
+
+
+def test_http_error_names_the_status(server, tmp_path):
+    server.status = 404
+    with pytest.raises(DataError, match="answered HTTP 404"):
+        fetch(server, tmp_path)
+
+
+def test_an_existing_different_file_is_never_overwritten(server, tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "test.txt").write_text("my own notes")
+    with pytest.raises(DataError, match="exists but is not the published testcorpus"):
+        fetch(server, tmp_path)
+    assert (tmp_path / "data" / "test.txt").read_text() == "my own notes" and server.requests == []
+
+
+def test_data_commands(server, tmp_path, monkeypatch):
+    monkeypatch.setenv(corpora.BASE_URL_ENV, server.url)  # the override a user (or a mirror) sets
+    r = CliRunner().invoke(data_cli, ["list"])
+    assert r.exit_code == 0 and "tinyshakespeare" in r.stdout and "not downloaded" in r.stdout
+    r = CliRunner().invoke(data_cli, ["get", "testcorpus"])
+    assert r.exit_code == 0, r.stderr
+    assert (tmp_path / "data" / "test.txt").read_bytes() == BODY and "chargpt train --data" in r.stderr
+    r = CliRunner().invoke(data_cli, ["list"])
+    assert "downloaded: data" + os.sep + "test.txt" in r.stdout
+    r = CliRunner().invoke(data_cli, ["get", "tinyshakspeare"])
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code == 1 and len(lines) == 1 and "did you mean tinyshakespeare?" in lines[0]
+

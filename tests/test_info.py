@@ -1,0 +1,92 @@
+"""chargpt info: what a run is, from the headers of its files (never the weights)."""
+
+import json
+
+import pytest
+import safetensors
+from click.testing import CliRunner
+from conftest import run_chargpt
+
+import chargpt.checkpoint as ckpt_module
+import chargpt.runinfo as runinfo_module
+from chargpt.checkpoint import load_model, save_model
+from chargpt.cli import info_cli
+from chargpt.config import FORMAT_VERSION, ModelConfig
+from chargpt.model import CharGPT
+from chargpt.runinfo import escape, format_info, run_info
+from chargpt.tokenizer import Vocab
+
+
+def test_info_reports_the_run(tiny_run):
+    info = run_info(tiny_run)
+    model, vocab, _ = load_model(tiny_run)
+    metrics = [json.loads(line) for line in (tiny_run / "metrics.jsonl").read_text().splitlines()]
+    assert info["parameters"] == model.num_params()  # from tensor shapes, tied embedding counted once
+    assert info["vocab_size"] == len(vocab) and info["model_config"]["n_embd"] == 16
+    assert info["steps"] == 20 and info["evaluations"] == len(metrics) == 3
+    assert info["best_val_loss"] == pytest.approx(min(m["val_loss"] for m in metrics), abs=1e-6)
+    assert info["best_val_bpc"] == pytest.approx(min(m["val_bpc"] for m in metrics), abs=1e-5)
+    assert info["characters_seen"] == 20 * 4 * 16  # steps x batch x context
+    assert info["training_time_s"] > 0 and info["train_config"]["max_iters"] == 20
+    assert info["format_version"] == FORMAT_VERSION
+    assert info["files"] == {p.name: p.stat().st_size for p in tiny_run.iterdir()}
+    assert set(info["files"]) >= {"best.safetensors", "latest.safetensors", "state.safetensors", "metrics.jsonl"}
+
+
+def test_info_reads_headers_only(tiny_run, monkeypatch):
+    """No tensor is ever read: a safe_open whose get_tensor fails does not bother run_info."""
+    real = safetensors.safe_open
+
+    class HeadersOnly:
+        def __init__(self, *args, **kw):
+            self.f = real(*args, **kw)
+
+        def __enter__(self):
+            self.f.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.f.__exit__(*exc)
+
+        def get_tensor(self, name):
+            raise AssertionError(f"read tensor {name}")
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+    monkeypatch.setattr(ckpt_module, "safe_open", HeadersOnly)
+    monkeypatch.setattr(runinfo_module, "safe_open", HeadersOnly)
+    assert run_info(tiny_run)["parameters"] > 0
+
+
+def test_vocabulary_preview_makes_whitespace_visible(tmp_path):
+    vocab = Vocab(sorted("\t\n a\u3000b"))
+    cfg = ModelConfig(vocab_size=len(vocab), block_size=8, n_layer=1, n_head=1, n_embd=8, dropout=0.0)
+    save_model(tmp_path / "m.safetensors", CharGPT(cfg), vocab, step=3)
+    info = run_info(tmp_path / "m.safetensors")  # a lone checkpoint file: no run directory, no training config
+    assert info["vocab_preview"] == "\\t\\n ab\\u3000" and info["steps"] == 3 and info["train_config"] is None
+    text = format_info(info)
+    assert '"\\t\\n ab\\u3000"' in text and "m.safetensors" in text
+    assert escape("a\rb\\\x0b😀") == "a\\rb\\\\\\u000b😀"
+
+
+def test_info_command(tiny_run):
+    r = run_chargpt("info", tiny_run)
+    assert r.returncode == 0, r.stderr
+    for needle in ("parameters", "20 steps", "best val loss", "bits/char", "characters seen", "checkpoint format",
+                   "state.safetensors", '"\\n '):
+        assert needle in r.stdout, needle
+    r = CliRunner().invoke(info_cli, [str(tiny_run), "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["steps"] == 20
+
+
+@pytest.mark.parametrize("args,needle", [
+    ([], "no trained run under checkpoints/"),
+    (["junk.safetensors"], "not a readable"),
+    (["missing"], "checkpoint not found: missing"),
+])
+def test_info_bad_input_is_one_line(tmp_path, args, needle):
+    (tmp_path / "junk.safetensors").write_bytes(b"\x00" * 20)
+    r = CliRunner().invoke(info_cli, args)
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
