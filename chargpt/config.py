@@ -37,18 +37,21 @@ class ModelConfig:
     bias: bool = opt(True, "bias in Linear and LayerNorm layers, like GPT-2 (--no-bias: a bit faster, often as good)")
     tie_weights: bool = opt(True, "share the token embedding with the output head (fewer parameters)")
     # Architecture options (issue #11). The defaults are the GPT above, bit for bit; the alternatives rebuild the
-    # parts of the 2017 Transformer (Vaswani et al., "Attention Is All You Need").
+    # parts of the 2017 Transformer (Vaswani et al., "Attention Is All You Need"). flag=False until training and
+    # the checkpoint loaders build them (phase 2): a flag must not be accepted and then ignored.
     arch: str = opt("decoder", "decoder: one causal stack over 'source, separator, target' (GPT); encoder-decoder: "
                                "the 2017 Transformer (source encoder + cross-attending decoder)",
-                    choices=ARCHS)
-    n_enc_layer: int = opt(0, "encoder blocks for --arch encoder-decoder [default: 0, the same as --n-layer]")
+                    choices=ARCHS, flag=False)
+    n_enc_layer: int = opt(0, "encoder blocks for --arch encoder-decoder [default: 0, the same as --n-layer]",
+                           flag=False)
     pos_emb: str = opt("learned", "positions: learned (an embedding table, GPT) or sinusoidal (fixed sin/cos "
-                                  "waves, no parameters, the 2017 paper)", choices=POS_EMBS)
-    emb_scale: bool = opt(False, "multiply token embeddings by sqrt(--n-embd), as in the 2017 paper")
+                                  "waves, no parameters, the 2017 paper)", choices=POS_EMBS,
+                       flag=False)
+    emb_scale: bool = opt(False, "multiply token embeddings by sqrt(--n-embd), as in the 2017 paper", flag=False)
     norm: str = opt("pre", "LayerNorm placement: pre (x + f(norm(x)), GPT-2; trains stably) or post "
-                           "(norm(x + f(x)), the 2017 paper; needs warmup)", choices=NORMS)
+                           "(norm(x + f(x)), the 2017 paper; needs warmup)", choices=NORMS, flag=False)
     activation: str = opt("gelu", "feed-forward activation: gelu (GPT) or relu (the 2017 paper)",
-                          choices=ACTIVATIONS)
+                          choices=ACTIVATIONS, flag=False)
 
     def validate(self):
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -111,7 +114,8 @@ class TrainConfig:
     seed: int = opt(1337, "random seed (model init, batches, dropout)")
     resume: bool = opt(False, "continue the run in --out-dir from its latest state")
     label_smoothing: float = opt(0.0, "spread this much of each target's probability over the whole vocabulary "
-                                      "in the loss (0.1 in the 2017 paper; 0: plain cross-entropy)")
+                                      "in the loss (0.1 in the 2017 paper; 0: plain cross-entropy)",
+                                  flag=False)  # a flag once training passes it to the model (phase 2)
 
     def validate(self):
         positive = ("batch_size", "max_iters", "learning_rate", "eval_interval", "eval_iters", "warmup_iters")
