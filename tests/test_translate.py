@@ -88,11 +88,11 @@ def cipher_pairs(n, seed=0):
     return [(w, "".join(CIPHER[c] for c in reversed(w))) for w in words]
 
 
-@pytest.fixture
-def cipher(tmp_path):
-    path = tmp_path / "cipher.tsv"
-    path.write_text("".join(f"{s}\t{t}\n" for s, t in cipher_pairs(2000)), encoding="utf-8")
-    return encode_pairs(str(path))
+@pytest.fixture(scope="module")
+def cipher(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cipher")
+    (d / "cipher.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in cipher_pairs(2000)), encoding="utf-8")
+    return encode_pairs(str(d / "cipher.tsv"), cache_dir=d / "cache")
 
 
 def tiny_model(vocab_size, arch, seed=0, **kw):
@@ -136,39 +136,61 @@ def random_model(arch, vocab, seed=0):
     return tiny_model(len(vocab), arch, seed).eval()
 
 
+@pytest.fixture(scope="module", params=ARCHS)
+def half_trained(request, cipher):
+    """A model 40 steps into the cipher task: it writes non-empty, partly wrong translations (so greedy, beam
+    search and the cache have something to disagree about), with 12 held-out sources of 3 to 6 letters."""
+    batches = PairBatches(cipher, 0.1, 16, 32, "cpu", arch=request.param)
+    model = tiny_model(len(cipher.vocab), request.param)
+    train_briefly(model, batches, 40)
+    return model.eval(), cipher.vocab, [cipher.pair(int(i))[0] for i in batches.splits["val"][:12]]
+
+
+def steps_for(model, vocab, sources, use_cache=True):
+    """The step callback of the model's architecture over sources of one length, with or without the KV cache."""
+    src = torch.tensor([vocab.encode(s) for s in sources])
+    if model.config.arch == "encoder-decoder":
+        return EncoderDecoderSteps(model, src, None, vocab.stoi[SEP], use_cache)
+    return DecoderSteps(model, torch.cat([src, src.new_full((len(src), 1), vocab.stoi[SEP])], 1), use_cache)
+
+
+def test_cached_and_uncached_decoding_give_identical_translations(half_trained):
+    model, vocab, sources = half_trained
+    for beam in (1, 3):
+        cached = translate(model, vocab, sources, beam=beam, batch_size=5)
+        assert cached == translate(model, vocab, sources, beam=beam, batch_size=5, use_cache=False)
+        assert sum(map(len, cached)) >= 2 * len(sources)
+
+
+def test_beam_size_one_equals_greedy_and_batching_changes_nothing(half_trained):
+    model, vocab, sources = half_trained
+    greedy = translate(model, vocab, sources)
+    assert translate(model, vocab, sources, batch_size=1) == translate(model, vocab, sources, batch_size=5) == greedy
+    for batch in ([s for s in sources if len(s) == n] for n in range(3, 7)):  # the decoder batches one length
+        if not batch:
+            continue
+        want = sample_search(steps_for(model, vocab, batch), len(batch), vocab.stoi[END], 8)
+        assert beam_search(steps_for(model, vocab, batch), len(batch), vocab.stoi[END], 8, beam=1) == want
+        assert [vocab.decode(w) for w in want] == [greedy[sources.index(s)] for s in batch]
+
+
 VOCAB = Vocab(sorted(set("abcdefgh ") | {SEP, END}))
 SOURCES = ["abc", "hgfedcba", "a", "bad cafe", "ab", "hg", "deed"]
 SAME_LENGTH = ["abcd", "hgfe", "dead"]
 
 
-def steps_for(model, use_cache):
-    """A step callback over the sources of SAME_LENGTH, with or without the KV cache."""
-    src = torch.tensor([VOCAB.encode(s) for s in SAME_LENGTH])
-    if model.config.arch == "encoder-decoder":
-        return EncoderDecoderSteps(model, src, None, VOCAB.stoi[SEP], use_cache)
-    return DecoderSteps(model, torch.cat([src, src.new_full((len(src), 1), VOCAB.stoi[SEP])], 1), use_cache)
-
-
 @pytest.mark.parametrize("arch", ARCHS)
-def test_cached_and_uncached_decoding_give_identical_translations(arch):
+def test_long_decodes_agree_cached_uncached_and_beam_one_greedy(arch):
     """With no END (id -1), every row runs to the end of the context: long sequences, and beam search forks
     and reorders rows of the cache every step."""
     model = random_model(arch, VOCAB)
-    n = 16 - 5 if arch == "decoder" else 16
-    for search in (lambda step: sample_search(step, 3, -1, n), lambda step: beam_search(step, 3, -1, n, beam=3)):
-        cached = search(steps_for(model, True))
-        assert cached == search(steps_for(model, False)) and all(len(c) == n for c in cached)
-    for beam in (1, 3):  # and through translate(), with END, sources of mixed lengths and batches
-        assert translate(model, VOCAB, SOURCES, beam=beam, batch_size=3) == \
-            translate(model, VOCAB, SOURCES, beam=beam, batch_size=3, use_cache=False)
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_beam_size_one_equals_greedy_and_batching_changes_nothing(arch):
-    model = random_model(arch, VOCAB, seed=1)
-    greedy = translate(model, VOCAB, SOURCES)
-    assert translate(model, VOCAB, SOURCES, beam=1, batch_size=1) == greedy
-    assert translate(model, VOCAB, SOURCES, batch_size=2) == greedy
+    n = 16 - 4 if arch == "decoder" else 16
+    greedy = sample_search(steps_for(model, VOCAB, SAME_LENGTH), 3, -1, n)
+    assert all(len(g) == n for g in greedy)
+    assert greedy == sample_search(steps_for(model, VOCAB, SAME_LENGTH, use_cache=False), 3, -1, n)
+    assert beam_search(steps_for(model, VOCAB, SAME_LENGTH), 3, -1, n, beam=1) == greedy
+    beams = beam_search(steps_for(model, VOCAB, SAME_LENGTH), 3, -1, n, beam=3)
+    assert beams == beam_search(steps_for(model, VOCAB, SAME_LENGTH, use_cache=False), 3, -1, n, beam=3)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
