@@ -11,6 +11,12 @@ from dataclasses import dataclass, field, fields
 
 from .errors import ConfigError
 
+ARCHS = ("decoder", "encoder-decoder")
+POS_EMBS = ("learned", "sinusoidal")
+NORMS = ("pre", "post")
+ACTIVATIONS = ("gelu", "relu")
+# ModelConfig fields added after format 1 was released: a checkpoint without them gets the defaults (the GPT).
+ARCH_FIELDS = ("arch", "n_enc_layer", "pos_emb", "emb_scale", "norm", "activation")
 UNLIMITED = 10**12  # max_iters when only --max-time bounds a run
 FORMAT_VERSION = 1  # bump when the checkpoint layout changes incompatibly
 
@@ -30,6 +36,22 @@ class ModelConfig:
     dropout: float = opt(0.2, "dropout on attention weights and residual outputs; 0 for small data or short runs")
     bias: bool = opt(True, "bias in Linear and LayerNorm layers, like GPT-2 (--no-bias: a bit faster, often as good)")
     tie_weights: bool = opt(True, "share the token embedding with the output head (fewer parameters)")
+    # Architecture options (issue #11). The defaults are the GPT above, bit for bit; the alternatives rebuild the
+    # parts of the 2017 Transformer (Vaswani et al., "Attention Is All You Need"). flag=False until training and
+    # the checkpoint loaders build them (phase 2): a flag must not be accepted and then ignored.
+    arch: str = opt("decoder", "decoder: one causal stack over 'source, separator, target' (GPT); encoder-decoder: "
+                               "the 2017 Transformer (source encoder + cross-attending decoder)",
+                    choices=ARCHS, flag=False)
+    n_enc_layer: int = opt(0, "encoder blocks for --arch encoder-decoder [default: 0, the same as --n-layer]",
+                           flag=False)
+    pos_emb: str = opt("learned", "positions: learned (an embedding table, GPT) or sinusoidal (fixed sin/cos "
+                                  "waves, no parameters, the 2017 paper)", choices=POS_EMBS,
+                       flag=False)
+    emb_scale: bool = opt(False, "multiply token embeddings by sqrt(--n-embd), as in the 2017 paper", flag=False)
+    norm: str = opt("pre", "LayerNorm placement: pre (x + f(norm(x)), GPT-2; trains stably) or post "
+                           "(norm(x + f(x)), the 2017 paper; needs warmup)", choices=NORMS, flag=False)
+    activation: str = opt("gelu", "feed-forward activation: gelu (GPT) or relu (the 2017 paper)",
+                          choices=ACTIVATIONS, flag=False)
 
     def validate(self):
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -41,6 +63,7 @@ class ModelConfig:
                               f"pick a head count that divides it, e.g. one of {fits[-6:]}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"--dropout must be in [0, 1) (got {self.dropout})")
+        validate_arch(self)
         return self
 
     @property
@@ -92,6 +115,9 @@ class TrainConfig:
     seed: int = opt(1337, "random seed (model init, batches, dropout)")
     resume: bool = opt(False, "continue the run in --out-dir from its latest state, with its budget; a finished "
                               "run needs a new one (--max-iters or --max-time)")
+    label_smoothing: float = opt(0.0, "spread this much of each target's probability over the whole vocabulary "
+                                      "in the loss (0.1 in the 2017 paper; 0: plain cross-entropy)",
+                                  flag=False)  # a flag once training passes it to the model (phase 2)
 
     def validate(self):
         positive = ("batch_size", "max_iters", "learning_rate", "eval_interval", "eval_iters", "warmup_iters")
@@ -119,6 +145,8 @@ class TrainConfig:
                 raise ConfigError(f"--{flag(name)} must be in [0, 1) (got {getattr(self, name)})")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads must be at least 1 (got {self.threads})")
+        if not 0.0 <= self.label_smoothing < 1.0:  # also catches NaN
+            raise ConfigError(f"--label-smoothing must be in [0, 1) (got {self.label_smoothing})")
         return self
 
 
@@ -164,6 +192,18 @@ PRESET_REASONS = {
 }
 
 
+def validate_arch(cfg: ModelConfig):
+    """The architecture options (issue #11): names from the untrusted checkpoint metadata are checked here too."""
+    for name, allowed in (("arch", ARCHS), ("pos_emb", POS_EMBS), ("norm", NORMS), ("activation", ACTIVATIONS)):
+        if getattr(cfg, name) not in allowed:
+            raise ConfigError(f"--{flag(name)} must be one of {', '.join(allowed)} (got {getattr(cfg, name)!r})")
+    if cfg.n_enc_layer < 0:
+        raise ConfigError(f"--n-enc-layer must be at least 0 (got {cfg.n_enc_layer})")
+    if cfg.n_enc_layer and cfg.arch != "encoder-decoder":
+        raise ConfigError(f"--n-enc-layer {cfg.n_enc_layer} needs --arch encoder-decoder (a decoder has no encoder); "
+                          f"drop --n-enc-layer or add --arch encoder-decoder")
+
+
 def flag(name):
     return name.replace("_", "-")
 
@@ -197,7 +237,7 @@ def build_configs(preset, overrides, vocab_size):
 def model_config_from_dict(d):
     """Rebuild a ModelConfig from checkpoint metadata, checking names, types and ranges (metadata is untrusted)."""
     kw = typed_fields(ModelConfig, d, "model config")
-    missing = set(field_names(ModelConfig)) - set(kw)
+    missing = set(field_names(ModelConfig)) - set(kw) - set(ARCH_FIELDS)
     if missing:
         raise ConfigError(f"model config is missing {sorted(missing)}")
     huge = [k for k, v in kw.items() if isinstance(v, int) and v > 2**31]

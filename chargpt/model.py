@@ -1,11 +1,19 @@
-"""The network only: a decoder-only character GPT.
+"""The network only: the decoder-only character GPT, and the 2017 encoder-decoder built from the same parts.
 
 Shapes used in comments: B batch, T sequence length, C = n_embd, nh heads, hs = C // nh head size,
-V vocabulary size, S = cached positions + T (keys visible to the current queries).
+V vocabulary size, S = keys visible to the current queries (cached positions + T, or the source length).
 
-token embedding + learned position embedding -> dropout -> n_layer pre-LayerNorm blocks
+CharGPT (the default): token embedding + position embedding -> dropout -> n_layer blocks
 (x + attn(ln_1(x)), x + mlp(ln_2(x))) -> final LayerNorm -> linear head to V logits.
 After GPT-2 (Radford et al. 2019) and nanoGPT's model.py.
+
+EncoderDecoder (--arch encoder-decoder): the Transformer of Vaswani et al. 2017 ("Attention Is All You Need")
+at character level, source and target sharing one vocabulary and one embedding. The encoder's blocks attend
+bidirectionally over the source (padding masked); the decoder's blocks attend causally over the target, then
+to the encoder's output (cross-attention), as in the Annotated Transformer (harvardnlp).
+
+Both are built from the same Attention, MLP and Block; ModelConfig's options choose the 2017 parts for either:
+sinusoidal positions, token embeddings scaled by sqrt(C), post-LN, ReLU. The defaults are GPT-2's.
 """
 
 import math
@@ -15,11 +23,12 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from .config import ModelConfig
+from .errors import ConfigError
 
 
 class KVCache:
-    """Keys and values of every layer for the positions decoded so far, so each new character costs one
-    position of work per layer. Allocated once for block_size positions."""
+    """Keys and values of every (decoder) layer for the positions decoded so far, so each new character costs
+    one position of work per layer. Allocated once for block_size positions."""
 
     def __init__(self, cfg: ModelConfig, batch_size, device="cpu", dtype=torch.float32):
         shape = (cfg.n_layer, batch_size, cfg.n_head, cfg.block_size, cfg.head_size)
@@ -34,8 +43,32 @@ class KVCache:
         self.v[layer, :, :, self.pos:end] = v
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
 
+    def select(self, rows):
+        """Keep the batch rows `rows` (N,) in that order (repeats allowed): beam search forks and drops rows."""
+        self.k, self.v = self.k[:, rows], self.v[:, rows]
+
     def reset(self):
         self.pos = 0
+
+
+class Memory:
+    """The encoder's output for a batch of sources (B, S, C) with its padding mask (B, S), True on real
+    characters (None: no padding). Each decoder layer's cross-attention keys and values are computed from it
+    on first use and kept, so decoding costs one encoder pass and one k/v projection per layer per source."""
+
+    def __init__(self, x, mask=None):
+        self.x, self.mask, self.kv = x, mask, {}
+
+    def keys_values(self, layer, project):
+        if layer not in self.kv:
+            self.kv[layer] = project(self.x)
+        return self.kv[layer]
+
+    def select(self, rows):
+        """A Memory holding the batch rows `rows` (N,): one copy of the source per beam or live row."""
+        out = Memory(self.x[rows], None if self.mask is None else self.mask[rows])
+        out.kv = {layer: (k[rows], v[rows]) for layer, (k, v) in self.kv.items()}
+        return out
 
 
 def causal_mask(T, S, start, device):
@@ -44,34 +77,68 @@ def causal_mask(T, S, start, device):
     return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=start)
 
 
-class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer):
+def sinusoidal_positions(n, d):
+    """(n, d) fixed position encodings of Vaswani et al. 2017: PE[p, 2i] = sin(p / 10000^(2i/d)),
+    PE[p, 2i+1] = cos(p / 10000^(2i/d)). No parameters; nearby positions get similar vectors."""
+    pos = torch.arange(n, dtype=torch.float32)[:, None]  # (n, 1)
+    freq = torch.exp(torch.arange(0, d, 2, dtype=torch.float32) * (-math.log(10000.0) / d))  # (ceil(d/2),)
+    pe = torch.zeros(n, d)
+    pe[:, 0::2] = torch.sin(pos * freq)
+    pe[:, 1::2] = torch.cos(pos * freq)[:, : d // 2]
+    return pe
+
+
+class Attention(nn.Module):
+    """Multi-head scaled dot-product attention, the one implementation behind every use:
+    - causal self-attention (CharGPT, the decoder): query i sees keys 0 .. i, and a KVCache continues it;
+    - bidirectional self-attention (the encoder, causal=False): every query sees every key;
+    - cross-attention (cross=True): queries from x, keys and values from the encoder's Memory;
+    and any of them with a padding mask over the keys, key_mask (B, S), True on real characters.
+    Two kernels compute the same thing: torch's fused scaled_dot_product_attention and the explicit masked
+    softmax below (the reference, kept for tests and for CPU training with dropout)."""
+
+    def __init__(self, cfg: ModelConfig, layer, causal=True, cross=False):
         super().__init__()
         self.layer, self.n_head, self.n_embd, self.dropout = layer, cfg.n_head, cfg.n_embd, cfg.dropout
-        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # q, k, v for all heads at once
+        self.causal, self.cross = causal and not cross, cross
+        if cross:
+            self.c_q = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+            self.c_kv = nn.Linear(cfg.n_embd, 2 * cfg.n_embd, bias=cfg.bias)  # k, v of the memory, all heads
+        else:
+            self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # q, k, v for all heads at once
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.attn_dropout = nn.Dropout(cfg.dropout)
         self.resid_dropout = nn.Dropout(cfg.dropout)
-        self.kernel = "auto"  # "auto" | "fused" | "manual"; set with CharGPT.set_attention
+        self.kernel = "auto"  # "auto" | "fused" | "manual"; set with set_attention
 
-    def forward(self, x, cache=None):
+    def heads(self, t):
+        B, T, _ = t.size()
+        return t.view(B, T, self.n_head, self.n_embd // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+
+    def forward(self, x, cache=None, key_mask=None, memory=None):
         B, T, C = x.size()
-        hs = C // self.n_head
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
         start = 0
-        if cache is not None:
-            start = cache.pos
-            k, v = cache.update(self.layer, k.to(cache.k.dtype), v.to(cache.v.dtype))  # (B, nh, S, hs)
-            q = q.to(k.dtype)
-        if self.use_fused(x):
-            y = self.fused(q, k, v, start)
+        if self.cross:
+            q = self.heads(self.c_q(x))  # (B, nh, T, hs)
+            k, v = memory.keys_values(self.layer, self.memory_heads)  # (B, nh, S, hs), once per source
+            key_mask = memory.mask
         else:
-            y = self.reference(q, k, v, start)
+            q, k, v = (self.heads(t) for t in self.c_attn(x).split(self.n_embd, dim=2))  # (B, nh, T, hs)
+            if cache is not None:
+                start = cache.pos
+                k, v = cache.update(self.layer, k.to(cache.k.dtype), v.to(cache.v.dtype))  # (B, nh, S, hs)
+                q = q.to(k.dtype)
+        if self.use_fused(x):
+            y = self.fused(q, k, v, start, key_mask)
+        else:
+            y = self.reference(q, k, v, start, key_mask)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side again
         return self.resid_dropout(self.c_proj(y))
+
+    def memory_heads(self, m):
+        """Encoder output (B, S, C) -> this layer's cross-attention keys and values, each (B, nh, S, hs)."""
+        k, v = self.c_kv(m).split(self.n_embd, dim=2)
+        return self.heads(k), self.heads(v)
 
     def use_fused(self, x):
         if self.kernel != "auto":
@@ -80,67 +147,116 @@ class CausalSelfAttention(nn.Module):
         # generic path slower than the explicit softmax below (measured in chargpt.bench).
         return x.device.type != "cpu" or not (self.training and self.dropout > 0)
 
-    def fused(self, q, k, v, start):
+    def mask(self, T, S, start, key_mask, device):
+        """Where a query may look, broadcastable to (B, nh, T, S); None when it may look everywhere."""
+        mask = causal_mask(T, S, start, device) if self.causal else None  # (T, S)
+        if key_mask is not None:
+            keys = key_mask[:, None, None, :]  # (B, 1, 1, S)
+            mask = keys if mask is None else mask & keys
+        return mask
+
+    def fused(self, q, k, v, start, key_mask=None):
         T, S = q.size(2), k.size(2)
         p = self.dropout if self.training else 0.0
-        if start == 0:  # queries and keys cover the same positions: plain causal
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-        if T == 1:  # one new position sees everything cached: no mask needed
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=p)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(T, S, start, q.device), dropout_p=p)
+        if self.causal and key_mask is None:
+            if start == 0:  # queries and keys cover the same positions: plain causal
+                return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+            if T == 1:  # one new position sees everything cached: no mask needed
+                return F.scaled_dot_product_attention(q, k, v, dropout_p=p)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask(T, S, start, key_mask, q.device),
+                                              dropout_p=p)
 
-    def reference(self, q, k, v, start):
-        """Explicit attention: softmax(q k^T / sqrt(hs)) with the lower-triangular mask, then dropout."""
+    def reference(self, q, k, v, start, key_mask=None):
+        """Explicit attention: softmax(q k^T / sqrt(hs)) with the mask (-inf where a query may not look),
+        then dropout."""
         S = k.size(2)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, nh, T, S)
-        att = att.masked_fill(~causal_mask(q.size(2), S, start, q.device), float("-inf"))
+        mask = self.mask(q.size(2), S, start, key_mask, q.device)
+        if mask is not None:
+            att = att.masked_fill(~mask, float("-inf"))
         att = self.attn_dropout(F.softmax(att, dim=-1))
         return att @ v  # (B, nh, T, hs)
+
+
+CausalSelfAttention = Attention  # the name before the encoder-decoder existed
 
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
-        self.gelu = nn.GELU()
+        self.act = nn.GELU() if cfg.activation == "gelu" else nn.ReLU()
         self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x):
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+        return self.dropout(self.c_proj(self.act(self.c_fc(x))))
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer):
+    """One layer: self-attention, [cross-attention to the encoder,] feed-forward. Each is a residual branch
+    with its LayerNorm before it (pre-LN, GPT-2: x + f(ln(x))) or after the sum (post-LN, 2017: ln(x + f(x)))."""
+
+    def __init__(self, cfg: ModelConfig, layer, causal=True, cross=False):
         super().__init__()
+        self.post = cfg.norm == "post"
         self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
-        self.attn = CausalSelfAttention(cfg, layer)
+        self.attn = Attention(cfg, layer, causal=causal)
+        if cross:
+            self.ln_x = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+            self.cross = Attention(cfg, layer, cross=True)
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cache=None):
-        x = x + self.attn(self.ln_1(x), cache)
-        return x + self.mlp(self.ln_2(x))
+    def forward(self, x, cache=None, key_mask=None, memory=None):
+        x = self.residual(x, self.ln_1, lambda h: self.attn(h, cache, key_mask))
+        if memory is not None:
+            x = self.residual(x, self.ln_x, lambda h: self.cross(h, memory=memory))
+        return self.residual(x, self.ln_2, self.mlp)
+
+    def residual(self, x, norm, f):
+        return norm(x + f(x)) if self.post else x + f(norm(x))
 
 
-class CharGPT(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
+def lm_loss(logits, targets, loss_mask=None, label_smoothing=0.0):
+    """Mean cross-entropy of logits (B, T, V) against targets (B, T) over the counted positions: all, or
+    those where loss_mask (B, T) is set (sentence pairs count the target side only)."""
+    flat, want = logits.float().view(-1, logits.size(-1)), targets.reshape(-1)
+    if loss_mask is None:
+        return F.cross_entropy(flat, want, label_smoothing=label_smoothing)
+    per = F.cross_entropy(flat, want, reduction="none", label_smoothing=label_smoothing)  # (B*T,)
+    counted = loss_mask.reshape(-1).to(per.dtype)
+    return (per * counted).sum() / counted.sum().clamp(min=1)
+
+
+class Transformer(nn.Module):
+    """What both architectures share: embeddings, initialisation, kernel choice, optimizer groups."""
+
+    def build_embeddings(self, cfg: ModelConfig):
         self.config = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)  # token embedding
-        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)  # learned position embedding
+        if cfg.pos_emb == "learned":
+            self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)  # learned position embedding
+        else:  # a buffer, not a parameter: rebuilt from the config, never stored in a checkpoint
+            self.register_buffer("pe", sinusoidal_positions(cfg.block_size, cfg.n_embd), persistent=False)
         self.drop = nn.Dropout(cfg.dropout)
-        self.h = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
-        self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+
+    def build_head(self, cfg: ModelConfig):
+        # post-LN already normalises every block's output, so the paper has no final LayerNorm
+        self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias) if cfg.norm == "pre" else nn.Identity()
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if cfg.tie_weights:
             self.lm_head.weight = self.wte.weight  # weight tying (Press & Wolf 2017)
+
+    def init_weights(self, n_residual):
         self.apply(self._init_weights)
-        # GPT-2: scale the init of residual projections by 1/sqrt(2 * n_layer), since each block adds two
-        # of them to the residual stream and its variance would otherwise grow with depth.
+        # GPT-2: scale the init of residual projections by 1/sqrt(number of residual branches), since each adds
+        # to the residual stream and its variance would otherwise grow with depth.
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(n_residual))
+        if self.config.emb_scale:  # fairseq/tensor2tensor: N(0, 1/C) here, so embedding x sqrt(C) is N(0, 1)
+            nn.init.normal_(self.wte.weight, mean=0.0, std=self.config.n_embd ** -0.5)
 
     @staticmethod
     def _init_weights(module):
@@ -151,35 +267,29 @@ class CharGPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
+    def embed(self, idx, start=0):
+        """ids (B, T) at positions start .. start + T - 1 -> (B, T, C)."""
+        T = idx.size(1)
+        if start + T > self.config.block_size:
+            raise ValueError(f"cannot forward {start + T} positions: block_size is only {self.config.block_size}")
+        tok = self.wte(idx)  # (B, T, C)
+        if self.config.emb_scale:
+            tok = tok * math.sqrt(self.config.n_embd)
+        if self.config.pos_emb == "learned":
+            pos = self.wpe(torch.arange(start, start + T, dtype=torch.long, device=idx.device))  # (T, C)
+        else:
+            pos = self.pe[start:start + T]  # (T, C)
+        return self.drop(tok + pos)
+
     def set_attention(self, kernel):
         """'auto' (fastest correct kernel for the device and settings), 'fused' (torch SDPA) or 'manual'."""
         assert kernel in ("auto", "fused", "manual"), kernel
-        for block in self.h:
-            block.attn.kernel = kernel
+        for m in self.modules():
+            if isinstance(m, Attention):
+                m.kernel = kernel
 
     def num_params(self):
         return sum(p.numel() for p in self.parameters())  # tied weights are counted once
-
-    def forward(self, idx, targets=None, cache=None):
-        """idx (B, T) ids -> (logits, loss). logits are (B, T, V); loss is the mean cross-entropy against
-        targets (B, T), or None. With a KVCache, idx continues the cached text and only the last position's
-        logits are computed (B, 1, V): that is all decoding needs."""
-        B, T = idx.size()
-        start = cache.pos if cache is not None else 0
-        if start + T > self.config.block_size:
-            raise ValueError(f"cannot forward {start + T} positions: block_size is only {self.config.block_size}")
-        pos = torch.arange(start, start + T, dtype=torch.long, device=idx.device)  # (T,)
-        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
-        for block in self.h:
-            x = block(x, cache)
-        if cache is not None:
-            cache.pos += T
-            x = x[:, -1:, :]  # (B, 1, C)
-        logits = self.lm_head(self.ln_f(x))  # (B, T, V)
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
-        return logits, loss
 
     def optimizer_groups(self, weight_decay):
         """AdamW parameter groups: decay weight matrices and embeddings (dim >= 2), not biases or norms."""
@@ -188,3 +298,76 @@ class CharGPT(nn.Module):
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
+
+
+class CharGPT(Transformer):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.arch != "decoder":
+            raise ConfigError(f"CharGPT is the decoder-only model; --arch {cfg.arch} is built by build_model")
+        self.build_embeddings(cfg)
+        self.h = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
+        self.build_head(cfg)
+        self.init_weights(2 * cfg.n_layer)
+
+    def forward(self, idx, targets=None, cache=None, loss_mask=None, label_smoothing=0.0):
+        """idx (B, T) ids -> (logits, loss). logits are (B, T, V); loss is the mean cross-entropy against
+        targets (B, T) over the positions where loss_mask (B, T) is set (default all), or None. With a KVCache,
+        idx continues the cached text and only the last position's logits are computed (B, 1, V): that is all
+        decoding needs."""
+        start = cache.pos if cache is not None else 0
+        x = self.embed(idx, start)  # (B, T, C)
+        for block in self.h:
+            x = block(x, cache)
+        if cache is not None:
+            cache.pos += idx.size(1)
+            x = x[:, -1:, :]  # (B, 1, C)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, V)
+        loss = None if targets is None else lm_loss(logits, targets, loss_mask, label_smoothing)
+        return logits, loss
+
+
+class EncoderDecoder(Transformer):
+    """The 2017 Transformer: encode(src) once, then decode(tgt, memory) — the whole target for training, or
+    one character at a time with a KVCache (decoder self-attention) while the Memory keeps the cross-attention
+    keys and values. n_layer counts decoder blocks; n_enc_layer encoder blocks (0: as many)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.build_embeddings(cfg)
+        n_enc = cfg.n_enc_layer or cfg.n_layer
+        self.enc = nn.ModuleList(Block(cfg, i, causal=False) for i in range(n_enc))
+        self.enc_ln = nn.LayerNorm(cfg.n_embd, bias=cfg.bias) if cfg.norm == "pre" else nn.Identity()
+        self.h = nn.ModuleList(Block(cfg, i, cross=True) for i in range(cfg.n_layer))
+        self.build_head(cfg)
+        self.init_weights(2 * n_enc + 3 * cfg.n_layer)  # residual branches from the source to the output
+
+    def encode(self, src, src_mask=None):
+        """src (B, S) ids, src_mask (B, S) True on real characters (None: no padding) -> Memory."""
+        x = self.embed(src)  # (B, S, C)
+        for block in self.enc:
+            x = block(x, key_mask=src_mask)
+        return Memory(self.enc_ln(x), src_mask)
+
+    def decode(self, tgt, memory, cache=None):
+        """tgt (B, T) target ids so far (starting with the separator) -> logits (B, T, V), or (B, 1, V) for
+        the last position with a KVCache (tgt then continues the cached positions)."""
+        start = cache.pos if cache is not None else 0
+        x = self.embed(tgt, start)  # (B, T, C)
+        for block in self.h:
+            x = block(x, cache, memory=memory)
+        if cache is not None:
+            cache.pos += tgt.size(1)
+            x = x[:, -1:, :]  # (B, 1, C)
+        return self.lm_head(self.ln_f(x))
+
+    def forward(self, src, tgt, targets=None, src_mask=None, loss_mask=None, label_smoothing=0.0):
+        """-> (logits (B, T, V), loss or None); targets (B, T) are tgt shifted by one (the loss as CharGPT's)."""
+        logits = self.decode(tgt, self.encode(src, src_mask))
+        loss = None if targets is None else lm_loss(logits, targets, loss_mask, label_smoothing)
+        return logits, loss
+
+
+def build_model(cfg: ModelConfig):
+    """The network that cfg.arch names: the one builder every loader and trainer calls."""
+    return EncoderDecoder(cfg) if cfg.arch == "encoder-decoder" else CharGPT(cfg)

@@ -1,0 +1,221 @@
+"""Translating with a sentence-pairs model: greedy, sampled and beam-search decoding, and the scores.
+
+The searches are pure functions over a step callback that hides the architecture:
+
+    step(prev, rows) -> logits (N, V) of the next character for N hypotheses
+
+where rows (N,) says which row of the previous call each hypothesis continues (a beam forks a row into several,
+a finished row is dropped) and prev (N,) is the character each hypothesis just took. On the first call prev is
+None and rows index the sources. DecoderSteps (CharGPT: prefill `source SEP`, then one position per step) and
+EncoderDecoderSteps (encode once, keep the cross-attention keys and values, then one decoder position per step)
+implement it with a KV cache, or without one as the reference.
+
+    from chargpt.translate import translate
+    translate(model, vocab, ["a sentence"], beam=4)   # -> ["its translation"]
+"""
+
+import torch
+
+from .errors import ChargptError
+from .model import KVCache
+from .pairs import END, SEP
+from .runtime import autocast
+from .sampling import sample_next
+
+CHRF_MISSING = "chrF needs sacrebleu: pip install 'chargpt[translate]' (exact match is reported without it)"
+
+
+@torch.no_grad()
+def sample_search(step, n, end_id, max_len, generator=None, temperature=0.0, top_k=None, top_p=None):
+    """-> for each of n sources the ids it decodes up to END (not included), at most max_len steps. Each next
+    character comes from chargpt.sampling.sample_next: temperature 0 (the default) is greedy."""
+    out = [[] for _ in range(n)]
+    live = list(range(n))  # the source of each row
+    logits = step(None, torch.arange(n))
+    for t in range(max_len):
+        nxt = sample_next(logits, generator, temperature, top_k, top_p).tolist()  # (N,)
+        keep = [j for j, tok in enumerate(nxt) if tok != end_id]
+        for j in keep:
+            out[live[j]].append(nxt[j])
+        if not keep or t + 1 == max_len:
+            break
+        live = [live[j] for j in keep]
+        logits = step(torch.tensor([nxt[j] for j in keep]), torch.tensor(keep))
+    return out
+
+
+@torch.no_grad()
+def beam_search(step, n, end_id, max_len, beam=4, alpha=1.0):
+    """-> for each of n sources the best of `beam` hypotheses kept per step (ids, END not included).
+
+    A hypothesis that ends scores its log-probability / length ** alpha (length normalisation: without it,
+    every extra character costs probability and short outputs win; END counts in the length). A source stops
+    once it has `beam` finished hypotheses; at max_len the live ones count as finished. Beam 1 is greedy."""
+    K = beam
+    live = list(range(n))  # sources still searching; each owns K consecutive rows
+    hyps = [[[] for _ in range(K)] for _ in live]  # per live source, per beam: ids so far
+    scores = torch.full((n, K), float("-inf"))
+    scores[:, 0] = 0.0  # a source's K rows start as one hypothesis (K copies of it would fill the beam)
+    logp = torch.log_softmax(step(None, torch.arange(n).repeat_interleave(K)).float().cpu(), dim=-1)  # (n*K, V)
+    finished = [[] for _ in range(n)]  # per source: (normalised score, ids)
+    for t in range(max_len):
+        V = logp.size(-1)
+        total = (scores[:, :, None] + logp.view(len(live), K, V)).view(len(live), K * V)
+        top, idx = total.topk(min(2 * K, K * V), dim=-1)  # 2K: K left to go on after setting aside END ones
+        next_live, next_hyps, next_scores, rows, toks = [], [], [], [], []
+        for j, b in enumerate(live):
+            cands = []  # (score, ids, row it continues, next id)
+            for rank, (score, i) in enumerate(zip(top[j].tolist(), idx[j].tolist())):
+                if score == float("-inf") or len(cands) == K:
+                    break
+                parent, tok = divmod(i, V)
+                seq = hyps[j][parent]
+                if tok == end_id:
+                    if rank < K:  # only an END among the K best counts, as in fairseq
+                        finished[b].append((score / (len(seq) + 1) ** alpha, seq))
+                else:
+                    cands.append((score, seq + [tok], j * K + parent, tok))
+            if t + 1 == max_len:
+                finished[b] += [(score / len(seq) ** alpha, seq) for score, seq, _, _ in cands]
+            if len(finished[b]) >= K or t + 1 == max_len or not cands:
+                continue
+            cands += [(float("-inf"),) + cands[0][1:]] * (K - len(cands))  # pad a tiny vocabulary's beam
+            next_live.append(b)
+            next_hyps.append([c[1] for c in cands])
+            next_scores.append([c[0] for c in cands])
+            rows += [c[2] for c in cands]
+            toks += [c[3] for c in cands]
+        if not next_live:
+            break
+        live, hyps, scores = next_live, next_hyps, torch.tensor(next_scores)
+        logp = torch.log_softmax(step(torch.tensor(toks), torch.tensor(rows)).float().cpu(), dim=-1)
+    return [max(f, key=lambda x: x[0])[1] if f else [] for f in finished]
+
+
+class DecoderSteps:
+    """Step callback for CharGPT over prompts (n, P), each `source SEP`, all of one length P (the positions
+    are absolute, so rows of one batch cannot be offset against each other)."""
+
+    def __init__(self, model, prompts, use_cache=True, dtype=torch.float32):
+        self.model, self.prompts, self.use_cache, self.dtype = model, prompts, use_cache, dtype
+        self.device = prompts.device
+        self.cache = self.seq = None  # (with a cache) keys/values so far; (without) the ids so far
+
+    def __call__(self, prev, rows):
+        rows = rows.to(self.device)
+        with autocast(self.device, self.dtype):
+            if not self.use_cache:  # the reference: the whole sequence every step
+                self.seq = self.prompts[rows] if prev is None else torch.cat([self.seq[rows], self.column(prev)], 1)
+                return self.model(self.seq)[0][:, -1]  # (N, V)
+            if prev is None:  # prefill each prompt once, then fork its rows
+                self.cache = KVCache(self.model.config, len(self.prompts), self.device, self.dtype)
+                logits = self.model(self.prompts, cache=self.cache)[0][:, -1]
+                self.cache.select(rows)
+                return logits[rows]
+            self.cache.select(rows)
+            return self.model(self.column(prev), cache=self.cache)[0][:, -1]
+
+    def column(self, prev):
+        return prev.to(self.device)[:, None]  # (N, 1)
+
+
+class EncoderDecoderSteps:
+    """Step callback for EncoderDecoder over sources src (n, S) with their padding mask (n, S): the encoder
+    runs once; the decoder starts from SEP (bos_id) and adds one position per step."""
+
+    def __init__(self, model, src, src_mask, bos_id, use_cache=True, dtype=torch.float32):
+        self.model, self.bos_id, self.use_cache, self.dtype = model, bos_id, use_cache, dtype
+        self.device = src.device
+        with autocast(self.device, dtype):
+            self.memory = model.encode(src, src_mask)
+        self.cache = self.seq = None
+
+    def __call__(self, prev, rows):
+        rows = rows.to(self.device)
+        if len(rows) != self.memory.x.size(0) or not torch.equal(rows, torch.arange(len(rows), device=self.device)):
+            self.memory = self.memory.select(rows)  # its cross-attention keys and values move with it
+        if prev is None:
+            self.seq = torch.full((len(rows), 1), self.bos_id, dtype=torch.long, device=self.device)
+            if self.use_cache:
+                self.cache = KVCache(self.model.config, len(rows), self.device, self.dtype)
+        else:
+            self.seq = torch.cat([self.seq[rows], prev.to(self.device)[:, None]], dim=1)  # (N, t)
+            if self.use_cache:
+                self.cache.select(rows)
+        with autocast(self.device, self.dtype):
+            tokens = self.seq[:, -1:] if self.use_cache else self.seq
+            return self.model.decode(tokens, self.memory, self.cache)[:, -1]  # (N, V)
+
+
+def _batches(lengths, batch_size, same_length):
+    """Source indices in batches of up to batch_size, by length (similar lengths pad little)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batch = []
+    for i in order:
+        if batch and (len(batch) == batch_size or same_length and lengths[i] != lengths[batch[0]]):
+            yield batch
+            batch = []
+        batch.append(i)
+    if batch:
+        yield batch
+
+
+@torch.no_grad()
+def translate(model, vocab, sources, *, beam=1, alpha=1.0, temperature=0.0, top_k=None, top_p=None,
+              generator=None, unknown="error", batch_size=64, max_len=None, use_cache=True, dtype=torch.float32):
+    """Source strings -> their translations (greedy by default; beam > 1: beam search; temperature > 0:
+    sampling). Characters the model never saw follow `unknown` ('error', 'skip', 'replace') as in sampling.
+    Sources decode in batches: for the decoder-only model, sources of one length together."""
+    encoder_decoder = model.config.arch == "encoder-decoder"
+    block, sep, end = model.config.block_size, vocab.stoi[SEP], vocab.stoi[END]
+    ids = [vocab.encode(s, unknown=unknown) for s in sources]
+    limit = block if encoder_decoder else block - 1  # the decoder needs room for `source SEP`
+    for i, s in enumerate(ids):
+        if not s or len(s) > limit:
+            raise ChargptError(f"source {i + 1} has {len(s)} characters; the model translates 1 to {limit} "
+                               f"(its context): {'give it text' if not s else 'split it into shorter pieces'}")
+    if temperature > 0 and generator is None:
+        generator = torch.Generator().manual_seed(torch.seed())
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    out = [None] * len(ids)
+    try:
+        for batch in _batches([len(s) for s in ids], batch_size, same_length=not encoder_decoder):
+            longest = max(len(ids[i]) for i in batch)
+            rows = torch.tensor([ids[i] + [0] * (longest - len(ids[i])) for i in batch], device=device)  # (n, S)
+            if encoder_decoder:
+                lengths = torch.tensor([len(ids[i]) for i in batch], device=device)
+                mask = torch.arange(longest, device=device)[None, :] < lengths[:, None]  # (n, S): not padding
+                step = EncoderDecoderSteps(model, rows, mask, sep, use_cache, dtype)
+                steps = block
+            else:
+                step = DecoderSteps(model, torch.cat([rows, rows.new_full((len(batch), 1), sep)], 1), use_cache, dtype)
+                steps = block - longest  # prompt positions + generated (but the last) fit in the context
+            steps = min(steps, max_len or steps)
+            if beam > 1:
+                found = beam_search(step, len(batch), end, steps, beam, alpha)
+            else:
+                found = sample_search(step, len(batch), end, steps, generator, temperature, top_k, top_p)
+            for i, f in zip(batch, found):
+                out[i] = vocab.decode(f).replace(SEP, "")
+    finally:
+        model.train(was_training)
+    return out
+
+
+def exact_match(hyps, refs):
+    """Fraction of hypotheses equal to their reference, character for character."""
+    if len(hyps) != len(refs) or not refs:
+        raise ValueError(f"need as many hypotheses as references, at least one (got {len(hyps)} and {len(refs)})")
+    return sum(h == r for h, r in zip(hyps, refs)) / len(refs)
+
+
+def chrf(hyps, refs):
+    """Corpus chrF (character n-gram F-score, Popović 2015) from sacrebleu, 0 to 100; None when sacrebleu is
+    not installed (show CHRF_MISSING once)."""
+    try:
+        from sacrebleu.metrics import CHRF
+    except ImportError:
+        return None
+    return CHRF().corpus_score(list(hyps), [list(refs)]).score
