@@ -54,7 +54,7 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(cfg.dropout)
         self.kernel = "auto"  # "auto" | "fused" | "manual"; set with CharGPT.set_attention
 
-    def forward(self, x, cache=None):
+    def forward(self, x, cache=None, attn_weights=None):
         B, T, C = x.size()
         hs = C // self.n_head
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
@@ -66,10 +66,10 @@ class CausalSelfAttention(nn.Module):
             start = cache.pos
             k, v = cache.update(self.layer, k.to(cache.k.dtype), v.to(cache.v.dtype))  # (B, nh, S, hs)
             q = q.to(k.dtype)
-        if self.use_fused(x):
+        if attn_weights is None and self.use_fused(x):
             y = self.fused(q, k, v, start)
         else:
-            y = self.reference(q, k, v, start)
+            y = self.reference(q, k, v, start, attn_weights)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side again
         return self.resid_dropout(self.c_proj(y))
 
@@ -89,12 +89,16 @@ class CausalSelfAttention(nn.Module):
             return F.scaled_dot_product_attention(q, k, v, dropout_p=p)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(T, S, start, q.device), dropout_p=p)
 
-    def reference(self, q, k, v, start):
-        """Explicit attention: softmax(q k^T / sqrt(hs)) with the lower-triangular mask, then dropout."""
+    def reference(self, q, k, v, start, attn_weights=None):
+        """Explicit attention: softmax(q k^T / sqrt(hs)) with the lower-triangular mask, then dropout.
+        attn_weights: a list that receives the weights (B, nh, T, S) before dropout, for inspection."""
         S = k.size(2)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, nh, T, S)
         att = att.masked_fill(~causal_mask(q.size(2), S, start, q.device), float("-inf"))
-        att = self.attn_dropout(F.softmax(att, dim=-1))
+        att = F.softmax(att, dim=-1)
+        if attn_weights is not None:
+            attn_weights.append(att.detach())
+        att = self.attn_dropout(att)
         return att @ v  # (B, nh, T, hs)
 
 
@@ -118,8 +122,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cache=None):
-        x = x + self.attn(self.ln_1(x), cache)
+    def forward(self, x, cache=None, attn_weights=None):
+        x = x + self.attn(self.ln_1(x), cache, attn_weights)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -160,10 +164,11 @@ class CharGPT(nn.Module):
     def num_params(self):
         return sum(p.numel() for p in self.parameters())  # tied weights are counted once
 
-    def forward(self, idx, targets=None, cache=None):
+    def forward(self, idx, targets=None, cache=None, attn_weights=None):
         """idx (B, T) ids -> (logits, loss). logits are (B, T, V); loss is the mean cross-entropy against
         targets (B, T), or None. With a KVCache, idx continues the cached text and only the last position's
-        logits are computed (B, 1, V): that is all decoding needs."""
+        logits are computed (B, 1, V): that is all decoding needs. attn_weights: an optional list that
+        receives each layer's attention weights (B, nh, T, S), computed on the explicit softmax path."""
         B, T = idx.size()
         start = cache.pos if cache is not None else 0
         if start + T > self.config.block_size:
@@ -171,7 +176,7 @@ class CharGPT(nn.Module):
         pos = torch.arange(start, start + T, dtype=torch.long, device=idx.device)  # (T,)
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
         for block in self.h:
-            x = block(x, cache)
+            x = block(x, cache, attn_weights)
         if cache is not None:
             cache.pos += T
             x = x[:, -1:, :]  # (B, 1, C)
