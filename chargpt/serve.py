@@ -342,6 +342,7 @@ class Generation:
         self.gen, self.prompt, self.options, self.on_end = gen, prompt, options, on_end
         self.cancel = threading.Event()
         self.queue = asyncio.Queue()
+        self.result = None  # the `done` event's data, once the worker has ended
 
     def start(self):
         loop = asyncio.get_running_loop()
@@ -384,9 +385,10 @@ class Generation:
             traceback.print_exc()
             error = f"generation failed: {type(e).__name__}: {str(e)[:200]}"
         finally:
+            self.result = {"stopped": self.cancel.is_set(), "chars": chars, "error": error,
+                           "seconds": round(time.perf_counter() - t0, 4)}
             self.on_end(self)
-            put(("done", {"stopped": self.cancel.is_set(), "chars": chars, "error": error,
-                          "seconds": round(time.perf_counter() - t0, 4)}))
+            put(("done", self.result))
 
 
 # --- endpoints ----------------------------------------------------------------------------------------------------
