@@ -1,5 +1,6 @@
 """Helpers shared by the web playground's tests (test_serve.py, test_browser.py)."""
 
+import importlib
 import json
 import os
 import urllib.request
@@ -17,7 +18,7 @@ TINY = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_s
 def need(module):
     """Import an optional test dependency; skip without it, except in CI (CI=true), where it must be there."""
     if os.environ.get("CI") == "true":
-        return __import__(module)
+        return importlib.import_module(module)
     return pytest.importorskip(module, reason=f"{module} is not installed (pip install -e \".[web,test]\")")
 
 
