@@ -9,7 +9,8 @@ each attention head looks at. One forward pass per context window, on the model'
 Surprise is the loss in bits, -log2 p(character | the characters before it). The first character has nothing
 before it, so it has no surprise. Texts longer than the context window are scored with overlapping windows
 (stride half a window), so every character after the first window is predicted from at least half a window
-of context. Attention is shown for the last window only: the block_size characters the model can see at once.
+of context. Attention is shown for one window, the block_size characters the model can see at once: by
+default the last one, or the one ending at a chosen position.
 
 Characters the model never saw are shown, not refused: they are replaced in the context by the vocabulary's
 stand-in (as sample.py's --unknown replace does) and get no surprise of their own.
@@ -64,10 +65,12 @@ def attention_maps(model, ids, dtype=torch.float32):
     return torch.cat(weights).float().cpu()  # (L, nh, W, W)
 
 
-def look_inside(gen, text, top=5):
-    """A chargpt Generator and a non-empty text -> Inside (surprise, expectations, attention)."""
-    if not text:
-        raise ValueError("look_inside needs a non-empty text")
+def look_inside(gen, text, top=5, end=None):
+    """A chargpt Generator and a non-empty text -> Inside (surprise, expectations, and the attention of the
+    window that ends just before position `end`, by default the end of the text)."""
+    end = len(text) if end is None else end
+    if not text or not 0 < end <= len(text):
+        raise ValueError(f"look_inside needs a non-empty text and 0 < end <= its length (got {end})")
     vocab, device = gen.vocab, gen.device
     ids = torch.tensor(vocab.encode(text, unknown="replace"), dtype=torch.long, device=device)
     logp = next_char_logprobs(gen.model, ids, gen.dtype)  # (N, V): row i predicts character i + 1
@@ -79,5 +82,5 @@ def look_inside(gen, text, top=5):
     probs, idx = logp.exp().topk(min(top, len(vocab)), dim=-1)  # (N, top)
     expected = [[]] + [[(vocab.chars[j], round(p, 4)) for j, p in zip(row_i, row_p)]
                        for row_i, row_p in zip(idx.tolist(), probs.tolist())]
-    attention = attention_maps(gen.model, ids, gen.dtype)
-    return Inside(text, bits, expected, unknown, attention, len(text) - attention.size(-1))
+    attention = attention_maps(gen.model, ids[:end], gen.dtype)
+    return Inside(text, bits, expected, unknown, attention, end - attention.size(-1))

@@ -24,7 +24,8 @@ API (JSON in, JSON out; generation as server-sent events):
                                   unknown, stop} -> events: start {id, seed, prompt}, text [[sample, piece]...],
                                   done {stopped, chars, seconds, error}
   POST /api/stop                  {id}: cancel that generation
-  POST /api/inside                {run, text, top} -> surprise, expected characters, attention maps
+  POST /api/inside                {run, text, top, end} -> surprise, expected characters, attention maps (of the
+                                  context window ending before position `end`, by default the text's end)
   GET  /api/status                generations running and the limit
 """
 
@@ -92,7 +93,7 @@ GENERATE = {"run": (str, REQUIRED), "prompt": (str, ""), "max_new_tokens": (int,
             "temperature": (NUMBER, SampleSettings.temperature), "top_k": ((int, type(None)), None),
             "top_p": ((*NUMBER, type(None)), None), "num_samples": (int, 1), "seed": ((int, type(None)), None),
             "unknown": (str, "error"), "stop": (list, [])}
-INSIDE = {"run": (str, REQUIRED), "text": (str, REQUIRED), "top": (int, 5)}
+INSIDE = {"run": (str, REQUIRED), "text": (str, REQUIRED), "top": (int, 5), "end": ((int, type(None)), None)}
 STOP = {"id": (str, REQUIRED)}
 
 
@@ -457,11 +458,13 @@ async def inside(request):
     if not 0 < len(req["text"]) <= MAX_INSIDE_CHARS:
         raise RequestError(400, f"text must have 1 to {MAX_INSIDE_CHARS} characters, got {len(req['text'])}")
     in_range("top", req["top"], 1, MAX_TOP)
+    if req["end"] is not None:
+        in_range("end", req["end"], 1, len(req["text"]))
     path = s.runs.checkpoint(req["run"])
     s.busy.take()
     try:
         gen = await run_in_threadpool(s.models.get, path)
-        view = await run_in_threadpool(look_inside, gen, req["text"], req["top"])
+        view = await run_in_threadpool(look_inside, gen, req["text"], req["top"], req["end"])
     finally:
         s.busy.give()
     return JSONResponse(inside_json(view))

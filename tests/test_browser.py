@@ -136,6 +136,11 @@ def test_look_inside_shades_surprise_and_draws_causal_attention(page, site, tmp_
     assert page.get_attribute("#heads", "data-drawn") == "2"  # 1 layer x 2 heads
     page.locator("#heads canvas").nth(1).click()
     assert page.get_attribute("#attn", "data-drawn") == "0,1"
+    # a character before the window (which holds the last 16): clicking it moves the window to hold it
+    assert "attention over characters 29 to 44" in page.inner_text("#inside-status")
+    chars.nth(3).click()
+    page.wait_for_function("() => document.getElementById('inside-status').textContent.includes('characters 0 to 15')")
+    assert page.locator("#surprise .pinned").count() == 1 and page.get_attribute("#attn", "data-drawn") == "0,1"
     page.screenshot(path=tmp_path / "inside.png", full_page=True)
 
 

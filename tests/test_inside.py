@@ -98,3 +98,17 @@ def test_expected_characters_and_unknown_ones():
     with torch.no_grad():
         best = m(ids[None])[0][0, -1].argmax().item()
     assert view.expected[3][0][0] == VOCAB.chars[best]
+
+
+def test_attention_window_can_end_anywhere():
+    """end picks the context window: the block_size characters before position end."""
+    m = model(block_size=8)
+    text = "the quick brown fox jumps"
+    gen = Generator(m, VOCAB, "cpu")
+    view = look_inside(gen, text, end=12)
+    assert view.window_start == 4 and view.attention.shape == (2, 2, 8, 8)
+    alone = look_inside(gen, text[4:12])  # the same eight characters on their own: the same attention
+    torch.testing.assert_close(view.attention, alone.attention)
+    assert look_inside(gen, text, end=3).attention.shape == (2, 2, 3, 3)
+    with pytest.raises(ValueError):
+        look_inside(gen, text, end=len(text) + 1)

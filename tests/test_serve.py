@@ -331,8 +331,11 @@ def test_inside_returns_surprise_expectations_and_causal_attention(client, serve
     assert (L, H, W) == (1, 2, 16) and d["window_start"] == len(text) - 16
     att = np.frombuffer(base64.b64decode(d["attention"]), dtype=np.uint8).reshape(L, H, W, W) / 255
     assert np.all(np.triu(att, 1) == 0) and np.allclose(att.sum(-1), 1, atol=W / 255)
+    moved = client.post("/api/inside", json={"run": "tiny", "text": text, "end": 16}).json()
+    assert moved["window_start"] == 0 and moved["bits"] == d["bits"]  # the window moves; surprise does not
     for bad, words in (({"text": ""}, "1 to 2000"), ({"text": "x" * 2001}, "1 to 2000"), ({"top": 0}, "top must be"),
-                       ({"top": 11}, "top must be"), ({"text": 3}, "text must be a string")):
+                       ({"top": 11}, "top must be"), ({"text": 3}, "text must be a string"),
+                       ({"end": 0}, "end must be between 1 and 2"), ({"end": 3}, "end must be between 1 and 2")):
         r = client.post("/api/inside", json={"run": "tiny", "text": "To", **bad})
         assert r.status_code == 400 and words in r.json()["error"]
 

@@ -226,19 +226,20 @@ function surpriseColour(bits, scale) {
   return `rgb(${r}, ${g}, ${b})`;
 }
 
-async function onAnalyse() {
+async function onAnalyse(end = null) {
+  // end: the attention window ends just before this position (a pinned character outside the current window)
   const text = $("inside-text").value;
   if (!state.run || !text) { status("inside-status", "type or paste some text first", !text); return; }
   status("inside-status", "analysing…");
   document.body.dataset.inside = "busy";
   try {
-    const data = await api("/api/inside", {run: state.run, text, top: 5});
+    const data = await api("/api/inside", {run: state.run, text, top: 5, end});
     const raw = atob(data.attention);
     data.weights = Uint8Array.from(raw, (c) => c.charCodeAt(0));  // (layers, heads, window, window) x 255
     data.chars = Array.from(data.text);
     data.scale = Math.log2(Math.max(2, (current() || {}).vocab_size || 2));
     state.inside = data;
-    state.pinned = null;
+    if (end === null) state.pinned = null;
     state.layer = Math.min(state.layer, data.layers - 1);
     state.head = Math.min(state.head, data.heads - 1);
     renderSurprise();
@@ -246,8 +247,8 @@ async function onAnalyse() {
     drawAttention();
     drawHeads();
     $("inside-result").hidden = false;
-    const shown = data.window < data.chars.length ? `; attention over the last ${data.window} characters, ` +
-      "the model's context window" : "";
+    const shown = data.window < data.chars.length ? `; attention over characters ${data.window_start} to ` +
+      `${data.window_start + data.window - 1}, one context window (click a character to move it there)` : "";
     status("inside-status", `${data.chars.length} characters, mean surprise ${fmt(data.mean_bits)} bits/char ` +
       `(a uniform guess: ${fmt(data.scale)})${shown}`);
   } catch (err) {
@@ -267,11 +268,12 @@ function renderSurprise() {
     else if (d.bits[i] !== null) span.style.backgroundColor = surpriseColour(d.bits[i], d.scale);
     return span;
   });
+  if (state.pinned !== null) spans[state.pinned].classList.add("pinned");
   $("surprise").replaceChildren(...spans);
   $("surprise").dataset.shaded = String(d.bits.filter((b) => b !== null).length);
   $("legend").replaceChildren(el("span", {text: "0 bits"}), el("span", {class: "bar"}),
     el("span", {text: `${fmt(d.scale, 1)} bits (a uniform guess) or more`}));
-  showExpected(d.chars.length);  // what comes next, until a character is hovered
+  showExpected(state.pinned !== null ? state.pinned : d.chars.length);  // until a character is hovered
 }
 
 function showExpected(i) {
@@ -332,8 +334,9 @@ function drawAttention() {
       ctx.fillText(c, margin / 2, margin + i * cell + cell / 2);
     }
   }
-  if (state.pinned !== null && state.pinned >= d.window_start) {
-    const q = state.pinned - d.window_start;
+  const pinnedRow = state.pinned === null ? -1 : state.pinned - d.window_start;
+  if (pinnedRow >= 0 && pinnedRow < W) {
+    const q = pinnedRow;
     ctx.strokeStyle = "#2456c9";
     ctx.lineWidth = 2;
     ctx.strokeRect(margin + 1, margin + q * cell + 1, W * cell - 2, cell - 2);
@@ -397,6 +400,11 @@ function surpriseEvent(event, pin) {
     document.querySelectorAll("#surprise .pinned").forEach((s) => s.classList.remove("pinned"));
     state.pinned = state.pinned === i ? null : i;
     if (state.pinned !== null) span.classList.add("pinned");
+    const d = state.inside;
+    if (state.pinned !== null && (i < d.window_start || i >= d.window_start + d.window)) {
+      onAnalyse(Math.min(d.chars.length, Math.max(i + 1, d.window)));  // a window that holds it
+      return;
+    }
     drawAttention();
   }
   showExpected(state.pinned !== null && !pin ? state.pinned : i);
@@ -565,7 +573,7 @@ function init() {
   $("stop-button").addEventListener("click", onStop);
   $("to-inside").addEventListener("click", toInside);
   $("prompt").addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) onGenerate(); });
-  $("analyse").addEventListener("click", onAnalyse);
+  $("analyse").addEventListener("click", () => onAnalyse());
   $("surprise").addEventListener("mouseover", (e) => surpriseEvent(e, false));
   $("surprise").addEventListener("click", (e) => surpriseEvent(e, true));
   $("attn").addEventListener("mousemove", attentionHover);
