@@ -119,7 +119,7 @@ def read_metrics(path, limit=MAX_METRIC_ROWS):
 
 
 class Runs:
-    """The run directories directly under one folder. A name from a request is only ever compared with a fresh
+    """The run directories directly under one folder. A name from a request is only looked up in a fresh
     listing of that folder, never joined to a path; a run or file that resolves outside the folder (a symlink
     out of it) is not listed."""
 
@@ -134,55 +134,71 @@ class Runs:
         path = run / name
         return path if path.is_file() and self._inside(path) else None
 
-    def names(self):
+    def listing(self):
+        """{name: directory} of every run (a directory with a checkpoint) in the folder."""
         with contextlib.suppress(OSError):
-            return sorted(d.name for d in self.root.iterdir()
-                          if d.is_dir() and self._inside(d) and (self._file(d, BEST) or self._file(d, LATEST)))
-        return []
+            return {d.name: d for d in sorted(self.root.iterdir())
+                    if d.is_dir() and self._inside(d) and (self._file(d, BEST) or self._file(d, LATEST))}
+        return {}
 
     def find(self, name):
         """A run name from a request -> its directory, or a 404 that says how to list the runs."""
-        if name not in self.names():
+        run = self.listing().get(name) if isinstance(name, str) else None
+        if run is None:
             raise RequestError(404, f"no run named {str(name)[:80]!r} in the served folder; GET /api/runs lists them")
-        return self.root / name
+        return run
 
     def checkpoint(self, name):
         """What sampling loads, as sample.py does: the best checkpoint, else the latest."""
         run = self.find(name)
         return self._file(run, BEST) or self._file(run, LATEST)
 
-    def summary(self, name):
+    def summaries(self):
+        return [self.summary(run) for run in self.listing().values()]
+
+    def summary(self, run):
         """The facts the run picker shows, from the newest header (read_meta reads no weights)."""
-        run = self.find(name)
-        path = self._file(run, LATEST) or self._file(run, BEST)
-        out = {"name": name, "updated": max(p.stat().st_mtime for p in run.iterdir() if p.is_file())}
+        out = {"name": run.name, "updated": _mtime(*(run / n for n in (LATEST, BEST, METRICS)))}
         try:
-            meta, shapes = read_meta(path)
+            meta, shapes = read_meta(self._file(run, LATEST) or self._file(run, BEST))
         except ChargptError as e:
             return {**out, "error": str(e)}
         cfg, best = meta["model_config"], finite(meta.get("best_val_loss", meta.get("val_loss")))
-        return {**out, "corpus": str(meta.get("corpus") or name), "step": meta.get("step", 0),
+        return {**out, "corpus": str(meta.get("corpus") or run.name), "step": meta.get("step", 0),
                 "params": sum(math.prod(s) for s in shapes.values()),  # a tied head is stored once
                 "best_val_loss": best, "best_bpc": best / math.log(2) if best is not None else None,
                 "vocab_size": cfg.vocab_size, "block_size": cfg.block_size, "layers": cfg.n_layer,
                 "heads": cfg.n_head, "width": cfg.n_embd}
 
     def details(self, name):
-        summary = self.summary(name)
+        run = self.find(name)
+        summary = self.summary(run)
         if "error" in summary:
             return summary
-        run = self.find(name)
         meta, _ = read_meta(self._file(run, LATEST) or self._file(run, BEST))
         chars = "".join(meta["vocab"].chars)
+        files = {}
+        for p in sorted(run.iterdir()):
+            with contextlib.suppress(OSError):  # a temporary file renamed away while we look
+                if p.is_file() and not p.name.startswith("."):
+                    files[p.name] = p.stat().st_size
         return {**summary, "model_config": vars(meta["model_config"]), "train_config": finite(meta.get("train_config")),
                 "saved_at": meta.get("saved_at"), "vocab_preview": chars[:200].encode("unicode_escape").decode(),
-                "files": {p.name: p.stat().st_size for p in sorted(run.iterdir())
-                          if p.is_file() and not p.name.startswith(".")}}
+                "files": files}
 
     def metrics(self, name):
         """-> (rows, mtime of metrics.jsonl or None)."""
         path = self._file(self.find(name), METRICS)
-        return (read_metrics(path), path.stat().st_mtime) if path else ([], None)
+        return (read_metrics(path), _mtime(path)) if path else ([], None)
+
+
+def _mtime(*paths):
+    """The newest modification time among paths that exist (0 if none)."""
+    times = [0.0]
+    for p in paths:
+        with contextlib.suppress(OSError):
+            times.append(p.stat().st_mtime)
+    return max(times)
 
 
 def finite(value):
@@ -205,7 +221,10 @@ class Models:
 
     def get(self, path):
         from .sampling import load
-        key = (str(path), path.stat().st_mtime_ns)
+        try:
+            key = (str(path), path.stat().st_mtime_ns)
+        except OSError:
+            raise RequestError(404, f"the run {path.parent.name!r} was removed; GET /api/runs lists them") from None
         with self.lock:
             if key not in self.loaded:
                 for old in [k for k in self.loaded if k[0] == key[0]]:  # an older save of the same run
@@ -403,8 +422,7 @@ async def index(request):
 
 async def list_runs(request):
     runs = state(request).runs
-    summaries = await run_in_threadpool(lambda: [runs.summary(n) for n in runs.names()])
-    return JSONResponse({"folder": str(runs.root), "runs": summaries})
+    return JSONResponse({"folder": str(runs.root), "runs": await run_in_threadpool(runs.summaries)})
 
 
 async def run_details(request):
