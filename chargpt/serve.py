@@ -176,14 +176,14 @@ class Runs:
         if "error" in summary:
             return summary
         meta, _ = read_meta(self._file(run, LATEST) or self._file(run, BEST))
-        chars = "".join(meta["vocab"].chars)
+        chars = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in meta["vocab"].chars)
         files = {}
         for p in sorted(run.iterdir()):
             with contextlib.suppress(OSError):  # a temporary file renamed away while we look
                 if p.is_file() and not p.name.startswith("."):
                     files[p.name] = p.stat().st_size
         return {**summary, "model_config": vars(meta["model_config"]), "train_config": finite(meta.get("train_config")),
-                "saved_at": meta.get("saved_at"), "vocab_preview": chars[:200].encode("unicode_escape").decode(),
+                "saved_at": meta.get("saved_at"), "vocab_preview": chars[:300],
                 "files": files}
 
     def metrics(self, name):

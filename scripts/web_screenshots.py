@@ -20,7 +20,7 @@ def shoot(url, out, prompt, run=None):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, headless=True, args=["--no-sandbox"])
-        page = browser.new_page(viewport={"width": 1280, "height": 860})
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
         page.set_default_timeout(120_000)
         page.goto(url)
         page.wait_for_selector("body[data-ready='1']")
@@ -41,14 +41,17 @@ def shoot(url, out, prompt, run=None):
         page.click("#to-inside")
         page.wait_for_selector("body[data-inside='done']")
         page.locator("#heads canvas").nth(page.locator("#heads canvas").count() - 1).click()  # the last layer's head
-        page.locator("#surprise .c").nth(len(prompt) + 30).click()  # pin a character: its row in the map
+        chars = page.locator("#surprise .c")
+        chars.nth(chars.count() - 12).click()  # pin a character: its row in the map, its expectations
+        page.evaluate("() => window.scrollTo(0, 0)")
         page.screenshot(path=out / "web-inside.png")
 
         page.click(".tab[data-view='runs']")
         page.wait_for_selector("#chart[data-curves]:not([data-curves='0'])")
         page.wait_for_selector("#run-detail h2")
         page.click("#run-detail button")
-        page.wait_for_function("() => document.querySelector('#run-detail pre').textContent.length > 200")
+        page.wait_for_selector("#run-detail button:enabled")
+        page.evaluate("() => window.scrollTo(0, 0)")
         page.screenshot(path=out / "web-runs.png")
         browser.close()
 
