@@ -452,6 +452,9 @@ async def generate(request):
     seed = req["seed"] if req["seed"] is not None else secrets.randbelow(2**31)  # as sample.py: random, reported
     options = {k: req[k] for k in ("max_new_tokens", "temperature", "top_k", "top_p", "num_samples")}
     options = {**options, "stop": tuple(req["stop"]), "seed": seed}
+    if s.closing:  # Ctrl-C arrived while the model was loading
+        s.busy.give()
+        raise RequestError(503, "the server is shutting down")
     job = Generation(gen, prompt, options, on_end=s.finished)
     s.jobs[job.id] = job
     job.start()  # now, not when the response starts: the worker frees the slot even if no byte is ever sent
@@ -547,6 +550,7 @@ def create_app(checkpoints, device="auto", hosts=LOOPBACK_NAMES, max_busy=MAX_BU
                     exception_handlers={RequestError: refused, ChargptError: unusable, HTTPException: http_error})
     app.state.runs, app.state.models, app.state.busy = Runs(checkpoints), Models(device, max_models), Busy(max_busy)
     app.state.jobs = {}  # id -> Generation in flight
+    app.state.closing = False  # set by stop_all when the server is asked to stop
 
     def finished(job):
         app.state.jobs.pop(job.id, None)
@@ -591,15 +595,30 @@ def url_of(sock):
     return f"http://{shown}:{port}"
 
 
-def _server(app, sock):
-    return uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2))
+def stop_all(app):
+    """Refuse new generations and cancel those in flight: each stream ends with its `done` event at the next
+    character, so the server can stop at once."""
+    app.state.closing = True
+    for job in list(app.state.jobs.values()):
+        job.cancel.set()
+
+
+def _server(app):
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5))
+    exit_on_signal = server.handle_exit
+
+    def handle_exit(sig, frame):  # Ctrl-C: end the streams first, or uvicorn waits for them and then kills them
+        stop_all(app)
+        exit_on_signal(sig, frame)
+    server.handle_exit = handle_exit
+    return server
 
 
 @contextlib.contextmanager
 def running(app, host="127.0.0.1", port=0, timeout=30):
     """Serve `app` from a background thread (tests, benchmarks); -> its base URL. Stopped on exit."""
     sock = bind(host, port)
-    server = _server(app, sock)
+    server = _server(app)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="chargpt-serve", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout
@@ -610,6 +629,7 @@ def running(app, host="127.0.0.1", port=0, timeout=30):
     try:
         yield url_of(sock)
     finally:
+        stop_all(app)
         server.should_exit = True
         thread.join(timeout)
         sock.close()
@@ -632,7 +652,7 @@ def serve(checkpoints="checkpoints", host="127.0.0.1", port=8000, device="auto",
         say(f"warning: serving on {host}: anyone who can reach this machine on port {sock.getsockname()[1]} can "
             f"use the playground, read your runs' configs and spend its compute; use --host 127.0.0.1 to keep it "
             f"private")
-    _server(app, sock).run(sockets=[sock])
+    _server(app).run(sockets=[sock])
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
