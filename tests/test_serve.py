@@ -316,6 +316,19 @@ def test_a_client_that_goes_away_cancels_its_generation(served):
         wait_until(lambda: app.state.busy.count == 0 and not app.state.jobs)
 
 
+def test_stopping_the_server_ends_open_streams_with_done(served):
+    app = serve.create_app(served, device="cpu")
+    with serve.running(app) as url:
+        response, events = open_stream(url, LONG)
+        assert next(events)[0] == "start"
+    with response:  # the server stopped (Ctrl-C does the same): the stream was ended properly, not cut
+        rest = list(events)
+    assert rest[-1][0] == "done" and rest[-1][1]["stopped"] and rest[-1][1]["chars"] < 8 * 5000
+    client = TestClient(app, base_url=HERE)
+    r = client.post("/api/generate", json={"run": "tiny"})  # a request that arrives while it stops
+    assert r.status_code == 503 and "shutting down" in r.json()["error"] and app.state.busy.count == 0
+
+
 # --- look inside ----------------------------------------------------------------------------------------------
 def test_inside_returns_surprise_expectations_and_causal_attention(client, served):
     import base64
