@@ -91,6 +91,12 @@ def test_metrics_of_a_run_still_training_update_and_torn_lines_are_skipped(clien
         path.write_text(saved)
 
 
+def test_an_empty_folder_has_no_runs_yet(tmp_path):
+    client = TestClient(serve.create_app(tmp_path, device="cpu"), base_url=HERE)
+    assert client.get("/api/runs").json() == {"folder": str(tmp_path.resolve()), "runs": []}
+    assert client.post("/api/generate", json={"run": "tiny"}).status_code == 404
+
+
 def test_a_damaged_run_is_listed_with_its_error_and_refused_with_422(tmp_path):
     root = tmp_path / "runs"
     (root / "broken").mkdir(parents=True)

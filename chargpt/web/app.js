@@ -95,8 +95,8 @@ function selectRun(name) {
 function renderFacts() {
   const r = current();
   $("run-facts").textContent = !r ? "" : r.error ? `this run cannot be read: ${r.error}` :
-    `${r.corpus} · ${params(r.params)} parameters (${r.layers} layer${r.layers === 1 ? "" : "s"} × ${r.width}, ${r.heads} heads, ` +
-    `context ${r.block_size}) · step ${r.step} · best val loss ${fmt(r.best_val_loss)} nats ` +
+    `${r.corpus} · ${params(r.params)} parameters (${r.layers} layer${r.layers === 1 ? "" : "s"} × ${r.width}, ` +
+    `${r.heads} heads, context ${r.block_size}) · step ${r.step} · best val loss ${fmt(r.best_val_loss)} nats ` +
     `(${fmt(r.best_bpc)} bits/char) · ${r.vocab_size} characters`;
 }
 
@@ -124,11 +124,13 @@ async function* sseEvents(response) {
 }
 
 function writeSettings() {
+  // an empty box is left out: the server then uses sample.py's default for it
   const stop = $("stop").value;
-  return {run: state.run, prompt: $("prompt").value, temperature: Number($("temperature").value),
-          top_k: numberOrNull("top-k"), top_p: numberOrNull("top-p"), max_new_tokens: Number($("length").value),
-          seed: numberOrNull("seed"), num_samples: Number($("samples").value), unknown: $("unknown").value,
-          stop: stop ? [unescapeStop(stop)] : []};
+  const body = {run: state.run, prompt: $("prompt").value, temperature: numberOrNull("temperature"),
+                top_k: numberOrNull("top-k"), top_p: numberOrNull("top-p"), max_new_tokens: numberOrNull("length"),
+                seed: numberOrNull("seed"), num_samples: numberOrNull("samples"), unknown: $("unknown").value,
+                stop: stop ? [unescapeStop(stop)] : []};
+  return Object.fromEntries(Object.entries(body).filter(([, v]) => v !== null));
 }
 
 async function generate(body, onStart, onText) {
@@ -148,8 +150,10 @@ async function generate(body, onStart, onText) {
 }
 
 async function onGenerate() {
-  if (!state.run) return;
+  if (!state.run || document.body.dataset.state === "generating") return;
   const body = writeSettings();
+  state.job = null;
+  state.stopWanted = false;
   const outputs = $("outputs");
   const texts = [];
   let nodes = [];
@@ -175,6 +179,7 @@ async function onGenerate() {
       status("write-status", `writing… seed ${start.seed}` + (start.warning ? ` · ${start.warning}` : ""));
       state.job.seed = start.seed;
       state.job.warning = start.warning;
+      if (state.stopWanted) onStop();  // Stop was pressed before the generation had an id
     }, (pieces) => {
       for (const [i, piece] of pieces) { texts[i] += piece; nodes[i].gen.data += piece; }
     });
@@ -204,8 +209,8 @@ function markUnknown(prompt, found) {
 }
 
 async function onStop() {
-  if (!state.job) return;
   $("stop-button").disabled = true;
+  if (!state.job) { state.stopWanted = true; return; }
   await api("/api/stop", {id: state.job.id}).catch(() => {});  // already finished: nothing to stop
 }
 
@@ -283,7 +288,7 @@ function showExpected(i) {
   if (i === 0) { box.replaceChildren("The first character has no text before it, so no expectation."); return; }
   const actual = d.chars[i];
   const head = i < d.chars.length
-    ? `Position ${i}: ${JSON.stringify(actual)} — ` + (d.unknown.includes(i) ? "not in the vocabulary"
+    ? `Position ${i}: ${JSON.stringify(actual)} — ` + (d.unknown.includes(i) ? "not in the vocabulary. "
       : `${fmt(d.bits[i], 2)} bits. `) + "The model expected: "
     : "After the text, the model expects: ";
   box.replaceChildren(head, ...cands.map(([c, p]) =>
@@ -318,7 +323,7 @@ function drawAttention() {
   ctx.fillStyle = "#ffffff";
   ctx.fillRect(0, 0, canvas.width, canvas.height);
   for (let q = 0; q < W; q++) {
-    for (let k = 0; k <= q; k++) {  // above the diagonal the causal mask leaves every weight at zero
+    for (let k = 0; k < W; k++) {  // the weights as they are: the causal mask left zeros above the diagonal
       ctx.fillStyle = attnShade(weight(state.layer, state.head, q, k));
       ctx.fillRect(margin + k * cell, margin + q * cell, cell, cell);
     }
@@ -362,7 +367,7 @@ function drawHeads() {
       const image = ctx.createImageData(W, W);
       for (let q = 0; q < W; q++) {
         for (let k = 0; k < W; k++) {
-          const t = Math.sqrt(k <= q ? weight(layer, head, q, k) : 0), at = 4 * (q * W + k);
+          const t = Math.sqrt(weight(layer, head, q, k)), at = 4 * (q * W + k);
           image.data[at] = 255 - 219 * t; image.data[at + 1] = 255 - 169 * t; image.data[at + 2] = 255 - 54 * t;
           image.data[at + 3] = 255;
         }
