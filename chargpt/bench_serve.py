@@ -53,14 +53,13 @@ def random_run(root, device):
 
 
 def timed(pieces):
-    """An iterator of text pieces, started just now -> (TTFC s, chars/s after the first, text)."""
-    t0, first, text = time.perf_counter(), None, ""
+    """An iterator of text pieces, started just now -> (TTFC s, chars/s from the first to the last, text)."""
+    t0, first, last, text = time.perf_counter(), None, None, ""
     for piece in pieces:
-        if first is None:
-            first = time.perf_counter()
+        last = time.perf_counter()
+        first = first or last
         text += piece
-    end = time.perf_counter()
-    rate = (len(text) - 1) / (end - first) if len(text) > 1 and end > first else float("nan")
+    rate = (len(text) - 1) / (last - first) if len(text) > 1 and last > first else float("nan")
     return first - t0, rate, text
 
 
@@ -89,14 +88,19 @@ def page(url, run, settings):
     return timed(pieces())
 
 
-def sample_py(run, settings, device):
+def child_env(threads):
+    """The environment of the server and sample.py processes: the same torch thread count as this one."""
+    return {**os.environ, "OMP_NUM_THREADS": str(threads)} if threads else None
+
+
+def sample_py(run, settings, device, threads=None):
     """A new `sample.py` process; TTFC counts from its start to the first character after the echoed prompt."""
     args = [sys.executable, "-c", "from chargpt.cli import sample_cli; sample_cli()", "--checkpoint", str(run),
             "--prompt", PROMPT, "--seed", str(settings["seed"]), "--max-new-tokens", str(settings["max_new_tokens"]),
             "--temperature", str(settings["temperature"]), "--device", str(device)]
 
     def pieces():
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=child_env(threads))
         skip, pending = len(PROMPT.encode()), b""
         while chunk := os.read(proc.stdout.fileno(), 4096):
             chunk, skip = chunk[skip:], max(0, skip - len(chunk))
@@ -110,9 +114,9 @@ def sample_py(run, settings, device):
     return ttfc, rate, text.removesuffix("\n")  # sample.py ends the sample with a newline
 
 
-def start_server(root, device):
+def start_server(root, device, threads=None):
     proc = subprocess.Popen([sys.executable, "-m", "chargpt.serve", "--checkpoints", str(root), "--port", "0",
-                             "--device", str(device)], stderr=subprocess.PIPE, text=True)
+                             "--device", str(device)], stderr=subprocess.PIPE, text=True, env=child_env(threads))
     line = proc.stderr.readline()
     if not line.startswith("chargpt playground: "):
         proc.kill()
@@ -120,19 +124,19 @@ def start_server(root, device):
     return proc, line.split()[2]
 
 
-def run_all(run, device, chars, repeats):
+def run_all(run, device, chars, repeats, threads=None):
     settings = dict(max_new_tokens=chars, temperature=0.8, seed=1)
     gen = load(run, device=str(device))
     library(gen, {**settings, "max_new_tokens": 2})  # warm-up
     results = {"library": [library(gen, settings) for _ in range(repeats)]}
-    proc, url = start_server(run.parent, device)
+    proc, url = start_server(run.parent, device, threads)
     try:
         page(url, run.name, {**settings, "max_new_tokens": 2})  # loads the model into the server
         results["page"] = [page(url, run.name, settings) for _ in range(repeats)]
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    results["sample.py"] = [sample_py(run, settings, device) for _ in range(repeats)]
+    results["sample.py"] = [sample_py(run, settings, device, threads) for _ in range(repeats)]
     return results
 
 
@@ -157,7 +161,8 @@ def main(argv=None):
     p.add_argument("--device", default="auto")
     p.add_argument("--chars", type=int, default=500, help="characters per generation")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch, in every process measured "
+                                                            "[default: one per core]")
     p.add_argument("--write", action="store_true", help="append the results to benchmarks/RESULTS.md")
     args = p.parse_args(argv)
     device = pick_device(args.device)
@@ -165,8 +170,9 @@ def main(argv=None):
         configure_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(args.checkpoint).resolve() if args.checkpoint else random_run(tmp, device)
-        text = report(run_all(run, device, args.chars, args.repeats), run if args.checkpoint else "random weights",
-                      device, args.chars, args.repeats)
+        threads = torch.get_num_threads() if device.type == "cpu" else None
+        text = report(run_all(run, device, args.chars, args.repeats, threads),
+                      run if args.checkpoint else "random weights", device, args.chars, args.repeats)
     print(text)
     if args.write:
         path = Path("benchmarks/RESULTS.md")

@@ -19,7 +19,8 @@ from chargpt.serve import create_app, running
 def shoot(url, out, prompt, run=None):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, headless=True, args=["--no-sandbox"])
+        browser = p.chromium.launch(executable_path=chromium, headless=True,
+                                    args=["--no-sandbox", "--disable-dev-shm-usage"])
         page = browser.new_page(viewport={"width": 1280, "height": 900})
         page.set_default_timeout(120_000)
         page.goto(url)

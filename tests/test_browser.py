@@ -37,7 +37,7 @@ def site(tmp_path_factory):
 def browser():
     assert CHROMIUM, "CI needs Chromium: apt-get install chromium"
     with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-dev-shm-usage"])
         yield b
         b.close()
 
