@@ -450,8 +450,8 @@ async def generate(request):
         s.busy.give()
         raise
     seed = req["seed"] if req["seed"] is not None else secrets.randbelow(2**31)  # as sample.py: random, reported
-    options = {k: req[k] for k in ("max_new_tokens", "temperature", "top_k", "top_p", "num_samples")}
-    options = {**options, "stop": tuple(req["stop"]), "seed": seed}
+    options = {**{k: req[k] for k in ("max_new_tokens", "temperature", "top_k", "top_p", "num_samples")},
+               "stop": tuple(req["stop"]), "seed": seed}  # Generator.stream's keywords, as sample.py passes them
     if s.closing:  # Ctrl-C arrived while the model was loading
         s.busy.give()
         raise RequestError(503, "the server is shutting down")
