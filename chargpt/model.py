@@ -115,7 +115,7 @@ class Attention(nn.Module):
         B, T, _ = t.size()
         return t.view(B, T, self.n_head, self.n_embd // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
 
-    def forward(self, x, cache=None, key_mask=None, memory=None):
+    def forward(self, x, cache=None, key_mask=None, memory=None, attn_weights=None):
         B, T, C = x.size()
         start = 0
         if self.cross:
@@ -128,10 +128,10 @@ class Attention(nn.Module):
                 start = cache.pos
                 k, v = cache.update(self.layer, k.to(cache.k.dtype), v.to(cache.v.dtype))  # (B, nh, S, hs)
                 q = q.to(k.dtype)
-        if self.use_fused(x):
+        if attn_weights is None and self.use_fused(x):
             y = self.fused(q, k, v, start, key_mask)
         else:
-            y = self.reference(q, k, v, start, key_mask)
+            y = self.reference(q, k, v, start, key_mask, attn_weights)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side again
         return self.resid_dropout(self.c_proj(y))
 
@@ -166,15 +166,19 @@ class Attention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask(T, S, start, key_mask, q.device),
                                               dropout_p=p)
 
-    def reference(self, q, k, v, start, key_mask=None):
+    def reference(self, q, k, v, start, key_mask=None, attn_weights=None):
         """Explicit attention: softmax(q k^T / sqrt(hs)) with the mask (-inf where a query may not look),
-        then dropout."""
+        then dropout. attn_weights: a list that receives the weights (B, nh, T, S) before dropout, for
+        inspection."""
         S = k.size(2)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, nh, T, S)
         mask = self.mask(q.size(2), S, start, key_mask, q.device)
         if mask is not None:
             att = att.masked_fill(~mask, float("-inf"))
-        att = self.attn_dropout(F.softmax(att, dim=-1))
+        att = F.softmax(att, dim=-1)
+        if attn_weights is not None:
+            attn_weights.append(att.detach())
+        att = self.attn_dropout(att)
         return att @ v  # (B, nh, T, hs)
 
 
@@ -208,8 +212,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cache=None, key_mask=None, memory=None):
-        x = self.residual(x, self.ln_1, lambda h: self.attn(h, cache, key_mask))
+    def forward(self, x, cache=None, key_mask=None, memory=None, attn_weights=None):
+        x = self.residual(x, self.ln_1, lambda h: self.attn(h, cache, key_mask, attn_weights=attn_weights))
         if memory is not None:
             x = self.residual(x, self.ln_x, lambda h: self.cross(h, memory=memory))
         return self.residual(x, self.ln_2, self.mlp)
@@ -310,15 +314,16 @@ class CharGPT(Transformer):
         self.build_head(cfg)
         self.init_weights(2 * cfg.n_layer)
 
-    def forward(self, idx, targets=None, cache=None, loss_mask=None, label_smoothing=0.0):
+    def forward(self, idx, targets=None, cache=None, loss_mask=None, label_smoothing=0.0, attn_weights=None):
         """idx (B, T) ids -> (logits, loss). logits are (B, T, V); loss is the mean cross-entropy against
         targets (B, T) over the positions where loss_mask (B, T) is set (default all), or None. With a KVCache,
         idx continues the cached text and only the last position's logits are computed (B, 1, V): that is all
-        decoding needs."""
+        decoding needs. attn_weights: an optional list that receives each layer's attention weights
+        (B, nh, T, S), computed on the explicit softmax path."""
         start = cache.pos if cache is not None else 0
         x = self.embed(idx, start)  # (B, T, C)
         for block in self.h:
-            x = block(x, cache)
+            x = block(x, cache, attn_weights=attn_weights)
         if cache is not None:
             cache.pos += idx.size(1)
             x = x[:, -1:, :]  # (B, 1, C)

@@ -9,13 +9,13 @@ matplotlib.figure.Figure (no pyplot, no display, no global state).
 """
 
 import contextlib
-import json
 import math
 import os
 from pathlib import Path
 
-from .checkpoint import METRICS
+from . import rundir
 from .errors import ChargptError, DataError
+from .rundir import METRICS
 
 UNITS = {"nats": ("loss", "loss (nats per character)"), "bpc": ("bpc", "bits per character")}
 CURVES = "curves.png"
@@ -39,14 +39,10 @@ def read_metrics(run):
         raise DataError(f"run not found: {run}; pass run directories (as written by chargpt train)")
     if not path.is_file():
         raise DataError(f"no {METRICS} in {run}; pass a run directory that has trained (chargpt train --out-dir)")
-    rows = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        with contextlib.suppress(ValueError, TypeError, AttributeError):
-            row = json.loads(line)
-            rows[int(row["step"])] = row
+    rows = rundir.read_metrics(path)
     if not rows:
         raise DataError(f"{path} has no evaluations yet; train for at least one --eval-interval")
-    return [rows[s] for s in sorted(rows)]
+    return rows
 
 
 def _value(row, split, unit):

@@ -312,6 +312,29 @@ def truncate_metrics(path, step):
             from None
 
 
+def read_metrics(path):
+    """metrics.jsonl -> its evaluation rows (dicts with an integer step) sorted by step, the last one kept for a
+    repeated step; lines that do not parse (cut short by a kill) are skipped. A missing or unreadable file has
+    no rows."""
+    rows = {}
+    try:
+        lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            row = json.loads(line, parse_constant=_no_constant)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and not isinstance(row["step"], bool):
+            rows[row["step"]] = row
+    return [rows[s] for s in sorted(rows)]
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
 def _json_step(line):
     try:
         return int(json.loads(line).get("step", 0))

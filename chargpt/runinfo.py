@@ -7,7 +7,6 @@ Only safetensors headers (checkpoint.read_meta) and metrics.jsonl are read, neve
 even for a large model. The parameter count comes from the tensor shapes in the header.
 """
 
-import json
 import math
 import textwrap
 from dataclasses import asdict
@@ -15,7 +14,8 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-from .checkpoint import LATEST, METRICS, read_meta, resolve
+from .checkpoint import read_meta
+from .rundir import LATEST, METRICS, read_metrics, resolve
 
 PREVIEW_CHARS = 80
 WRAP = 110  # columns of the human format
@@ -41,16 +41,7 @@ def _format_version(path):
 
 
 def _metrics(run_dir):
-    """The evaluation rows of metrics.jsonl (lines cut short by a kill are skipped)."""
-    rows = []
-    path = run_dir / METRICS
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                continue
-    return rows
+    return read_metrics(run_dir / METRICS)
 
 
 def run_info(path):

@@ -1,0 +1,165 @@
+"""The playground in a real browser: headless Chromium (Debian's `chromium`, driven by Playwright) against a
+server on a free localhost port with a tiny run trained here. It writes with a fixed seed and checks the text
+against the library, stops a generation, shows unknown characters, draws the inside view (surprise shading,
+a causal attention map) and the runs view (curves that follow a run still training). Each view is saved as a
+screenshot under the test's tmp dir. Skipped only where Chromium or Playwright is missing outside CI."""
+
+import json
+import os
+import shutil
+
+import pytest
+from webutil import need, train_tiny
+
+import chargpt
+
+need("starlette")
+need("uvicorn")
+sync_api = need("playwright.sync_api")
+from chargpt import serve  # noqa: E402
+
+CHROMIUM = os.environ.get("CHARGPT_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+if not CHROMIUM and os.environ.get("CI") != "true":
+    pytest.skip("Chromium is not installed (apt-get install chromium)", allow_module_level=True)
+WAIT_MS = 60_000  # generous: CI machines are small and shared
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """(base URL, run directory) of a server with one tiny run."""
+    root = tmp_path_factory.mktemp("browser")
+    run = train_tiny(root)
+    with serve.running(serve.create_app(root, device="cpu")) as url:
+        yield url, run
+
+
+@pytest.fixture(scope="module")
+def browser():
+    assert CHROMIUM, "CI needs Chromium: apt-get install chromium"
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-dev-shm-usage"])
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, site):
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.set_default_timeout(WAIT_MS)
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    # console errors, such as CSP violations; a refused request (which tests provoke) is checked where it happens
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" and "Failed to load resource" not in m.text
+            else None)
+    page.goto(site[0])
+    page.wait_for_selector("body[data-ready='1']")
+    yield page
+    page.close()
+    assert not errors, errors
+
+
+def write(page, prompt, **fields):
+    page.fill("#prompt", prompt)
+    for name, value in fields.items():
+        page.fill(f"#{name}", str(value))
+    page.click("#generate")
+    page.wait_for_selector("body[data-state='done']")
+
+
+def sample_text(page, i):
+    return page.text_content(f".sample[data-i='{i}'] .gen")
+
+
+def test_write_streams_the_text_the_library_writes(page, site, tmp_path):
+    write(page, "To be", temperature=0.9, **{"top-k": 12}, length=80, seed=5, samples=2)
+    expected = chargpt.load(site[1], device="cpu").generate("To be", temperature=0.9, top_k=12, max_new_tokens=80,
+                                                           seed=5, num_samples=2)
+    assert [sample_text(page, 0), sample_text(page, 1)] == expected
+    assert page.text_content(".sample[data-i='0'] .prompt") == "To be"
+    assert page.inner_text("#write-status").startswith("done · 160 characters")
+    page.screenshot(path=tmp_path / "write.png", full_page=True)
+
+
+def test_stop_ends_a_long_generation(page):
+    page.fill("#length", "5000")
+    page.fill("#samples", "8")
+    page.click("#generate")
+    page.wait_for_function("() => document.querySelector(\".sample[data-i='0'] .gen\")?.textContent.length > 0")
+    page.click("#stop-button")
+    page.wait_for_selector("body[data-state='done']")
+    assert page.inner_text("#write-status").startswith("stopped")
+    assert len(sample_text(page, 0)) < 5000
+
+
+def test_unknown_prompt_characters_are_marked_then_replaced(page, site):
+    write(page, "To bé")
+    assert "never saw" in page.inner_text("#write-status")
+    assert page.text_content("#prompt-marks .unknown") == "é"
+    page.select_option("#unknown", "replace")
+    write(page, "To bé", seed=2, length=20)
+    gen = chargpt.load(site[1], device="cpu")
+    assert page.text_content(".sample[data-i='0'] .prompt") == gen.prompt_text("To bé", "replace")
+    assert sample_text(page, 0) == gen.generate("To bé", unknown="replace", seed=2, max_new_tokens=20)[0]
+    assert "replaced" in page.inner_text("#write-status")
+
+
+ATTENTION_PIXELS = """() => {
+  const c = document.getElementById('attn'), ctx = c.getContext('2d');
+  const cell = +c.dataset.cell, m = +c.dataset.margin, W = Math.round((c.width - m) / cell);
+  const px = (q, k) => Array.from(ctx.getImageData(m + k * cell + cell / 2, m + q * cell + cell / 2, 1, 1).data);
+  const white = (p) => p[0] === 255 && p[1] === 255 && p[2] === 255;
+  let above = 0, dark = 0;
+  for (let q = 0; q < W; q++) for (let k = 0; k < W; k++) {
+    if (k > q && !white(px(q, k))) above++;
+    if (k === 0 && q === 0 && px(q, k)[0] < 100) dark++;
+  }
+  return {W, above, dark};
+}"""
+
+
+def test_look_inside_shades_surprise_and_draws_causal_attention(page, site, tmp_path):
+    write(page, "To be", seed=3, length=40)
+    text = "To be" + sample_text(page, 0)
+    page.click("#to-inside")
+    page.wait_for_selector("body[data-inside='done']")
+    assert page.input_value("#inside-text") == text
+    chars = page.locator("#surprise .c")
+    assert chars.count() == len(text)
+    assert int(page.get_attribute("#surprise", "data-shaded")) == len(text) - 1  # all but the first character
+    colours = {chars.nth(i).evaluate("s => getComputedStyle(s).backgroundColor") for i in range(1, len(text))}
+    assert len(colours) > 3 and "rgb(255, 255, 255)" not in colours  # shaded, and by different amounts
+    chars.nth(7).hover()
+    assert page.inner_text("#expected").startswith("Position 7:") and page.locator("#expected .cand").count() == 5
+    assert page.get_attribute("#attn", "data-drawn") == "0,0"
+    pixels = page.evaluate(ATTENTION_PIXELS)
+    assert pixels == {"W": 16, "above": 0, "dark": 1}  # the causal triangle: nothing above the diagonal
+    assert page.get_attribute("#heads", "data-drawn") == "2"  # 1 layer x 2 heads
+    page.locator("#heads canvas").nth(1).click()
+    assert page.get_attribute("#attn", "data-drawn") == "0,1"
+    # a character before the window (which holds the last 16): clicking it moves the window to hold it
+    assert "attention over characters 29 to 44" in page.inner_text("#inside-status")
+    chars.nth(3).click()
+    page.wait_for_function("() => document.getElementById('inside-status').textContent.includes('characters 0 to 15')")
+    assert page.locator("#surprise .pinned").count() == 1 and page.get_attribute("#attn", "data-drawn") == "0,1"
+    page.screenshot(path=tmp_path / "inside.png", full_page=True)
+
+
+def test_runs_view_draws_curves_that_follow_a_run_still_training(page, site, tmp_path):
+    page.click(".tab[data-view='runs']")
+    page.wait_for_selector("#chart[data-curves='2']")  # train and val of the one run
+    val = page.locator("#chart path.curve.val")
+    assert val.get_attribute("d").count("L") == 3  # evaluations at steps 0, 10, 20, 30
+    assert page.locator("#runs-table tbody tr").count() == 1
+    page.screenshot(path=tmp_path / "runs.png", full_page=True)
+    page.check("input[name=unit][value=nats]")
+    assert page.locator("#chart path.curve").count() == 2
+    # training goes on: a new evaluation appears without reloading the page
+    with open(site[1] / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 40, "train_loss": 2.9, "val_loss": 3.0, "train_bpc": 4.18, "val_bpc": 4.33}) + "\n")
+    points = "() => document.querySelector('#chart path.curve.val').getAttribute('d').split('L').length"
+    page.wait_for_function(f"{points} === 5")
+    # and its sample: what training prints at the end, from the same seed
+    page.click("#run-detail button")
+    page.wait_for_function("() => document.querySelector('#run-detail pre').textContent.length === 300")
+    expected = chargpt.load(site[1], device="cpu").generate("", max_new_tokens=300, temperature=0.8, seed=1337)[0]
+    assert page.text_content("#run-detail pre") == expected
