@@ -91,7 +91,7 @@ def _allocation(e):
     """' (2.0 GB requested)' from an allocator's message, or ''."""
     m = re.search(r"allocate (\d+) bytes", str(e))
     if m:
-        return f" ({int(m[1]) / 1e9:.1f} GB requested)"
+        return f" ({int(m[1]) / 1e9:,.1f} GB requested)"
     m = re.search(r"allocate ([\d.]+ [KMGT]iB)", str(e))  # CUDA: "Tried to allocate 2.00 GiB"
     return f" ({m[1]} requested)" if m else ""
 

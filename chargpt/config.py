@@ -20,7 +20,8 @@ from .errors import ConfigError
 
 UNLIMITED = 10**12  # max_iters when only --max-time bounds a run
 FORMAT_VERSION = 1  # bump when the checkpoint layout changes incompatibly
-MAX_SEED = 2**63 - 1  # torch seeds are 64-bit; this leaves room for the per-stream offsets added to the seed
+MAX_INT = 2**63 - 1  # torch's sizes and indices are signed 64-bit
+MAX_SEED = MAX_INT  # torch seeds are unsigned 64-bit; this leaves room for the per-stream offsets added to the seed
 THREADS_PER_CPU = 4  # --threads above this many per CPU is a typo: torch only slows down, and crashes near 100000
 
 
@@ -63,7 +64,7 @@ class ModelConfig:
     tie_weights: bool = opt(True, "share the token embedding with the output head (fewer parameters)")
 
     def validate(self):
-        check_finite(self)
+        check_numbers(self)
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
             if getattr(self, name) < 1:
                 what = "the vocabulary size" if name == "vocab_size" else param(name)
@@ -98,7 +99,7 @@ class TrainConfig:
     grad_accum: int = opt(1, "micro-batches accumulated per optimizer step")
     max_iters: int = opt(5000, "optimizer steps to train for")
     max_time: float | None = opt(None, "wall-clock budget in seconds; the learning-rate schedule is fitted to it "
-                                       "and training stops (and saves) when it is spent")
+                                       "and training stops (and saves) when it is spent [default: none]")
     learning_rate: float = opt(1e-3, "peak learning rate (AdamW)")
     min_lr: float | None = opt(None, "final learning rate of the cosine decay [default: learning rate / 10]")
     warmup_iters: int = opt(100, "steps of linear warmup")
@@ -125,7 +126,7 @@ class TrainConfig:
     resume: bool = opt(False, "continue the run in --out-dir from its latest state")
 
     def validate(self):
-        check_finite(self)
+        check_numbers(self)
         check_paths(vars(self))
         for name in ("batch_size", "max_iters", "learning_rate", "eval_interval", "eval_iters"):
             if not getattr(self, name) > 0:
@@ -172,7 +173,7 @@ class SampleSettings:
 
     def validate(self):
         typed_fields(SampleSettings, vars(self), "sampling settings")
-        check_finite(self)
+        check_numbers(self)
         if not self.temperature >= 0:
             raise ConfigError(f"{param('temperature')} must be >= 0 (0 means greedy), got {self.temperature}")
         if self.top_k is not None and self.top_k < 0:
@@ -186,13 +187,16 @@ class SampleSettings:
         return self
 
 
-def check_finite(config):
-    """Every float setting of a config must be a number: NaN never compares, so it would slip past every range
-    check below it (a NaN --max-time never stops, a NaN --grad-clip disables clipping); inf means nothing either."""
+def check_numbers(config):
+    """Every number in a config must be one torch can take. NaN never compares, so it would slip past every range
+    check after this (a NaN --max-time never stops, a NaN --grad-clip disables clipping), and inf means nothing
+    either; an integer past 64 bits overflows inside torch."""
     for f in fields(config):
         value = getattr(config, f.name)
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{param(f.name)} must be a finite number (got {value})")
+        if isinstance(value, int) and abs(value) > MAX_INT:
+            raise ConfigError(f"{param(f.name)} is too large (got {value:.3g}; at most 2**63 - 1)")
 
 
 def check_paths(settings):
@@ -212,8 +216,8 @@ def check_seed(seed):
 
 def check_sample_options(num_samples, seed):
     """The Generator options that are not SampleSettings: how many samples, and the seed (None: random)."""
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
-        raise ConfigError(f"{param('num_samples')} must be at least 1, got {num_samples!r:.40}")
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or not 1 <= num_samples <= MAX_INT:
+        raise ConfigError(f"{param('num_samples')} must be from 1 to 2**63 - 1, got {num_samples!r:.40}")
     if seed is not None:
         check_seed(seed)
 
