@@ -126,6 +126,7 @@ class TrainConfig:
     resume: bool = opt(False, "continue the run in --out-dir from its latest state")
 
     def validate(self):
+        check_seed(self.seed)  # its own range, said more precisely than check_numbers would
         check_numbers(self)
         check_paths(vars(self))
         for name in ("batch_size", "max_iters", "learning_rate", "eval_interval", "eval_iters"):
@@ -150,7 +151,6 @@ class TrainConfig:
                 raise ConfigError(f"{param(name)} must be in [0, 1) (got {getattr(self, name)})")
         if self.threads is not None:
             check_threads(self.threads)
-        check_seed(self.seed)
         return self
 
 

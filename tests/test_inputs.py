@@ -72,6 +72,9 @@ BAD_TRAIN_INPUTS = [
     ("seed-1e23", dict(seed=10**23), ConfigError,
      rf"--seed must be a whole number from 0 to {MAX_SEED} \(2\*\*63 - 1\), got 100000000000000000000000"),
     ("seed-negative", dict(seed=-1), ConfigError, r"--seed must be a whole number from 0"),
+    # integers past 64 bits overflow inside torch
+    ("batch-size-1e20", dict(batch_size=10**20), ConfigError, r"--batch-size is too large \(got 1e\+20; at most"),
+    ("grad-accum-1e20", dict(grad_accum=10**20), ConfigError, r"--grad-accum is too large"),
 ]
 
 
@@ -163,6 +166,7 @@ def test_damaged_corpus_cache_is_rebuilt_and_said(tmp_path, corpus):
     (["--top-p", "nan"], "--top-p must be a finite number (got nan)"),
     (["--seed", str(10**23)], "--seed must be a whole number from 0 to"),
     (["--seed", "-5"], "--seed must be a whole number from 0 to"),
+    (["--num-samples", str(10**20)], "--num-samples must be from 1 to 2**63 - 1"),
 ], ids=str)
 def test_bad_sampling_input(ckpt, args, needle):
     r = invoke(sample_cli, ["--checkpoint", ckpt, *args])
