@@ -4,7 +4,7 @@
     python -m chargpt.bench --write              # ... and appends it to benchmarks/RESULTS.md
     python -m chargpt.bench --only decode        # one part: peak, train, baseline, decode
     python -m chargpt.bench --quick              # every part on a tiny shape in seconds: a smoke test, not numbers
-    python -m chargpt.bench quality --data ../shared/data/tinyshakespeare.txt --max-time 120
+    python -m chargpt.bench quality --data data/shakespeare.txt --max-time 120
 
 MFU is model FLOPs per second against the best matmul throughput measured in the same process, per dtype.
 """
@@ -13,14 +13,15 @@ import argparse
 import platform
 import statistics
 import time
+from dataclasses import fields
 from pathlib import Path
 
 import torch
 
-from .config import ModelConfig
+from .config import ModelConfig, SampleSettings, TrainConfig, field_type
 from .model import CharGPT
 from .runtime import autocast, configure_threads, cpu_has_native_bf16, pick_device
-from .sampling import SampleSettings, decode
+from .sampling import decode
 
 SHAPES = {  # name: (model config, batch size)
     "4x128 ctx64 b12": (ModelConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128, dropout=0.0), 12),
@@ -171,13 +172,9 @@ def quality(args):
 
 
 def type_of(name):
-    from dataclasses import fields
-
-    from .cli import _field_type
-    from .config import ModelConfig, TrainConfig
     for f in fields(ModelConfig) + fields(TrainConfig):
         if f.name == name:
-            t = _field_type(f)
+            t = field_type(f)
             return (lambda v: v.lower() in ("1", "true", "yes")) if t is bool else t
     raise SystemExit(f"unknown setting {name}")
 

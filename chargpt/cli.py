@@ -1,55 +1,52 @@
 """The command lines: `python train.py` / `chargpt-train` and `python sample.py` / `chargpt-sample`.
 
-Thin by design: flags -> one call into the package. Training flags are generated from the config
-dataclasses, so every hyperparameter has exactly one name, default and help line (in chargpt/config.py).
-Errors a user can fix print one line on stderr and exit 1; Ctrl-C exits 130 (SIGTERM 143) after saving.
+Thin by design: flags -> one call into the package. Flags are generated from the config dataclasses
+(config.flag_specs), so every setting has exactly one name, default and help line, in chargpt/config.py.
+Output: results on stdout (sample.py's text; train.py's run directory, one line when it ends), everything
+else (progress, logs, warnings, errors) on stderr. Errors a user can fix print one line on stderr and exit 1;
+Ctrl-C exits 130 (SIGTERM 143) after saving.
 """
 
+import codecs
+import io
+import itertools
 import json
 import os
 import random
 import re
 import sys
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from pathlib import Path
 
 import click
 from click.core import ParameterSource
 from tqdm import tqdm
 
-from .config import PRESETS, ModelConfig, SampleSettings, TrainConfig, flag
+from .config import ModelConfig, SampleSettings, TrainConfig, check_sample_options, cli_names, flag_specs
 from .errors import ChargptError, Interrupted
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
+TRAIN_MEMORY_HINT = "lower --batch-size (--grad-accum keeps the global batch), --block-size or the model size " \
+                    "(--n-embd, --n-layer)"
+SAMPLE_MEMORY_HINT = "lower --num-samples (the samples decode together, each with its own cache)"
 
 
-def _field_type(f):
-    t = f.type
-    for cand in (bool, int, float, str):  # `int | None` and friends
-        if t is cand or cand in getattr(t, "__args__", ()):
-            return cand
-    return str
+def spec_option(spec, default=None):
+    """The click option of one generated flag. Non-boolean flags default to None unless given a default, so the
+    commands can tell the flags a user typed from the ones left alone."""
+    if spec.type is bool:
+        return click.option(f"--{spec.name}/--no-{spec.name}", spec.dest, default=spec.default, show_default=True,
+                            help=spec.help)
+    ptype = click.Choice(spec.choices) if spec.choices else spec.type
+    return click.option(f"--{spec.name}", spec.dest, type=ptype, default=default, multiple=spec.multiple,
+                        help=spec.help)
 
 
 def config_options(cls):
-    """Decorator adding one click option per dataclass field; its help is the field's help metadata."""
+    """Decorator adding one click option per flag of dataclass `cls`; its help is the field's help metadata."""
     def decorate(fn):
-        for f in reversed(fields(cls)):
-            if f.metadata.get("flag") is False:
-                continue
-            typ, name = _field_type(f), flag(f.name)
-            if f.name in PRESETS["cpu"]:
-                default = f"{PRESETS['cpu'][f.name]} on CPU, {PRESETS['gpu'][f.name]} on GPU"
-            else:
-                default = f.default if f.default is not None else None
-            help_ = f.metadata["help"] + (f" [default: {default}]" if default is not None and typ is not bool
-                                          and "[default" not in f.metadata["help"] else "")
-            if typ is bool:
-                fn = click.option(f"--{name}/--no-{name}", f.name, default=f.default, show_default=True,
-                                  help=help_)(fn)
-            else:
-                ptype = click.Choice(f.metadata["choices"]) if "choices" in f.metadata else typ
-                fn = click.option(f"--{name}", f.name, type=ptype, default=None, help=help_)(fn)
+        for spec in reversed(flag_specs(cls)):
+            fn = spec_option(spec)(fn)
         return fn
     return decorate
 
@@ -60,10 +57,12 @@ def say(message):
         click.echo(message, err=True)
 
 
-def run_guarded(fn):
-    """Run fn, turning user-fixable errors into one line on stderr and a non-zero exit (no traceback)."""
+def run_guarded(fn, memory_hint="lower the batch or model size"):
+    """Run fn, turning user-fixable errors into one line on stderr and a non-zero exit (no traceback). Messages
+    raised inside name settings as flags (config.cli_names); `memory_hint` says what to lower when memory runs out."""
     try:
-        return fn()
+        with cli_names():
+            return fn()
     except Interrupted as e:
         say(str(e))
         sys.exit(128 + (e.signum or 2))
@@ -76,14 +75,35 @@ def run_guarded(fn):
     except BrokenPipeError:  # e.g. `python sample.py | head`
         sys.stderr.close()
         sys.exit(0)
-    except MemoryError:
-        click.echo("error: out of memory; lower --batch-size or --block-size", err=True)
+    except (MemoryError, RuntimeError) as e:
+        if not out_of_memory(e):
+            raise
+        click.echo(f"error: out of memory{_allocation(e)}; {memory_hint}", err=True)  # every rank that fails says so
         sys.exit(1)
-    except RuntimeError as e:
-        if "out of memory" in str(e).lower():
-            click.echo("error: out of device memory; lower --batch-size, --block-size or the model size", err=True)
-            sys.exit(1)
-        raise
+
+
+def out_of_memory(e):
+    """Whether `e` is a failed allocation. By type where there is one: torch.OutOfMemoryError (CUDA, MPS) and
+    MemoryError (Python, numpy). Torch's CPU allocator raises a plain RuntimeError (checked with torch 2.13 under
+    `ulimit -v`), recognised by the allocator's fixed message."""
+    torch = sys.modules.get("torch")
+    if isinstance(e, MemoryError) or (torch is not None and isinstance(e, torch.cuda.OutOfMemoryError)):
+        return True
+    return isinstance(e, RuntimeError) and ("can't allocate memory" in str(e) or "out of memory" in str(e).lower())
+
+
+def _allocation(e):
+    """' (2.0 GB requested)' from an allocator's message, or ''."""
+    m = re.search(r"allocate (\d+) bytes", str(e))
+    if m:
+        return f" ({int(m[1]) / 1e9:,.1f} GB requested)"
+    m = re.search(r"allocate ([\d.]+ [KMGT]iB)", str(e))  # CUDA: "Tried to allocate 2.00 GiB"
+    return f" ({m[1]} requested)" if m else ""
+
+
+def _log(message):
+    """Training's log lines, on stderr above the progress bar (tqdm.write keeps the bar intact)."""
+    tqdm.write(message, file=sys.stderr)
 
 
 @click.command(context_settings=CONTEXT)
@@ -93,14 +113,17 @@ def train_cli(**kwargs):
     """Train a character-level GPT on a text file (or directory) and save it to a run directory.
 
     With no --data it trains on the built-in corpus (CPython's English help topics), so it works offline
-    on a fresh machine. Sizes default to what suits the device found (printed at start).
+    on a fresh machine. Sizes default to what suits the device found (printed at start). Progress and logs
+    go to stderr; when training ends, the run directory is printed on stdout (for scripts).
     """
     # only the flags actually given reach train(): on --resume, the others come from the checkpoint
     ctx = click.get_current_context()
     overrides = {k: v for k, v in kwargs.items()
                  if ctx.get_parameter_source(k) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
     from .training import train
-    run_guarded(lambda: train(log=tqdm.write, **overrides))
+    summary = run_guarded(lambda: train(log=_log, **overrides), TRAIN_MEMORY_HINT)
+    if int(os.environ.get("RANK", 0)) == 0:
+        click.echo(summary["out_dir"])
 
 
 # --- sampling ------------------------------------------------------------------------------------------
@@ -110,12 +133,13 @@ def unescape(text):
 
 
 def _read_prompt(prompt, prompt_file):
-    """--prompt / --prompt-file / --prompt - -> the prompt text, exactly as given (UTF-8; a BOM is dropped)."""
+    """--prompt / --prompt-file / --prompt - -> the prompt text (UTF-8; a BOM is dropped). A file is taken exactly as
+    written; from stdin, the one newline that `echo` adds at the end is dropped."""
     if prompt is not None and prompt_file is not None:
         raise ChargptError("pass either --prompt or --prompt-file, not both")
     if prompt == "-":
         data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8")
-        return _decode_prompt(data, "stdin (--prompt -)")
+        return _decode_prompt(data, "stdin (--prompt -)", drop_final_newline=True)
     if prompt_file is not None:
         try:
             data = Path(prompt_file).read_bytes()  # bytes: keep \r\n as written, in case the corpus had it
@@ -127,18 +151,21 @@ def _read_prompt(prompt, prompt_file):
     return prompt or ""
 
 
-def _decode_prompt(data, source):
+def _decode_prompt(data, source, drop_final_newline=False):
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise ChargptError(f"{source} is not UTF-8 (byte offset {e.start}); convert it to UTF-8") from None
+    if drop_final_newline:
+        text = text.removesuffix("\n").removesuffix("\r") if text.endswith("\n") else text
     if not text:
         raise ChargptError(f"{source} is empty; give some text, or drop it to start from a new line")
     return text
 
 
 def _separator(i, n, seed):
-    """The line above each sample when there are several (none for one)."""
+    """The line above each sample when there are several (none for one). It is part of the result, on stdout:
+    it tells the samples apart and gives the seed that reproduces them."""
     return f"========== sample {i + 1}/{n} (seed {seed}) ==========\n" if n > 1 else ""
 
 
@@ -151,9 +178,11 @@ def stream_samples(gen, prompt, n, seed, settings, unknown, out, use_cache=True)
     one batch; the first is shown live and the others, buffered, follow when decoding ends. -> the texts."""
     prompt = gen.prompt_text(prompt, unknown)  # raises before anything is printed
     texts = [""] * n
+    pieces = gen.stream(prompt, num_samples=n, seed=seed, use_cache=use_cache, **settings)
+    first = next(pieces, None)  # the cache is allocated and the prompt read: running out of memory prints nothing
     out.write(_separator(0, n, seed) + prompt)
     out.flush()
-    for i, piece in gen.stream(prompt, num_samples=n, seed=seed, use_cache=use_cache, **settings):
+    for i, piece in itertools.chain([first] if first else [], pieces):
         texts[i] += piece
         if i == 0:
             out.write(piece)
@@ -165,15 +194,16 @@ def stream_samples(gen, prompt, n, seed, settings, unknown, out, use_cache=True)
     return texts
 
 
-def _all_samples(gen, prompt, n, seed, settings, unknown, as_json, use_cache=True):
-    """Decode all samples, then -> the text to write: as printed, or one JSON object per line."""
+def _all_samples(gen, prompt, n, seed, settings, unknown, as_json, use_cache=True, ascii_json=False):
+    """Decode all samples, then -> the text to write: as printed, or one JSON object per line (\\u escapes for
+    every non-ASCII character with ascii_json, for an output that cannot hold them: still exact JSON)."""
     prompt = gen.prompt_text(prompt, unknown)
     texts = gen.generate(prompt, num_samples=n, seed=seed, use_cache=use_cache, **settings)
     if not as_json:
         return "".join(_format_sample(i, n, seed, prompt, t) for i, t in enumerate(texts))
     record = {**settings, "num_samples": n, "unknown": unknown}  # with the seed, enough to reproduce the text
     return "".join(json.dumps({"sample": i, "prompt": prompt, "text": t, "seed": seed, "settings": record},
-                              ensure_ascii=False) + "\n" for i, t in enumerate(texts))
+                              ensure_ascii=ascii_json) + "\n" for i, t in enumerate(texts))
 
 
 def _check_interactive(prompt, prompt_file, output, as_json, num_samples):
@@ -185,52 +215,67 @@ def _check_interactive(prompt, prompt_file, output, as_json, num_samples):
                            f"drop {', '.join(given)}")
 
 
+def _sample_settings(flags):
+    """The SampleSettings flags given (None: not given) -> validated settings as a dict of Generator keywords."""
+    given = {k: v for k, v in flags.items() if v is not None}
+    given["stop"] = tuple(map(unescape, flags.get("stop") or ()))
+    return asdict(SampleSettings(**given).validate())
+
+
+def _utf(stream):
+    """Whether `stream` can write every character (a UTF encoding)."""
+    try:
+        return codecs.lookup(getattr(stream, "encoding", None) or "utf-8").name.startswith("utf")
+    except LookupError:
+        return False
+
+
+def _tolerant_stdout():
+    """Where stdout cannot show a character (an ASCII locale, a Windows code page) write an escape such as \\u4e2d
+    in its place, instead of crashing half-way through a sample."""
+    if isinstance(sys.stdout, io.TextIOWrapper) and sys.stdout.errors == "strict":
+        sys.stdout.reconfigure(errors="backslashreplace")
+
+
 @click.command(context_settings=CONTEXT)
 @click.option("--checkpoint", "checkpoint_path", default=None,
               help="run directory (its best checkpoint) or .safetensors file [default: the most recent run "
                    "under checkpoints/]")
-@click.option("--prompt", default=None, help="text to continue ('-' reads stdin) [default: a newline]")
-@click.option("--prompt-file", default=None, help="read the prompt from this UTF-8 file")
-@click.option("--max-new-tokens", default=SampleSettings.max_new_tokens, show_default=True, type=int,
-              help="characters to generate")
-@click.option("--temperature", default=SampleSettings.temperature, show_default=True, type=float,
-              help="randomness: below 1 safer, above 1 wilder; 0 always picks the most likely character")
-@click.option("--top-k", default=None, type=int, help="sample only from the k most likely characters "
-              "(clamped to the vocabulary; 0: off) [default: off]")
-@click.option("--top-p", default=None, type=float, help="nucleus sampling: the smallest set of characters "
-              "whose probability reaches p, in (0, 1] (1: off) [default: off]")
+@click.option("--prompt", default=None, help="text to continue; '-' reads stdin (without the one newline at its "
+              "end that echo adds) [default: a newline]")
+@click.option("--prompt-file", default=None, help="read the prompt from this UTF-8 file, exactly as written")
+@config_options(SampleSettings)
 @click.option("--num-samples", default=1, show_default=True, type=int,
-              help="independent samples, decoded together in one batch")
-@click.option("--seed", default=None, type=int, help="random seed; the same seed (and --num-samples) gives "
-              "the same text [default: random, printed on stderr]")
-@click.option("--stop", multiple=True, help="stop a sample when it writes this string (not included); "
-              "\\n and \\t mean newline and tab, so --stop '\\n\\n' stops at a blank line; repeatable")
+              help="independent samples, decoded together in one batch; with more than one, a separator line "
+                   "goes above each")
+@click.option("--seed", default=None, type=int, help="random seed, 0 to 2**63 - 1; the same seed (and "
+              "--num-samples) gives the same text [default: random, shown on stderr unless --temperature 0]")
 @click.option("--unknown", default="error", show_default=True, type=click.Choice(["error", "skip", "replace"]),
               help="prompt characters the model never saw: error names them; skip drops them (with a warning); "
                    "replace maps them to U+FFFD, '?' or a space (the first the vocabulary has)")
-@click.option("--output", default=None, help="write the samples to this file instead of stdout")
+@click.option("--output", default=None, help="write the samples to this file (UTF-8) instead of stdout")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object per sample (sample, prompt as the "
               "model saw it, text, seed, settings) for scripts")
 @click.option("--interactive", is_flag=True, help="a prompt loop that keeps the model loaded; /help lists its "
               "commands, Ctrl-C stops a sample, Ctrl-D exits")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N or mps")
 @click.option("--no-cache", is_flag=True, help="decode without the KV cache (the slow reference path)")
-def sample_cli(checkpoint_path, prompt, prompt_file, max_new_tokens, temperature, top_k, top_p, num_samples, seed,
-               stop, unknown, output, as_json, interactive, device, no_cache):
-    """Write text in the style of a trained run. Text streams to stdout; diagnostics go to stderr."""
+def sample_cli(checkpoint_path, prompt, prompt_file, num_samples, seed, unknown, output, as_json, interactive,
+               device, no_cache, **flags):
+    """Write text in the style of a trained run. The text goes to stdout (with a separator line above each
+    sample when there are several); everything else goes to stderr."""
     def main():
-        from .checkpoint import latest_run
+        from .rundir import latest_run
         from .sampling import load
-        settings = asdict(SampleSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                                         top_p=top_p, stop=tuple(map(unescape, stop))).validate())
-        if num_samples < 1:
-            raise ChargptError(f"--num-samples must be at least 1, got {num_samples}")
+        settings = _sample_settings(flags)
+        check_sample_options(num_samples, seed)
         if interactive:
             _check_interactive(prompt, prompt_file, output, as_json, num_samples)
         text = _read_prompt(prompt, prompt_file)
         path = checkpoint_path or latest_run()
         gen = load(path, device=device)
         click.echo(f"loaded {path} ({_describe_run(gen)}) on {gen.device}", err=True)
+        _tolerant_stdout()
         if interactive:
             from .repl import repl
             return repl(gen, settings, seed, unknown)
@@ -238,19 +283,20 @@ def sample_cli(checkpoint_path, prompt, prompt_file, max_new_tokens, temperature
         if warning:
             click.echo(f"warning: {warning}", err=True)
         use_seed = seed if seed is not None else random.randrange(2**31)
-        if seed is None:
+        if seed is None and settings["temperature"] > 0:  # greedy text does not depend on the seed
             click.echo(f"seed: {use_seed}", err=True)
         if not (as_json or output):
             stream_samples(gen, text, num_samples, use_seed, settings, unknown, sys.stdout, use_cache=not no_cache)
             return
-        body = _all_samples(gen, text, num_samples, use_seed, settings, unknown, as_json, use_cache=not no_cache)
+        body = _all_samples(gen, text, num_samples, use_seed, settings, unknown, as_json, use_cache=not no_cache,
+                            ascii_json=not output and not _utf(sys.stdout))
         if output:
             _write_output(output, body)
             click.echo(f"wrote {num_samples} sample(s) to {output}", err=True)
         else:
             sys.stdout.write(body)
 
-    run_guarded(main)
+    run_guarded(main, SAMPLE_MEMORY_HINT)
 
 
 def _describe_run(gen):
@@ -289,11 +335,9 @@ def _with(*params):
 
 
 def _field_option(cls, name):
-    """A click option from a config dataclass field: its flag name, type, default, choices and help."""
-    f = next(f for f in fields(cls) if f.name == name)
-    ptype = click.Choice(f.metadata["choices"]) if "choices" in f.metadata else _field_type(f)
-    return click.option(f"--{flag(name)}", name, type=ptype, default=f.default, show_default=True,
-                        help=f.metadata["help"])
+    """The click option of one config dataclass field, with the field's default filled in."""
+    spec = next(spec for spec in flag_specs(cls) if spec.dest == name)
+    return spec_option(spec, default=spec.default)
 
 
 from . import __version__  # noqa: E402  (this block is kept apart from the imports above for easy merging)
@@ -318,12 +362,12 @@ def eval_cli(checkpoint_path, device, data, encoding, encoding_errors, stride, b
     """Loss and bits per character of a checkpoint on any text (every character scored once, with a sliding
     window). Characters the model never saw are counted and reported, not scored."""
     def run():
-        from .checkpoint import latest_run
         from .evaluate import evaluate, format_result
+        from .rundir import latest_run
         result = evaluate(checkpoint_path or latest_run(), data, encoding=encoding, encoding_errors=encoding_errors,
                           stride=stride, batch_size=batch_size, device=device)
         click.echo(json.dumps(result, ensure_ascii=False) if as_json else format_result(result))
-    run_guarded(run)
+    run_guarded(run, "lower --batch-size (windows per forward pass)")
 
 
 @click.command("info", context_settings=CONTEXT)
@@ -333,7 +377,7 @@ def info_cli(run, as_json):
     """What a run is: model, vocabulary, steps, best validation loss, training time, files. RUN is a run
     directory or a .safetensors file [default: the most recent run under checkpoints/]. Reads headers only."""
     def show():
-        from .checkpoint import latest_run
+        from .rundir import latest_run
         from .runinfo import format_info, run_info
         info = run_info(run or latest_run())
         click.echo(json.dumps(info, ensure_ascii=False) if as_json else format_info(info))
@@ -349,8 +393,8 @@ def plot_cli(runs, output, unit):
     """Train (dashed) and validation (solid) loss against steps, one colour per run: RUNS are run directories
     [default: the most recent run under checkpoints/]. Needs matplotlib: pip install -e ".[plots]"."""
     def draw():
-        from .checkpoint import latest_run
         from .plot import plot_runs
+        from .rundir import latest_run
         click.echo(f"wrote {plot_runs(list(runs) or [latest_run()], output, unit)}", err=True)
     run_guarded(draw)
 

@@ -1,11 +1,18 @@
 """Configuration: the single source of every hyperparameter's name, default and help text.
 
-ModelConfig rebuilds the network and is stored in every checkpoint. TrainConfig holds everything about a run.
-The CLI generates one flag per field (`n_embd` -> `--n-embd`) with the `help` metadata as its help line,
-so a field added here is a documented flag everywhere. Fields whose best value depends on the hardware
-take it from PRESETS, resolved once the device is known.
+ModelConfig rebuilds the network and is stored in every checkpoint. TrainConfig holds everything about a run;
+SampleSettings says how to choose characters. The CLIs generate one flag per field (`n_embd` -> `--n-embd`)
+with the `help` metadata as its help line (flag_specs), so a field added here is a documented flag everywhere.
+
+Defaults: a field's dataclass default is its value on a GPU (the classic 10.7M-parameter Shakespeare model);
+PRESETS["cpu"] overrides the few fields where a CPU needs a smaller setting. --help shows both.
+Validation lives here too, once per dataclass; messages name a setting with param(), which spells it as the
+user did: `--n-layer` on the command line, `n_layer` from Python.
 """
 
+import contextlib
+import contextvars
+import math
 import os
 from dataclasses import dataclass, field, fields
 
@@ -19,11 +26,36 @@ ACTIVATIONS = ("gelu", "relu")
 ARCH_FIELDS = ("arch", "n_enc_layer", "pos_emb", "emb_scale", "norm", "activation")
 UNLIMITED = 10**12  # max_iters when only --max-time bounds a run
 FORMAT_VERSION = 1  # bump when the checkpoint layout changes incompatibly
+MAX_INT = 2**63 - 1  # torch's sizes and indices are signed 64-bit
+MAX_SEED = MAX_INT  # torch seeds are unsigned 64-bit; this leaves room for the per-stream offsets added to the seed
+THREADS_PER_CPU = 4  # --threads above this many per CPU is a typo: torch only slows down, and crashes near 100000
 
 
 def opt(default, help, **extra):
-    """A dataclass field carrying its --help line (and optionally click choices)."""
+    """A dataclass field carrying its --help line (and optionally click `choices`, `multiple`, or flag=False)."""
     return field(default=default, metadata={"help": help, **extra})
+
+
+# --- naming settings in messages ------------------------------------------------------------------------------
+_CLI_NAMES = contextvars.ContextVar("chargpt_cli_names", default=False)
+_NO_VALUE = object()
+
+
+@contextlib.contextmanager
+def cli_names():
+    """Within this block, param() spells settings as command-line flags (the CLIs wrap their work in it)."""
+    token = _CLI_NAMES.set(True)
+    try:
+        yield
+    finally:
+        _CLI_NAMES.reset(token)
+
+
+def param(name, value=_NO_VALUE):
+    """A setting as the user gave it: `--unknown skip` on the command line, `unknown='skip'` from Python."""
+    if _CLI_NAMES.get():
+        return f"--{flag(name)}" + ("" if value is _NO_VALUE else f" {value}")
+    return name + ("" if value is _NO_VALUE else f"={value!r}")
 
 
 @dataclass
@@ -54,15 +86,17 @@ class ModelConfig:
                           choices=ACTIVATIONS, flag=False)
 
     def validate(self):
+        check_numbers(self)
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"--{flag(name)} must be at least 1 (got {getattr(self, name)})")
+                what = "the vocabulary size" if name == "vocab_size" else param(name)
+                raise ConfigError(f"{what} must be at least 1 (got {getattr(self, name)})")
         if self.n_embd % self.n_head:
             fits = [h for h in range(1, min(self.n_embd, 64) + 1) if self.n_embd % h == 0]
-            raise ConfigError(f"--n-embd {self.n_embd} is not divisible by --n-head {self.n_head}; "
+            raise ConfigError(f"{param('n_embd', self.n_embd)} is not divisible by {param('n_head', self.n_head)}; "
                               f"pick a head count that divides it, e.g. one of {fits[-6:]}")
         if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"--dropout must be in [0, 1) (got {self.dropout})")
+            raise ConfigError(f"{param('dropout')} must be in [0, 1) (got {self.dropout})")
         validate_arch(self)
         return self
 
@@ -74,8 +108,8 @@ class ModelConfig:
 @dataclass
 class TrainConfig:
     # data
-    data: str | None = opt(None, "UTF-8 text file, or a directory of text files (read in sorted order); "
-                                 "default: the English help topics that ship with CPython (pydoc_data)")
+    data: str | None = opt(None, "UTF-8 text file, or a directory of text files (read in sorted order) "
+                                 "[default: the English help topics that ship with CPython (pydoc_data)]")
     out_dir: str | None = opt(None, "run directory for checkpoints and metrics [default: checkpoints/<corpus name>]")
     val_fraction: float = opt(0.1, "fraction of the corpus, taken from its end, used for validation")
     encoding: str = opt("utf-8", "text encoding of the corpus (e.g. latin-1, gbk, utf-16)")
@@ -89,7 +123,7 @@ class TrainConfig:
     max_iters: int = opt(5000, "optimizer steps to train for")
     max_time: float | None = opt(None, "wall-clock budget in seconds of training from this command on (with "
                                        "--resume: more time); the learning-rate schedule is fitted to it and training "
-                                       "stops (and saves) when it is spent")
+                                       "stops (and saves) when it is spent [default: none]")
     learning_rate: float = opt(1e-3, "peak learning rate (AdamW)")
     min_lr: float | None = opt(None, "final learning rate of the cosine decay [default: learning rate / 10]")
     warmup_iters: int = opt(100, "steps of linear warmup")
@@ -100,9 +134,9 @@ class TrainConfig:
     grad_clip: float = opt(1.0, "clip the global gradient norm to this value (0 disables)")
     skip_nonfinite: bool = opt(False, "skip steps whose loss is NaN/inf instead of stopping")
     # evaluation and logging
-    eval_interval: int = opt(250, "steps between evaluations (and checkpoints)")
-    eval_iters: int = opt(20, "batches per split averaged in each evaluation")
-    sample_chars: int = opt(300, "characters to sample and print when training ends (0: none)")
+    eval_interval: int = opt(500, "steps between evaluations (and checkpoints)")
+    eval_iters: int = opt(50, "batches per split averaged in each evaluation")
+    sample_chars: int = opt(300, "characters to sample and show when training ends (0: none)")
     # hardware
     device: str = opt("auto", "auto (CUDA, then Apple MPS, then CPU), cpu, cuda, cuda:N or mps")
     dtype: str = opt("auto", "auto (bfloat16 where the hardware has it, else float32), float32, bfloat16, float16",
@@ -110,9 +144,9 @@ class TrainConfig:
     compile: bool = opt(False, "wrap the model in torch.compile (helps on CUDA; rarely on CPU)")
     attention: str = opt("auto", "attention kernel: auto picks the fastest for the device; fused (torch SDPA) or "
                                  "manual (explicit masked softmax)", choices=("auto", "fused", "manual"))
-    threads: int | None = opt(None, "CPU threads for torch [default: one per CPU core, split between "
-                                    "local processes]")
-    seed: int = opt(1337, "random seed (model init, batches, dropout)")
+    threads: int | None = opt(None, f"CPU threads for torch, at most {THREADS_PER_CPU} per CPU [default: one per "
+                                    f"CPU core, split between local processes]")
+    seed: int = opt(1337, "random seed (model init, batches, dropout), 0 to 2**63 - 1")
     resume: bool = opt(False, "continue the run in --out-dir from its latest state, with its budget; a finished "
                               "run needs a new one (--max-iters or --max-time)")
     label_smoothing: float = opt(0.0, "spread this much of each target's probability over the whole vocabulary "
@@ -120,71 +154,127 @@ class TrainConfig:
                                   flag=False)  # a flag once training passes it to the model (phase 2)
 
     def validate(self):
-        positive = ("batch_size", "max_iters", "learning_rate", "eval_interval", "eval_iters", "warmup_iters")
-        for name in positive:
-            value = getattr(self, name)
-            if value < (0 if name == "warmup_iters" else 1e-300):
-                raise ConfigError(f"--{flag(name)} must be {'non-negative' if name == 'warmup_iters' else 'positive'}"
-                                  f" (got {value})")
+        check_seed(self.seed)  # its own range, said more precisely than check_numbers would
+        check_numbers(self)
+        check_paths(vars(self))
+        for name in ("batch_size", "max_iters", "learning_rate", "eval_interval", "eval_iters"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{param(name)} must be positive (got {getattr(self, name)})")
+        for name in ("warmup_iters", "weight_decay", "grad_clip", "sample_chars"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{param(name)} must be non-negative (got {getattr(self, name)})")
         if self.grad_accum < 1:
-            raise ConfigError(f"--grad-accum must be at least 1 (got {self.grad_accum})")
+            raise ConfigError(f"{param('grad_accum')} must be at least 1 (got {self.grad_accum})")
         if not 0.0 < self.val_fraction < 1.0:
-            raise ConfigError(f"--val-fraction must be between 0 and 1, exclusive (got {self.val_fraction})")
+            raise ConfigError(f"{param('val_fraction')} must be between 0 and 1, exclusive (got {self.val_fraction})")
         if self.min_lr is not None and not 0 <= self.min_lr <= self.learning_rate:
-            raise ConfigError(f"--min-lr must be between 0 and --learning-rate {self.learning_rate} "
+            raise ConfigError(f"{param('min_lr')} must be between 0 and {param('learning_rate', self.learning_rate)} "
                               f"(got {self.min_lr})")
         if self.lr_decay_iters is not None and self.lr_decay_iters < 1:
-            raise ConfigError(f"--lr-decay-iters must be at least 1 (got {self.lr_decay_iters})")
+            raise ConfigError(f"{param('lr_decay_iters')} must be at least 1 (got {self.lr_decay_iters})")
         if self.max_time is not None and self.max_time <= 0:
-            raise ConfigError(f"--max-time must be positive seconds (got {self.max_time})")
-        for name in ("weight_decay", "grad_clip", "sample_chars"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"--{flag(name)} must be non-negative (got {getattr(self, name)})")
+            raise ConfigError(f"{param('max_time')} must be positive seconds (got {self.max_time})")
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
-                raise ConfigError(f"--{flag(name)} must be in [0, 1) (got {getattr(self, name)})")
-        if self.threads is not None and self.threads < 1:
-            raise ConfigError(f"--threads must be at least 1 (got {self.threads})")
+                raise ConfigError(f"{param(name)} must be in [0, 1) (got {getattr(self, name)})")
+        if self.threads is not None:
+            check_threads(self.threads)
         if not 0.0 <= self.label_smoothing < 1.0:  # also catches NaN
-            raise ConfigError(f"--label-smoothing must be in [0, 1) (got {self.label_smoothing})")
+            raise ConfigError(f"{param('label_smoothing')} must be in [0, 1) (got {self.label_smoothing})")
         return self
 
 
 @dataclass
 class SampleSettings:
-    """How to choose characters; the CLI flags and the Generator keywords share these names and defaults."""
-    max_new_tokens: int = 500
-    temperature: float = 0.8  # 0: greedy (always the most likely character)
-    top_k: int | None = None  # None or 0: off
-    top_p: float | None = None  # None or 1: off
-    stop: tuple = field(default_factory=tuple)  # stop strings, not included in the output
+    """How to choose characters; sample.py's flags and the Generator keywords share these names and defaults."""
+    max_new_tokens: int = opt(500, "characters to generate")
+    temperature: float = opt(0.8, "randomness: below 1 safer, above 1 wilder; 0 always picks the most likely "
+                                  "character (greedy)")
+    top_k: int | None = opt(None, "sample only from the k most likely characters (clamped to the vocabulary; "
+                                  "0: off) [default: off]")
+    top_p: float | None = opt(None, "nucleus sampling: the smallest set of characters whose probability reaches p, "
+                                    "in (0, 1] (1: off) [default: off]")
+    stop: tuple = opt((), "stop a sample when it writes this string (not included); \\n and \\t mean newline and "
+                          "tab, so --stop '\\n\\n' stops at a blank line; repeatable [default: none]", multiple=True)
 
     def __post_init__(self):
         # a lone string would otherwise be read as one stop string per character
         self.stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
     def validate(self):
-        if not self.temperature >= 0:  # also catches NaN
-            raise ConfigError(f"--temperature must be >= 0 (0 means greedy), got {self.temperature}")
+        typed_fields(SampleSettings, vars(self), "sampling settings")
+        check_numbers(self)
+        if not self.temperature >= 0:
+            raise ConfigError(f"{param('temperature')} must be >= 0 (0 means greedy), got {self.temperature}")
         if self.top_k is not None and self.top_k < 0:
-            raise ConfigError(f"--top-k must be >= 0 (0 disables it), got {self.top_k}")
+            raise ConfigError(f"{param('top_k')} must be >= 0 (0 disables it), got {self.top_k}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ConfigError(f"--top-p must be in (0, 1] (1 disables it), got {self.top_p}")
+            raise ConfigError(f"{param('top_p')} must be in (0, 1] (1 disables it), got {self.top_p}")
         if self.max_new_tokens < 0:
-            raise ConfigError(f"--max-new-tokens must be >= 0, got {self.max_new_tokens}")
+            raise ConfigError(f"{param('max_new_tokens')} must be >= 0, got {self.max_new_tokens}")
         if any(not isinstance(s, str) or not s for s in self.stop):
-            raise ConfigError("--stop needs a non-empty string")
+            raise ConfigError(f"{param('stop')} needs a non-empty string")
         return self
 
 
-# Hardware-dependent defaults. "cpu" is tuned for a 2-core laptop-class CPU: a small, wide-enough model with no
-# dropout that learns fast in a few minutes (see benchmarks/RESULTS.md for the search behind it); "gpu" is the
-# classic 10.7M-parameter Shakespeare model (6 x 384, context 256, dropout 0.2).
+def check_numbers(config):
+    """Every number in a config must be one torch can take. NaN never compares, so it would slip past every range
+    check after this (a NaN --max-time never stops, a NaN --grad-clip disables clipping), and inf means nothing
+    either; an integer past 64 bits overflows inside torch."""
+    for f in fields(config):
+        value = getattr(config, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{param(f.name)} must be a finite number (got {value})")
+        if isinstance(value, int) and abs(value) > MAX_INT:
+            raise ConfigError(f"{param(f.name)} is too large (got {value:.3g}; at most 2**63 - 1)")
+
+
+def check_paths(settings):
+    """Path settings must not be empty strings: Path("") is the current folder, which is never what was meant."""
+    defaults = {"data": "the built-in corpus", "out_dir": "checkpoints/<corpus name>", "cache_dir": "the default"}
+    for name, default in defaults.items():
+        if settings.get(name) == "":
+            raise ConfigError(f"{param(name)} is an empty path; give a path, or leave it out for {default}")
+
+
+def check_seed(seed):
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"{param('seed')} must be a whole number from 0 to {MAX_SEED} (2**63 - 1), "
+                          f"got {seed!r:.40}")
+    return seed
+
+
+def check_sample_options(num_samples, seed):
+    """The Generator options that are not SampleSettings: how many samples, and the seed (None: random)."""
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or not 1 <= num_samples <= MAX_INT:
+        raise ConfigError(f"{param('num_samples')} must be from 1 to 2**63 - 1, got {num_samples!r:.40}")
+    if seed is not None:
+        check_seed(seed)
+
+
+def cpu_count():
+    """CPUs this process may run on: its affinity mask, which containers and taskset narrow, else all of them."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def check_threads(threads):
+    most = THREADS_PER_CPU * cpu_count()
+    if not 1 <= threads <= most:
+        raise ConfigError(f"{param('threads')} must be between 1 and {most} ({THREADS_PER_CPU} per CPU; this machine "
+                          f"has {cpu_count()}), got {threads}; more threads than CPUs only slow torch down, so "
+                          f"leave it out to use one per CPU")
+
+
+# Hardware-dependent defaults: the dataclass defaults are the GPU's (the classic 10.7M-parameter Shakespeare model,
+# 6 x 384, context 256, dropout 0.2); a CPU overrides these fields with a small, wide-enough model with no dropout
+# that learns fast in a few minutes (see benchmarks/RESULTS.md for the search behind it).
 PRESETS = {
-    "cpu": dict(n_layer=2, n_head=4, n_embd=128, block_size=64, dropout=0.0, batch_size=16, max_iters=5000,
-                learning_rate=4e-3, warmup_iters=100, eval_interval=250, eval_iters=20),
-    "gpu": dict(n_layer=6, n_head=6, n_embd=384, block_size=256, dropout=0.2, batch_size=64, max_iters=5000,
-                learning_rate=1e-3, warmup_iters=100, eval_interval=500, eval_iters=50),
+    "cpu": dict(n_layer=2, n_head=4, n_embd=128, block_size=64, dropout=0.0, batch_size=16, learning_rate=4e-3,
+                eval_interval=250, eval_iters=20),
+    "gpu": {},
 }
 PRESET_REASONS = {
     "cpu": "no GPU found: the small model that learned most per minute in a search on a 2-core CPU",
@@ -208,6 +298,42 @@ def flag(name):
     return name.replace("_", "-")
 
 
+def field_type(f):
+    """The type a field's flag parses to: bool, int, float or str (`int | None` -> int; a tuple of strings -> str)."""
+    for cand in (bool, int, float, str):
+        if f.type is cand or cand in getattr(f.type, "__args__", ()):
+            return cand
+    return str
+
+
+@dataclass(frozen=True)
+class FlagSpec:
+    """One command-line flag, as a dataclass field defines it (the CLI turns these into click options)."""
+    dest: str  # the field name: the keyword argument it fills
+    name: str  # the flag without its dashes
+    type: type  # bool, int, float or str
+    default: object  # the dataclass default (what a bool switch starts as)
+    help: str  # the field's help line, with its default(s) appended
+    choices: tuple | None = None
+    multiple: bool = False
+
+
+def flag_specs(cls):
+    """The flags of dataclass `cls`, in field order. A default that depends on the device shows both values."""
+    specs = []
+    for f in fields(cls):
+        if f.metadata.get("flag") is False:
+            continue
+        typ, help_ = field_type(f), f.metadata["help"]
+        if f.name in PRESETS["cpu"]:
+            help_ += f" [default: {PRESETS['cpu'][f.name]} on CPU, {f.default} on GPU]"
+        elif f.default is not None and typ is not bool and "[default" not in help_:
+            help_ += f" [default: {f.default}]"
+        specs.append(FlagSpec(f.name, flag(f.name), typ, f.default, help_, f.metadata.get("choices"),
+                              f.metadata.get("multiple", False)))
+    return specs
+
+
 def field_names(cls):
     return [f.name for f in fields(cls)]
 
@@ -220,6 +346,7 @@ def split_overrides(overrides):
         raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
     model = typed_fields(ModelConfig, {k: v for k, v in overrides.items() if k in model_names}, "settings")
     train = typed_fields(TrainConfig, {k: v for k, v in overrides.items() if k in train_names}, "settings")
+    check_paths(train)  # before anything reads them (an empty --out-dir would otherwise mean "not given")
     return model, train
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from .config import param
 from .errors import ChargptError, DataError
 from .rundir import remove_stale_temps, write_text_atomic
 from .tokenizer import MAX_CODEPOINT, Vocab, codepoints
@@ -30,6 +31,7 @@ CHUNK_BYTES = 1 << 20
 CACHE_VERSION = 1
 DEFAULT_CORPUS_NAME = "pydoc-topics"
 PROGRESS_MIN_BYTES = 32 << 20  # show progress bars only for corpora where encoding takes noticeable time
+CHECK_CHUNK = 1 << 24  # ids per step when checking a cached encoding (32-64 MB of the memory map at a time)
 
 
 def default_cache_dir():
@@ -41,7 +43,8 @@ def default_corpus_text():
     try:
         from pydoc_data.topics import topics
     except ImportError as e:  # some distributions strip it
-        raise DataError("this Python has no pydoc_data module for the built-in corpus; pass --data FILE") from e
+        raise DataError(f"this Python has no pydoc_data module for the built-in corpus; pass {param('data')} "
+                        f"with a text file") from e
     return "\n\n".join(topics[k].strip() for k in sorted(topics)) + "\n"
 
 
@@ -78,24 +81,28 @@ def corpus_sources(data, encoding="utf-8"):
     """--data value -> (corpus name, [Source]). None means the built-in corpus."""
     if data is None:
         return DEFAULT_CORPUS_NAME, [Source(DEFAULT_CORPUS_NAME, data=default_corpus_text().encode("utf-8"))]
+    if os.fspath(data) == "":  # Path("") is the current folder, which would be read as a corpus
+        raise DataError(f"{param('data')} is an empty path; pass a text file or directory, or leave it out for "
+                        f"the built-in corpus")
     path = Path(data).expanduser()
     if not path.exists():
-        raise DataError(f"corpus not found: {data}; pass --data with an existing text file or directory")
+        raise DataError(f"corpus not found: {data}; pass {param('data')} with an existing text file or directory")
     if path.is_file():
         _check_readable(path)
         pos = _looks_binary(path, encoding)
         if pos is not None:
             raise DataError(f"{data} looks like a binary file (NUL byte at offset {pos}), not text; "
-                            f"point --data at a UTF-8 text file")
+                            f"point {param('data')} at a UTF-8 text file")
         return path.stem or path.name, [Source(path.name, path=path)]
     if not path.is_dir():
-        raise DataError(f"{data} is neither a file nor a directory; pass --data with a text file or directory")
+        raise DataError(f"{data} is neither a file nor a directory; pass {param('data')} with a text file or "
+                        f"directory")
     files = sorted(p for p in path.rglob("*") if p.is_file() and not any(
         part.startswith(".") for part in p.relative_to(path).parts))
     texts = [p for p in files if os.access(p, os.R_OK) and _looks_binary(p, encoding) is None]
     if not texts:
         raise DataError(f"directory {data} has no readable text files ({len(files)} files, none text); "
-                        f"put .txt files in it or pass --data FILE")
+                        f"put .txt files in it or pass {param('data')} with a file")
     return path.resolve().name, [Source(str(p.relative_to(path)), path=p) for p in texts]
 
 
@@ -104,17 +111,26 @@ def _check_readable(path):
         raise DataError(f"cannot read {path}: permission denied; fix its permissions or copy it somewhere readable")
 
 
+def check_text_encoding(encoding):
+    """`encoding` must be a codec that decodes bytes to text: rot13, zlib, hex or base64 are Python codecs too,
+    but they turn bytes into bytes (or str into str) and would fail deep inside the decoder."""
+    try:
+        info = codecs.lookup(encoding)
+    except LookupError:
+        raise DataError(f"unknown encoding {encoding!r}; pass {param('encoding')} with a Python codec name such as "
+                        f"utf-8, latin-1, gbk") from None
+    if not info._is_text_encoding:  # False for exactly the bytes-to-bytes and str-to-str codecs
+        raise DataError(f"{encoding!r} is not a text encoding (it does not turn bytes into text); pass "
+                        f"{param('encoding')} with the corpus's character encoding, such as utf-8, latin-1, gbk")
+
+
 def iter_text(sources, encoding="utf-8", errors="strict"):
     """Yield decoded text chunks of all sources in order, a newline between files that lack one.
 
     Decoding is incremental, so a multi-byte character split across chunks is decoded correctly, and an
     undecodable byte is reported with its exact offset in its file.
     """
-    try:
-        codecs.lookup(encoding)
-    except LookupError:
-        raise DataError(f"unknown encoding {encoding!r}; pass a Python codec name such as utf-8, latin-1, "
-                        f"gbk") from None
+    check_text_encoding(encoding)
     last = ""
     for src in sources:
         if last and last != "\n":
@@ -130,18 +146,26 @@ def iter_text(sources, encoding="utf-8", errors="strict"):
                 pending = 0
             try:
                 text = decoder.decode(chunk, final=not chunk)
-            except UnicodeDecodeError as e:
-                at = offset - pending + e.start
-                bad = (e.object[e.start:e.start + 1] or b"?").hex()
-                raise DataError(f"{src.name} is not valid {encoding}: undecodable byte 0x{bad} at byte offset {at}; "
-                                f"pass --encoding with the file's real encoding (e.g. latin-1, gbk), or "
-                                f"--encoding-errors replace to substitute U+FFFD") from None
+            except ValueError as e:  # UnicodeDecodeError, or a codec's own UnicodeError ("no BOM", "\\x escape")
+                raise _decode_error(src.name, encoding, e, offset - pending) from None
             offset += len(chunk)
             if text:
                 last = text[-1]
                 yield text
             if not chunk:
                 break
+
+
+def _decode_error(name, encoding, e, chunk_start):
+    """The one message for every decode failure: where (byte offset, when the codec says), what, and the fixes."""
+    if isinstance(e, UnicodeDecodeError):
+        bad = (e.object[e.start:e.start + 1] or b"?").hex()
+        what = f"undecodable byte 0x{bad} at byte offset {chunk_start + e.start}"
+    else:
+        what = f"{e} (in the bytes from offset {max(0, chunk_start)})"
+    return DataError(f"{name} is not valid {encoding}: {what}; pass {param('encoding')} with the file's real "
+                     f"encoding (e.g. latin-1, gbk, utf-16-le), or {param('encoding_errors', 'replace')} to "
+                     f"substitute U+FFFD")
 
 
 @dataclass
@@ -187,9 +211,13 @@ def encode_corpus(data=None, encoding="utf-8", errors="strict", cache_dir=None, 
     cached = _read_cache(meta_path, ids_path)
     if cached is not None:
         vocab, length = cached
-        if check_length:
-            check_length(length)
-        return EncodedCorpus(name, vocab, ids_path, length)
+        corpus = EncodedCorpus(name, vocab, ids_path, length)
+        if _ids_in_range(corpus):
+            if check_length:
+                check_length(length)
+            return corpus
+        log(f"the cached encoding {ids_path} is damaged (ids outside its {len(vocab):,}-character vocabulary); "
+            f"rebuilding it")
 
     total = sum(s.size for s in sources)
     # pass 1: the vocabulary, as a set of code points marked in a 1.1 MB table (linear time)
@@ -205,7 +233,11 @@ def encode_corpus(data=None, encoding="utf-8", errors="strict", cache_dir=None, 
         raise DataError(f"corpus {data} is empty; give it some text")
     if check_length:
         check_length(length)
-    vocab = Vocab.from_codepoints(np.flatnonzero(seen))
+    try:
+        vocab = Vocab.from_codepoints(np.flatnonzero(seen))
+    except ChargptError as e:  # lone surrogates, which only the *_escape codecs produce
+        raise DataError(f"corpus {data or name} decoded as {encoding}: {e}; pass {param('encoding')} with the "
+                        f"file's real encoding") from None
 
     # pass 2: the ids, written to a temporary file and renamed into place only when complete
     tmp = ids_path.with_suffix(f".bin.tmp{os.getpid()}")
@@ -232,7 +264,7 @@ def encode_corpus(data=None, encoding="utf-8", errors="strict", cache_dir=None, 
         _write_json_atomic(meta_path, {"version": CACHE_VERSION, "chars": "".join(vocab.chars), "length": length})
     except OSError as e:
         raise DataError(f"cannot write the encoded corpus to {cache_dir}: {e.strerror}; "
-                        f"pass --cache-dir with a writable directory that has space") from None
+                        f"pass {param('cache_dir')} with a writable directory that has space") from None
     finally:  # anything but success (including Ctrl-C): no partial file left behind
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
@@ -244,6 +276,13 @@ def encode_corpus(data=None, encoding="utf-8", errors="strict", cache_dir=None, 
 def _remove_dead_temps(cache_dir, key):
     """An encoding killed half-way leaves a partial id file (as large as the corpus): delete it."""
     remove_stale_temps(cache_dir, (f"{key}.*.tmp*", f".{key}.*.tmp*"))
+
+
+def _ids_in_range(corpus):
+    """Every cached id indexes the vocabulary (a damaged .bin of the right size would crash training with an
+    IndexError). One pass over the memory map, in chunks; it costs less than hashing the corpus for its key."""
+    ids, limit = corpus.ids(), len(corpus.vocab)
+    return all(int(ids[i:i + CHECK_CHUNK].max()) < limit for i in range(0, corpus.length, CHECK_CHUNK))
 
 
 def _read_cache(meta_path, ids_path):
@@ -268,14 +307,14 @@ def split_sizes(length, val_fraction, block_size):
     n_train = length - n_val
     need = block_size + 1
     if n_val == 0:
-        raise DataError(f"the validation split is empty: {length:,} characters x --val-fraction {val_fraction} "
-                        f"rounds to 0; use a larger corpus or a larger --val-fraction")
+        raise DataError(f"the validation split is empty: {length:,} characters x {param('val_fraction', val_fraction)} "
+                        f"rounds to 0; use a larger corpus or a larger {param('val_fraction')}")
     if n_train < need or n_val < need:
         fits = min(n_train, n_val) - 1
         more = math.ceil(need / min(val_fraction, 1 - val_fraction))
-        hint = f"use --block-size {fits} or less" if fits >= 1 else "use a larger --val-fraction"
-        raise DataError(f"corpus of {length:,} characters is too short for --block-size {block_size} with "
-                        f"--val-fraction {val_fraction} (train {n_train:,}, validation {n_val:,}; each needs "
+        hint = f"use {param('block_size', fits)} or less" if fits >= 1 else f"use a larger {param('val_fraction')}"
+        raise DataError(f"corpus of {length:,} characters is too short for {param('block_size', block_size)} with "
+                        f"{param('val_fraction', val_fraction)} (train {n_train:,}, validation {n_val:,}; each needs "
                         f"{need:,}): {hint}, or give at least {more:,} characters")
     return n_train, n_val
 

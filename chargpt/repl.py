@@ -9,8 +9,8 @@ input prompt it just clears the line); Ctrl-D (end of input) exits. Text goes to
 import random
 import sys
 
+from .config import SampleSettings, check_seed
 from .errors import ChargptError
-from .sampling import SampleSettings
 
 HELP = ("commands: /temp T  /topk K (0: off)  /topp P (1: off)  /len N  /seed S  /show  /help  /quit; "
         "anything else is a prompt")
@@ -46,11 +46,11 @@ def repl(gen, settings, seed, unknown, inp=None, out=None, err=None):
             err.write(f"{settings} seed={seed}\n")
         elif word == "/seed":
             try:
-                seed = int(arg)
+                seed = check_seed(int(arg))
                 rng = random.Random(seed)
                 err.write(f"seed = {seed}\n")
-            except ValueError:
-                err.write("usage: /seed INTEGER\n")
+            except (ValueError, ChargptError):
+                err.write("usage: /seed N, a whole number from 0 to 2**63 - 1\n")
         elif word in SETTERS:
             err.write(_set(settings, word, arg.strip()) + "\n")
         elif word.startswith("/"):

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .config import check_threads, cpu_count
 from .errors import ConfigError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -82,11 +83,11 @@ def autocast(device, dtype):
 
 
 def configure_threads(threads=None, local_world_size=1):
-    """Default: the CPU cores split between the processes on this machine. Two processes each using
-    every core run several times slower than one thread each, so oversubscription is avoided."""
+    """Default: the CPUs this process may use, split between the processes on this machine. Two processes each
+    using every core run several times slower than one thread each, so oversubscription is avoided."""
     if threads is None:
-        cores = os.cpu_count() or 1
-        threads = max(1, cores // max(1, local_world_size))
+        threads = max(1, cpu_count() // max(1, local_world_size))
+    check_threads(threads)  # torch crashes (SIGSEGV) near 100000 threads
     torch.set_num_threads(threads)
     return threads
 

@@ -19,7 +19,7 @@ step), which is kept for tests and benchmarks. Past that point the two condition
 
 import torch
 
-from .config import SampleSettings
+from .config import SampleSettings, check_sample_options
 from .errors import ChargptError
 from .model import KVCache
 from .runtime import DTYPES, autocast
@@ -168,8 +168,7 @@ class Generator:
         samples decode together in one batch, so `seed` with the same `num_samples` reproduces them."""
         settings = SampleSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                                   stop=stop).validate()
-        if not isinstance(num_samples, int) or num_samples < 1:
-            raise ChargptError(f"--num-samples must be at least 1, got {num_samples}")
+        check_sample_options(num_samples, seed)
         prompt_seen = self.prompt_text(prompt, unknown)
         ids = self.vocab.encode(prompt_seen or self.start_text())
         generator = torch.Generator()  # its own RNG: sampling never touches torch's global one

@@ -7,6 +7,7 @@ its index in that list. Encoding large text is vectorised: the text becomes an a
 
 import numpy as np
 
+from .config import param
 from .errors import ChargptError
 
 UNKNOWN_POLICIES = ("error", "skip", "replace")
@@ -14,6 +15,7 @@ UNKNOWN_POLICIES = ("error", "skip", "replace")
 # vocabulary character.
 REPLACEMENT_CANDIDATES = ("\ufffd", "?", " ")
 MAX_CODEPOINT = 0x10FFFF
+SURROGATES = (0xD800, 0xDFFF)  # halves of UTF-16 pairs: not characters, and no UTF-8 output can write one
 
 
 def codepoints(text):
@@ -36,6 +38,10 @@ class Vocab:
             raise ChargptError("vocabulary must be a sorted list of distinct single characters")
         self.chars = chars
         self.points = codepoints("".join(chars))  # sorted like chars: id i is code point points[i]
+        lone = self.points[(self.points >= SURROGATES[0]) & (self.points <= SURROGATES[1])]
+        if len(lone):
+            raise ChargptError(f"the vocabulary holds {len(lone)} lone surrogate(s), U+{int(lone[0]):04X} first: "
+                               f"halves of UTF-16 pairs, not characters")
         self.stoi = {c: i for i, c in enumerate(chars)}
         self._table = None  # code point -> id, built on first use
 
@@ -83,12 +89,12 @@ class Vocab:
         """str -> list of ids. `unknown` says what to do with characters outside the vocabulary:
         'error' raises naming them, 'skip' drops them, 'replace' maps them to `replacement()`."""
         if unknown not in UNKNOWN_POLICIES:
-            raise ChargptError(f"unknown-character policy must be one of {UNKNOWN_POLICIES} (got {unknown!r})")
+            raise ChargptError(f"{param('unknown')} must be one of {', '.join(UNKNOWN_POLICIES)} (got {unknown!r})")
         missing = self.unknown(text)
         if missing and unknown == "error":
             raise ChargptError(f"prompt has {len(missing)} character(s) the model never saw: "
                                f"{describe_chars(missing)}; "
-                               f"remove them, or pass --unknown skip or --unknown replace")
+                               f"remove them, or pass {param('unknown', 'skip')} or {param('unknown', 'replace')}")
         if missing and unknown == "skip":
             text = "".join(c for c in text if c in self.stoi)
         elif missing:

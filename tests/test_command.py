@@ -21,7 +21,8 @@ def test_subcommands_share_one_definition_with_train_and_sample():
     assert eval_params["checkpoint_path"] is sample_params["checkpoint_path"]
     assert eval_params["device"] is sample_params["device"]
     encoding = next(f for f in TrainConfig.__dataclass_fields__.values() if f.name == "encoding")
-    assert eval_params["encoding"].help == encoding.metadata["help"] and eval_params["encoding"].default == "utf-8"
+    assert eval_params["encoding"].help.startswith(encoding.metadata["help"])
+    assert eval_params["encoding"].default == "utf-8"
 
 
 def test_python_dash_m_chargpt_lists_the_subcommands():

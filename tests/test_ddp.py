@@ -62,8 +62,8 @@ def test_torchrun_two_processes_write_one_checkpoint_set_that_samples(corpus):
     r = subprocess.run(torchrun_cmd("--data", corpus, "--out-dir", "run", "--max-iters", 4, "--eval-interval", 2,
                                     *TINY), capture_output=True, text=True, timeout=120, env=torchrun_env())
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "global batch: 4 x 1 accum x 2 proc = 8 sequences of 16 chars = 128 chars/step" in r.stdout
-    assert r.stdout.count("step      2:") == 1  # only rank 0 logs
+    assert "global batch: 4 x 1 accum x 2 proc = 8 sequences of 16 chars = 128 chars/step" in r.stderr
+    assert r.stderr.count("step      2:") == 1  # only rank 0 logs
     run = Path("run")
     assert_one_checkpoint_set(run)
     assert metric_steps(run) == [0, 2, 4]

@@ -8,6 +8,7 @@ error cases run in-process through click's CliRunner and a few representative on
 
 import io
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -157,6 +158,25 @@ def test_bad_input_is_one_line_and_nonzero(args, needle, ckpt, tmp_path):
     r = cli(*[ckpt if a == "CKPT" else a for a in args], input="")
     assert r.exit_code == 1 and isinstance(r.exception, SystemExit)
     assert_one_line_error(r.stderr, needle)
+
+
+@pytest.mark.parametrize("piped,prompt", [("ab\n", "ab"), ("ab\r\n", "ab"), ("ab\n\n", "ab\n"), ("ab", "ab")])
+def test_prompt_from_stdin_drops_the_newline_echo_adds(ckpt, piped, prompt):
+    r = cli("--checkpoint", ckpt, "--prompt", "-", "--max-new-tokens", 3, *GREEDY, input=piped)
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout == prompt + Generator(counter_model(), VOCAB, "cpu").generate(prompt, max_new_tokens=3,
+                                                                                 temperature=0)[0] + "\n"
+
+
+def test_help_shows_every_sampling_flag_with_its_default():
+    shown = " ".join(cli("--help").stdout.split())  # click wraps lines
+    for flag, default in [("--max-new-tokens", "500"), ("--temperature", "0.8"), ("--top-k", "off"),
+                          ("--top-p", "off"), ("--stop", "none"), ("--num-samples", "1"), ("--unknown", "error"),
+                          ("--device", "auto")]:
+        assert re.search(rf"{flag} \S+ .*?\[default: {default}\]", shown), flag
+    for flag in ("--checkpoint", "--prompt", "--prompt-file", "--seed", "--output", "--json", "--interactive",
+                 "--no-cache"):
+        assert flag in shown
 
 
 def test_unknown_flag_is_a_usage_error():

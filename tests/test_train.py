@@ -35,7 +35,8 @@ def test_train_then_sample_end_to_end(corpus, tmp_path):
     r = run_cli("train.py", "--data", corpus, "--out-dir", out, "--max-iters", "40", "--eval-interval", "20",
                 "--learning-rate", "3e-3", "--warmup-iters", "5", *TINY, "--sample-chars", "50")
     assert r.returncode == 0, r.stderr
-    assert "step     40" in r.stdout and "bpc" in r.stdout and "--- sample" in r.stdout
+    assert "step     40" in r.stderr and "bpc" in r.stderr and "--- sample" in r.stderr  # logs: stderr
+    assert r.stdout == f"{out}\n"  # the result, for scripts: the run directory
     assert {p.name for p in out.iterdir()} == {"latest.safetensors", "best.safetensors", "state.safetensors",
                                                 "metrics.jsonl"}
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
