@@ -307,8 +307,10 @@ def _describe_run(gen):
 
 
 def _write_output(path, body):
+    """Write the samples atomically: an interrupted write never leaves a half file over an older one."""
+    from .rundir import write_text_atomic
     try:
-        Path(path).write_text(body, encoding="utf-8")
+        write_text_atomic(path, body)
     except OSError as e:
         raise ChargptError(f"cannot write --output {path}: {e.strerror}") from None
 
