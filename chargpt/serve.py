@@ -52,7 +52,7 @@ from .checkpoint import read_meta
 from .config import SampleSettings
 from .errors import ChargptError
 from .inside import look_inside
-from .rundir import BEST, LATEST, METRICS, read_metrics
+from .rundir import BEST, LATEST, METRICS, lock_holder, read_metrics
 from .tokenizer import UNKNOWN_POLICIES, describe_chars
 
 try:  # the optional web extra; serve() names it when it is missing
@@ -147,7 +147,8 @@ class Runs:
 
     def summary(self, run):
         """The facts the run picker shows, from the newest header (read_meta reads no weights)."""
-        out = {"name": run.name, "updated": _mtime(*(run / n for n in (LATEST, BEST, METRICS)))}
+        out = {"name": run.name, "updated": _mtime(*(run / n for n in (LATEST, BEST, METRICS))),
+               "training": lock_holder(run) is not None}  # a training holds the run directory's lock
         try:
             meta, shapes = read_meta(self._file(run, LATEST) or self._file(run, BEST))
         except ChargptError as e:

@@ -77,6 +77,19 @@ def test_runs_list_details_and_metrics(client, served):
     assert client.get("/api/runs/tiny/metrics", params={"since": metrics["mtime"]}).json()["unchanged"]
 
 
+def test_a_run_is_marked_training_exactly_while_a_training_holds_its_lock(client, served):
+    from chargpt.rundir import RunDir
+    assert client.get("/api/runs").json()["runs"][0]["training"] is False
+    owner = RunDir(served / "tiny")
+    owner.claim()  # what a training does for its whole life
+    try:
+        assert client.get("/api/runs").json()["runs"][0]["training"] is True
+    finally:
+        owner.release()
+    assert client.get("/api/runs").json()["runs"][0]["training"] is False
+    assert (served / "tiny" / "best.safetensors").exists()  # releasing the lock never removes a real run
+
+
 def test_metrics_of_a_run_still_training_update_and_torn_lines_are_skipped(client, served, tmp_path):
     before = client.get("/api/runs/tiny/metrics").json()
     path = served / "tiny" / "metrics.jsonl"

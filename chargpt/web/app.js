@@ -448,14 +448,14 @@ function renderRunsTable() {
     });
     const name = el("button", {class: "link", text: r.name, title: "show this run and use it in Write and Look inside"});
     name.addEventListener("click", () => selectRun(r.name));
-    const live = Date.now() / 1000 - r.updated < 120;
+    const live = r.training;
     return el("tr", {class: r.name === state.run ? "current" : ""},
       el("td", {}, box), el("td", {}, el("span", {class: "swatch"}), name),
       el("td", {text: r.error ? "unreadable" : r.corpus}), el("td", {class: "num", text: r.error ? "" : params(r.params)}),
       el("td", {class: "num", text: r.error ? "" : String(r.step)}), el("td", {class: "num", text: fmt(r.best_val_loss, 4)}),
       el("td", {class: "num", text: fmt(r.best_bpc)}),
       el("td", {class: live ? "live" : "", text: ago(r.updated),
-                title: live ? "changed in the last two minutes: probably still training" : ""}));
+                title: live ? "training now: its curves update as it evaluates" : ""}));
   });
   $("runs-table").tBodies[0].replaceChildren(...rows);
   $("runs-table").querySelectorAll(".swatch").forEach((s, i) => { s.style.background = colourOf(state.runs[i].name); });
