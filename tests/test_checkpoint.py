@@ -77,7 +77,8 @@ def sample(path, *args):
 
 
 def assert_one_line_error(r, *needles):
-    assert r.returncode == 1, r.stdout + r.stderr
+    """r: a finished process, or click's in-process Result (exit_code instead of returncode)."""
+    assert getattr(r, "returncode", getattr(r, "exit_code", None)) == 1, r.stdout + r.stderr
     assert "Traceback" not in r.stderr and r.stdout == ""
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
@@ -111,10 +112,21 @@ CORRUPTIONS = {  # name: (damage done to a saved checkpoint, what the one-line e
 
 @pytest.mark.parametrize("damage,message", CORRUPTIONS.values(), ids=CORRUPTIONS.keys())
 def test_corrupted_checkpoint_is_one_line_error_through_sample_py(saved, damage, message):
+    """sample.py in-process (a subprocess per case costs seconds of imports); one case as a real process below."""
     path, _ = saved
     damage(path)
-    r = sample(path.parent)
+    r = CliRunner().invoke(sample_cli, ["--checkpoint", str(path.parent), "--prompt", "a", "--max-new-tokens", "5",
+                                        "--seed", "1"])
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit) and "Traceback" not in r.output, r.output
     assert_one_line_error(r, str(path), message, "re-copy it, or use latest.safetensors")
+
+
+def test_corrupted_checkpoint_as_a_real_process_prints_one_line_and_exits_1(saved):
+    path, _ = saved
+    flip_bytes(path)
+    r = sample(path.parent)
+    assert r.returncode == 1
+    assert_one_line_error(r, str(path), "is corrupted (checksum mismatch", "re-copy it, or use latest.safetensors")
 
 
 @pytest.mark.parametrize("dtype", [torch.bool, torch.int64, torch.float64, torch.complex64], ids=str)
