@@ -95,20 +95,26 @@ def _checked(path, key, value, spec):
     else:
         ok = isinstance(value, (int, float) if spec.type is float else spec.type)
     if not ok:
-        raise ConfigError(f"{path}: {key} must be {WANT[spec.type]}, not {_kind(value)} ({value!r:.40})")
+        raise ConfigError(f"{path}: {key} must be {WANT[spec.type]}, not {_kind(value)}: {_shown(value)}")
     if spec.choices and value not in spec.choices:
         close = difflib.get_close_matches(value, spec.choices, n=1)
-        raise ConfigError(f"{path}: {key} must be one of {', '.join(spec.choices)}, not {value!r:.40}"
+        raise ConfigError(f"{path}: {key} must be one of {', '.join(spec.choices)}, not {_shown(value)}"
                           + (f"; did you mean {close[0]!r}?" if close else ""))
     return float(value) if spec.type is float else value
 
 
 def _kind(value):
-    for t, word in ((bool, "true/false"), (int, "a whole number"), (float, "a number"), (str, "a string"),
+    for t, word in ((bool, "true/false"), (int, "a whole number"), (float, "a float"), (str, "a string"),
                     (list, "an array"), (dict, "a table")):
         if isinstance(value, t):
             return word
     return "a date or time"
+
+
+def _shown(value):
+    """A value as the file has it (TOML spelling), cut short."""
+    text = toml_value(value) if isinstance(value, (bool, int, float, str)) else str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 # --- the layers --------------------------------------------------------------------------------------------------
@@ -129,7 +135,7 @@ class Settings:
         if flags.get("config"):
             self.layers.append((str(flags["config"]), no_step_limit(read_config_file(flags["config"]))))
         self.layers.append((FLAGS, no_step_limit(flags)))
-        self.preset, self.preset_why = None, ""
+        self.preset = self.preset_source = self.device_type = None
 
     def merged(self):
         return {k: v for _, values in self.layers for k, v in values.items()}
@@ -138,28 +144,30 @@ class Settings:
         """The source that set `name` (the highest layer holding it), or None."""
         return next((source for source, values in reversed(self.layers) if name in values), None)
 
-    def pick_preset(self, device_type):
-        """The preset: the one named (by the flags or the file), else the device's (device_type None: none)."""
+    def pick_preset(self, device_type, current=None):
+        """The preset: the one named (by the flags or the file), else the device's. On --resume (device_type None)
+        only a preset named that is not the run's `current` one is a layer."""
         named = self.merged().get("preset")
         check_preset(named)
-        if named is None and device_type is None:
+        if device_type is None and named in (None, current):
             return
-        self.preset = named or device_preset(device_type)
-        self.preset_why = f"the default on {device_type.upper()}" if named is None else \
-            f"{param('preset')}" if self.source("preset") == FLAGS else f"from {self.source('preset')}"
+        self.preset, self.preset_source = named or device_preset(device_type), self.source("preset")
+        self.device_type = device_type
         self.layers.insert(0, (f"preset {self.preset}", PRESETS[self.preset]))
 
     def keep_changes(self, saved):
         """For --resume: keep, from the preset and the config file, only values that differ from the run's `saved`
         settings (flags all count, as before: a --max-time given starts a new budget)."""
         self.layers = [(source, values if source == FLAGS else {k: v for k, v in values.items()
-                                                                 if k not in saved or saved[k] != v})
+                                                                 if k not in saved or not _same(k, saved[k], v)})
                        for source, values in self.layers]
 
     def describe(self):
         """Start-up log lines: the preset, then each source's settings that are in effect and change what the
         layers below give (a config.toml repeats every setting: only what it changes is worth a mention)."""
-        lines = [f"preset: {self.preset} ({self.preset_why}) — {PRESET_ABOUT[self.preset]}"] if self.preset else []
+        why = f"the default on {str(self.device_type).upper()}" if self.preset_source is None else \
+            param("preset") if self.preset_source == FLAGS else f"from {self.preset_source}"
+        lines = [f"preset: {self.preset} ({why}) — {PRESET_ABOUT[self.preset]}"] if self.preset else []
         below = {f.name: f.default for cls in (ModelConfig, TrainConfig) for f in fields(cls)}
         for i, (source, values) in enumerate(self.layers):
             later = {k for _, higher in self.layers[i + 1:] for k in higher}
@@ -170,6 +178,13 @@ class Settings:
             if shown and not source.startswith("preset "):
                 lines.append(f"from {where}: {' '.join(shown)}")
         return lines
+
+
+def _same(name, a, b):
+    """Whether two values of a setting mean the same (a path, relative or absolute, is the same file)."""
+    if name in ("data", "cache_dir") and isinstance(a, str) and isinstance(b, str):
+        return Path(a).resolve() == Path(b).resolve()
+    return a == b
 
 
 def _spelled(name, value):

@@ -6,7 +6,8 @@
 Setup (Trainer.__init__) claims the run directory, settles the configs, prepares the corpus, then builds the
 model once, with the corpus's vocabulary. The loop (Trainer.run) reads top to bottom: evaluate and
 checkpoint, forward/backward (with gradient accumulation), agree on whether the loss was finite and whether to
-stop, step, log. Under torchrun every rank runs it; all decisions to stop are taken together.
+stop, step, log, and now and then a sample. Under torchrun every rank runs it; all decisions to stop (the budget,
+--patience, a signal) are taken together. Where the settings come from is chargpt/settings.py.
 """
 
 import math
@@ -141,7 +142,7 @@ def _resume_settings(meta, settings: Settings):
     From a config file or a named preset only what differs from the run counts as given."""
     saved_model: ModelConfig = meta["model_config"]
     saved_train = {k: v for k, v in (meta.get("train_config") or {}).items() if k not in HARDWARE}
-    settings.pick_preset(None)  # only a preset named now
+    settings.pick_preset(None, current=saved_train.get("preset"))  # only another preset named now
     settings.keep_changes({**asdict(saved_model), **saved_train})
     model_kw, train_kw = split_overrides(settings.merged())
     clashes = [f"--{flag(k)} {v}" + (f" from {settings.source(k)}" if settings.source(k) != FLAGS else "")
