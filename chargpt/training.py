@@ -709,8 +709,9 @@ class _SignalFlag:
 
 
 def train(log=tqdm.write, **overrides):
-    """Train a CharGPT. Keyword arguments are the CLI's flags with underscores (data=..., max_iters=...);
-    anything not given takes its default (hardware-dependent ones from config.PRESETS). -> summary dict."""
+    """Train a CharGPT. Keyword arguments are the CLI's flags with underscores (data=..., max_iters=...,
+    preset="tiny", config="run.toml"); anything not given comes from the config file, else the preset (by default
+    the device's), else the dataclass default: chargpt/settings.py. -> summary dict."""
     trainer = None
     try:
         trainer = Trainer(overrides, log=log)
