@@ -187,6 +187,8 @@ class TrainConfig:
                                "samples.jsonl in the run directory, to watch the model learn (0: off)")
     sample_prompt: str | None = opt(None, "text the samples during and after training start from [default: a "
                                           "newline, as sample.py]")
+    curves: bool = opt(True, "draw the loss curves into curves.png in the run directory when training ends (with "
+                             "matplotlib installed; --no-curves for many short runs, where each costs a moment)")
     # hardware
     device: str = opt("auto", "auto (CUDA, then Apple MPS, then CPU), cpu, cuda, cuda:N or mps")
     dtype: str = opt("auto", "auto (bfloat16 where the hardware has it, else float32), float32, bfloat16, float16",

@@ -666,7 +666,7 @@ class Trainer:
         if reason == "patience":
             self.log(f"stopped early at step {s.step}: no improvement in {self.cfg.patience} evaluations (best val "
                      f"loss {s.best_val:.4f})")
-        if self.dist.is_main:
+        if self.dist.is_main and self.cfg.curves:
             from .plot import maybe_write_curves
             maybe_write_curves(self.out_dir, self.log)
         if self.dist.enabled:

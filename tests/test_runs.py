@@ -250,6 +250,7 @@ def test_sample_every_shows_and_keeps_samples_without_changing_training(tmp_path
     rows = [json.loads(line) for line in open(tmp_path / "run" / "samples.jsonl", encoding="utf-8")]
     assert [row["step"] for row in rows] == [2, 4, 6] and all(row["prompt"] == "To " for row in rows)
     assert all(len(row["text"]) == 12 for row in rows)
+    assert not (tmp_path / "run" / "curves.png").exists()  # --no-curves (in TINY_KW): nothing drawn
     for row in rows:
         assert f"--- sample at step {row['step']} ---\nTo {row['text']}\n---" in r.stderr
     # the last one is what sampling writes from the checkpoint of that step, with the run's seed
@@ -285,7 +286,7 @@ def test_sample_settings_that_cannot_work_are_refused(tmp_path, corpus):
 # --- the end of every run -----------------------------------------------------------------------------------------
 def test_every_run_ends_with_its_curves_and_records_its_processes(tmp_path, corpus):
     logs = []
-    chargpt.train(log=logs.append, data="corpus.txt", out_dir="run", **TINY_KW)
+    chargpt.train(log=logs.append, data="corpus.txt", out_dir="run", **{**TINY_KW, "curves": True})
     assert read_meta(tmp_path / "run" / "latest.safetensors")[0]["world_size"] == 1
     assert run_info(tmp_path / "run")["processes"] == 1
     if importlib.util.find_spec("matplotlib") is None and os.environ.get("CI") != "true":
