@@ -1,4 +1,4 @@
-"""python -m chargpt: the `chargpt` command (train, sample, eval, info, plot, bench, data)."""
+"""python -m chargpt: the `chargpt` command (train, sample, eval, info, plot, bench, data, serve)."""
 
 from .cli import main
 

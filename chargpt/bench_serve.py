@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -30,7 +31,7 @@ import torch
 
 from .bench import machine
 from .checkpoint import save_model
-from .config import PRESETS, ModelConfig
+from .config import PRESETS, ModelConfig, device_preset
 from .model import CharGPT
 from .runtime import configure_threads, pick_device
 from .sampling import load
@@ -41,7 +42,7 @@ PROMPT = "The "
 
 def random_run(root, device):
     """A checkpoint of the preset size for `device`, random weights: decoding costs the same as a trained one."""
-    preset = PRESETS["gpu" if device.type == "cuda" else "cpu"]
+    preset = {**asdict(ModelConfig()), **PRESETS[device_preset(device.type)]}  # shakespeare-char: the defaults
     vocab = Vocab(sorted(set("\n" + "".join(map(chr, range(32, 127))))))
     cfg = ModelConfig(vocab_size=len(vocab), **{k: preset[k] for k in ("n_layer", "n_head", "n_embd", "block_size")},
                       dropout=0.0)

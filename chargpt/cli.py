@@ -106,15 +106,26 @@ def _log(message):
     tqdm.write(message, file=sys.stderr)
 
 
-@click.command(context_settings=CONTEXT)
+class TrainCommand(click.Command):
+    """train's --help ends with the presets and their sizes (computed when help is shown, not at every start)."""
+
+    def format_epilog(self, ctx, formatter):
+        from .settings import preset_table
+        formatter.write_paragraph()
+        formatter.write("\n".join(preset_table()) + "\n")
+
+
+@click.command(cls=TrainCommand, context_settings=CONTEXT)
 @config_options(ModelConfig)
 @config_options(TrainConfig)
 def train_cli(**kwargs):
     """Train a character-level GPT on a text file (or directory) and save it to a run directory.
 
     With no --data it trains on the built-in corpus (CPython's English help topics), so it works offline
-    on a fresh machine. Sizes default to what suits the device found (printed at start). Progress and logs
-    go to stderr; when training ends, the run directory is printed on stdout (for scripts).
+    on a fresh machine. Settings come from, each over the one before: the defaults, a --preset (by default the
+    one that suits the device found), a --config file, and the flags given; the start-up log says which set
+    what. Progress and logs go to stderr; when training ends, the run directory is printed on stdout (for
+    scripts).
     """
     # only the flags actually given reach train(): on --resume, the others come from the checkpoint
     ctx = click.get_current_context()
@@ -440,7 +451,23 @@ def data_get_cli(name, data_dir):
     run_guarded(fetch)
 
 
-@click.group(context_settings=CONTEXT)
+class CommandGroup(click.Group):
+    """The chargpt group; `serve` is imported only when asked for (it loads torch and the web extra)."""
+
+    LAZY = {"serve": ("chargpt.serve", "main")}
+
+    def list_commands(self, ctx):
+        return sorted([*self.commands, *self.LAZY])
+
+    def get_command(self, ctx, name):
+        if name in self.LAZY and name not in self.commands:
+            import importlib
+            module, attr = self.LAZY[name]
+            self.add_command(getattr(importlib.import_module(module), attr), name)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=CommandGroup, context_settings=CONTEXT)
 @click.version_option(__version__, prog_name="chargpt")
 def main():
     """chargpt: train a character-level GPT on any text, and write, score and inspect with it.
@@ -452,6 +479,7 @@ def main():
       chargpt eval --data new_text.txt
       chargpt info
       chargpt plot -o curves.png
+      chargpt serve
 
     `chargpt COMMAND --help` lists a command's flags.
     """

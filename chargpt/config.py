@@ -5,13 +5,15 @@ SampleSettings says how to choose characters. The CLIs generate one flag per fie
 with the `help` metadata as its help line (flag_specs), so a field added here is a documented flag everywhere.
 
 Defaults: a field's dataclass default is its value on a GPU (the classic 10.7M-parameter Shakespeare model);
-PRESETS["cpu"] overrides the few fields where a CPU needs a smaller setting. --help shows both.
+PRESETS names starting points over them, "cpu" among them, which a run without a GPU starts from: --help shows
+both defaults where they differ. chargpt/settings.py layers defaults, preset, config file and flags.
 Validation lives here too, once per dataclass; messages name a setting with param(), which spells it as the
 user did: `--n-layer` on the command line, `n_layer` from Python.
 """
 
 import contextlib
 import contextvars
+import difflib
 import math
 import os
 from dataclasses import dataclass, field, fields
@@ -56,6 +58,41 @@ def param(name, value=_NO_VALUE):
     if _CLI_NAMES.get():
         return f"--{flag(name)}" + ("" if value is _NO_VALUE else f" {value}")
     return name + ("" if value is _NO_VALUE else f"={value!r}")
+
+
+# --- presets: named starting points for every setting -------------------------------------------------------
+# name -> {field: value}, over the dataclass defaults (the GPU's: shakespeare-char is exactly them); flags and
+# --config override a preset. Without --preset the device picks one (device_preset): cpu, or shakespeare-char on
+# CUDA. Each has a one-line description in PRESET_ABOUT; --help and the README give their sizes.
+PRESETS = {
+    "tiny": dict(n_layer=2, n_head=2, n_embd=64, block_size=32, dropout=0.0, batch_size=16, learning_rate=3e-3,
+                 max_iters=300, warmup_iters=20, eval_interval=100, eval_iters=10, sample_chars=200),
+    # the setting that learned most in a fixed two minutes in a search on a 2-core CPU (benchmarks/RESULTS.md)
+    "cpu": dict(n_layer=2, n_head=4, n_embd=128, block_size=64, dropout=0.0, batch_size=16, learning_rate=4e-3,
+                eval_interval=250, eval_iters=20),
+    "shakespeare-char": {},
+    # GPT-2 small's shape and optimiser (AdamW at 6e-4 decaying to 6e-5, beta2 0.95, 2000 warmup steps, as in
+    # nanoGPT's GPT-2 config) over characters at context 1024. 32 x 1024 characters per step; dropout 0.1 against
+    # overfitting a corpus that is small for 85M parameters.
+    "gpt2-small-char": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, dropout=0.1, batch_size=32,
+                            learning_rate=6e-4, min_lr=6e-5, beta2=0.95, warmup_iters=2000, max_iters=50000,
+                            eval_interval=1000, eval_iters=50),
+}
+PRESET_ABOUT = {
+    "tiny": "tests and demos: 300 steps, seconds on any CPU; writes word-like text, not sense",
+    "cpu": "the default without a GPU: learned most in two minutes in a search on a 2-core CPU; 5000 steps of "
+           "16 x 64 characters",
+    "shakespeare-char": "the default on a CUDA GPU: nanoGPT's classic shakespeare-char recipe, dropout 0.2; 5000 "
+                        "steps of 64 x 256 characters",
+    "gpt2-small-char": "GPT-2 small's shape and optimiser (learning rate 6e-4 to 6e-5, beta2 0.95, 2000 warmup "
+                       "steps) at context 1024, for a GPU with 40 GB or more and a corpus of 10M+ characters (e.g. "
+                       "enwik8); 50000 steps of 32 x 1024 characters, dropout 0.1",
+}
+
+
+def device_preset(device_type):
+    """The preset a run without --preset starts from: what suits the device found."""
+    return "shakespeare-char" if device_type == "cuda" else "cpu"
 
 
 @dataclass
@@ -107,6 +144,12 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
+    # where the settings come from (chargpt/settings.py): defaults <- preset <- config file <- flags
+    preset: str | None = opt(None, "named settings to start from (listed below, with their sizes); flags and "
+                                   "--config override it [default: cpu, or shakespeare-char on a CUDA GPU]",
+                             choices=tuple(PRESETS))
+    config: str | None = opt(None, "TOML file of settings, its keys the flag names (n-layer = 4); it overrides "
+                                   "--preset, and flags override it. A run directory's config.toml repeats that run")
     # data
     data: str | None = opt(None, "UTF-8 text file, or a directory of text files (read in sorted order) "
                                  "[default: the English help topics that ship with CPython (pydoc_data)]")
@@ -136,7 +179,16 @@ class TrainConfig:
     # evaluation and logging
     eval_interval: int = opt(500, "steps between evaluations (and checkpoints)")
     eval_iters: int = opt(50, "batches per split averaged in each evaluation")
-    sample_chars: int = opt(300, "characters to sample and show when training ends (0: none)")
+    patience: int = opt(0, "stop early after this many evaluations in a row without a new best validation loss "
+                           "(0: never)")
+    sample_chars: int = opt(300, "characters in each sample training shows: when it ends (0: none) and every "
+                                 "--sample-every steps")
+    sample_every: int = opt(0, "show a short sample every this many steps, from a fixed seed, and append it to "
+                               "samples.jsonl in the run directory, to watch the model learn (0: off)")
+    sample_prompt: str | None = opt(None, "text the samples during and after training start from [default: a "
+                                          "newline, as sample.py]")
+    curves: bool = opt(True, "draw the loss curves into curves.png in the run directory when training ends (with "
+                             "matplotlib installed; --no-curves for many short runs, where each costs a moment)")
     # hardware
     device: str = opt("auto", "auto (CUDA, then Apple MPS, then CPU), cpu, cuda, cuda:N or mps")
     dtype: str = opt("auto", "auto (bfloat16 where the hardware has it, else float32), float32, bfloat16, float16",
@@ -160,7 +212,7 @@ class TrainConfig:
         for name in ("batch_size", "max_iters", "learning_rate", "eval_interval", "eval_iters"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{param(name)} must be positive (got {getattr(self, name)})")
-        for name in ("warmup_iters", "weight_decay", "grad_clip", "sample_chars"):
+        for name in ("warmup_iters", "weight_decay", "grad_clip", "sample_chars", "patience", "sample_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{param(name)} must be non-negative (got {getattr(self, name)})")
         if self.grad_accum < 1:
@@ -179,6 +231,10 @@ class TrainConfig:
                 raise ConfigError(f"{param(name)} must be in [0, 1) (got {getattr(self, name)})")
         if self.threads is not None:
             check_threads(self.threads)
+        if self.sample_every and not self.sample_chars:
+            raise ConfigError(f"{param('sample_every')} needs {param('sample_chars')} above 0 (the length of each "
+                              f"sample); drop {param('sample_chars', 0)}")
+        check_preset(self.preset)
         if not 0.0 <= self.label_smoothing < 1.0:  # also catches NaN
             raise ConfigError(f"{param('label_smoothing')} must be in [0, 1) (got {self.label_smoothing})")
         return self
@@ -231,7 +287,8 @@ def check_numbers(config):
 
 def check_paths(settings):
     """Path settings must not be empty strings: Path("") is the current folder, which is never what was meant."""
-    defaults = {"data": "the built-in corpus", "out_dir": "checkpoints/<corpus name>", "cache_dir": "the default"}
+    defaults = {"data": "the built-in corpus", "out_dir": "checkpoints/<corpus name>", "cache_dir": "the default",
+                "config": "no config file"}
     for name, default in defaults.items():
         if settings.get(name) == "":
             raise ConfigError(f"{param(name)} is an empty path; give a path, or leave it out for {default}")
@@ -252,6 +309,13 @@ def check_sample_options(num_samples, seed):
         check_seed(seed)
 
 
+def check_preset(name):
+    if name is not None and name not in PRESETS:
+        close = difflib.get_close_matches(str(name), PRESETS, n=1)
+        raise ConfigError(f"{param('preset')} {name!r:.40} is not a preset; "
+                          + (f"did you mean {close[0]!r}? " if close else "") + f"the presets: {', '.join(PRESETS)}")
+
+
 def cpu_count():
     """CPUs this process may run on: its affinity mask, which containers and taskset narrow, else all of them."""
     try:
@@ -266,20 +330,6 @@ def check_threads(threads):
         raise ConfigError(f"{param('threads')} must be between 1 and {most} ({THREADS_PER_CPU} per CPU; this machine "
                           f"has {cpu_count()}), got {threads}; more threads than CPUs only slow torch down, so "
                           f"leave it out to use one per CPU")
-
-
-# Hardware-dependent defaults: the dataclass defaults are the GPU's (the classic 10.7M-parameter Shakespeare model,
-# 6 x 384, context 256, dropout 0.2); a CPU overrides these fields with a small, wide-enough model with no dropout
-# that learns fast in a few minutes (see benchmarks/RESULTS.md for the search behind it).
-PRESETS = {
-    "cpu": dict(n_layer=2, n_head=4, n_embd=128, block_size=64, dropout=0.0, batch_size=16, learning_rate=4e-3,
-                eval_interval=250, eval_iters=20),
-    "gpu": {},
-}
-PRESET_REASONS = {
-    "cpu": "no GPU found: the small model that learned most per minute in a search on a 2-core CPU",
-    "gpu": "GPU found: the 10.7M-parameter model (6 layers x 384, context 256)",
-}
 
 
 def validate_arch(cfg: ModelConfig):
@@ -348,17 +398,6 @@ def split_overrides(overrides):
     train = typed_fields(TrainConfig, {k: v for k, v in overrides.items() if k in train_names}, "settings")
     check_paths(train)  # before anything reads them (an empty --out-dir would otherwise mean "not given")
     return model, train
-
-
-def build_configs(preset, overrides, vocab_size):
-    """Dataclass defaults <- preset <- explicit overrides; returns validated (ModelConfig, TrainConfig)."""
-    values = {**PRESETS[preset], **overrides}
-    if overrides.get("max_time") and "max_iters" not in overrides:
-        values["max_iters"] = UNLIMITED  # a time budget alone decides when to stop
-    model_kw, train_kw = split_overrides(values)
-    mcfg = ModelConfig(**{**model_kw, "vocab_size": vocab_size}).validate()
-    tcfg = TrainConfig(**train_kw).validate()
-    return mcfg, tcfg
 
 
 def model_config_from_dict(d):

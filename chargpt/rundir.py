@@ -5,6 +5,9 @@ A run directory (checkpoints/<corpus name> by default) holds:
   latest.safetensors   the model at the last save
   state.safetensors    everything --resume needs: weights, AdamW moments, step, random states
   metrics.jsonl        one JSON line per evaluation
+  config.toml          the run's resolved settings: chargpt train --config DIR/config.toml repeats it
+  samples.jsonl        with --sample-every: one JSON line per sample shown while training (step, prompt, text)
+  curves.png           loss curves, drawn when training ends (if matplotlib is installed)
   .lock                while a training owns the directory: an OS lock, and that process's id
 
 Every file is written to a temporary name, flushed to disk and renamed over the old one (write_atomic), so a
@@ -29,6 +32,7 @@ except ImportError:  # Windows: no flock; runs are not locked there
 
 LATEST, BEST, STATE, METRICS, LOCK = ("latest.safetensors", "best.safetensors", "state.safetensors",
                                       "metrics.jsonl", ".lock")
+CONFIG, SAMPLES = "config.toml", "samples.jsonl"
 RUN_FILES = (STATE, LATEST, BEST)
 DEFAULT_ROOT = Path("checkpoints")
 

@@ -18,7 +18,8 @@ thread so the event loop stays free; Stop, or leaving the page, cancels a genera
 
 API (JSON in, JSON out; generation as server-sent events):
   GET  /api/runs                  every run: name, corpus, parameters, steps, best val loss, bits/char
-  GET  /api/runs/{name}           one run in full: model and training config, vocabulary, files
+  GET  /api/runs/{name}           one run in full: model and training config, vocabulary, files, and the
+                                  samples it wrote while training (samples.jsonl rows: step, prompt, text)
   GET  /api/runs/{name}/metrics   its metrics.jsonl rows (?since=MTIME: only if changed since)
   POST /api/generate              {run, prompt, max_new_tokens, temperature, top_k, top_p, num_samples, seed,
                                   unknown, stop} -> events: start {id, seed, prompt}, text [[sample, piece]...],
@@ -52,7 +53,7 @@ from .checkpoint import read_meta
 from .config import SampleSettings
 from .errors import ChargptError
 from .inside import look_inside
-from .rundir import BEST, LATEST, METRICS, lock_holder, read_metrics
+from .rundir import BEST, LATEST, METRICS, SAMPLES, lock_holder, read_metrics
 from .tokenizer import UNKNOWN_POLICIES, describe_chars
 
 try:  # the optional web extra; serve() names it when it is missing
@@ -85,6 +86,7 @@ MAX_TOP = 10  # expected characters listed per position
 MAX_BUSY = 2  # generations and analyses at once; the next request gets 429
 MAX_MODELS = 2  # loaded models kept in memory
 MAX_METRIC_ROWS = 20_000  # the newest rows of a metrics.jsonl that are sent
+MAX_SAMPLE_ROWS = 50  # the newest samples a run wrote while training (samples.jsonl) that are sent
 LOOPBACK_NAMES = ("localhost", "127.0.0.1")
 
 REQUIRED = object()
@@ -172,9 +174,10 @@ class Runs:
             with contextlib.suppress(OSError):  # a temporary file renamed away while we look
                 if p.is_file() and not p.name.startswith("."):
                     files[p.name] = p.stat().st_size
+        samples = self._file(run, SAMPLES)  # read_metrics reads any of a run's step-keyed JSON lines
         return {**summary, "model_config": vars(meta["model_config"]), "train_config": finite(meta.get("train_config")),
                 "saved_at": meta.get("saved_at"), "vocab_preview": chars[:300],
-                "files": files}
+                "files": files, "samples": read_metrics(samples)[-MAX_SAMPLE_ROWS:] if samples else []}
 
     def metrics(self, name):
         """-> (rows, mtime of metrics.jsonl or None)."""

@@ -6,7 +6,8 @@
 Setup (Trainer.__init__) claims the run directory, settles the configs, prepares the corpus, then builds the
 model once, with the corpus's vocabulary. The loop (Trainer.run) reads top to bottom: evaluate and
 checkpoint, forward/backward (with gradient accumulation), agree on whether the loss was finite and whether to
-stop, step, log. Under torchrun every rank runs it; all decisions to stop are taken together.
+stop, step, log, and now and then a sample. Under torchrun every rank runs it; all decisions to stop (the budget,
+--patience, a signal) are taken together. Where the settings come from is chargpt/settings.py.
 """
 
 import math
@@ -22,11 +23,11 @@ from tqdm import tqdm
 
 from . import checkpoint as ckpt
 from . import errors, rundir
-from .config import PRESET_REASONS, PRESETS, UNLIMITED, ModelConfig, TrainConfig, flag, split_overrides, typed_fields
+from .config import UNLIMITED, ModelConfig, TrainConfig, flag, param, split_overrides, typed_fields
 from .data import Batches, corpus_sources, encode_corpus, split_sizes
 from .errors import ChargptError, CheckpointError, ConfigError, Interrupted
 from .model import CharGPT
-from .rundir import METRICS, STATE
+from .rundir import CONFIG, METRICS, SAMPLES, STATE
 from .runtime import (
     autocast,
     broadcast_str,
@@ -38,6 +39,8 @@ from .runtime import (
     pick_dtype,
     stream_seed,
 )
+from .settings import FLAGS, Settings, config_toml, resolve
+from .tokenizer import describe_chars
 
 LN2 = math.log(2)
 HARDWARE = ("device", "dtype", "threads", "compile", "attention")  # how a run is computed, not what it is
@@ -61,6 +64,7 @@ class RunState:
     budget_step: int = 0
     budget_elapsed: float = 0.0
     budget_lr: float | None = None  # None: the configured warmup, then decay from --learning-rate
+    since_best: int = 0  # evaluations since the best validation loss so far (--patience)
 
 
 def final_lr(cfg: TrainConfig):
@@ -131,36 +135,25 @@ def make_optimizer(model: CharGPT, cfg: TrainConfig, device):
 
 
 # --- settings: flags, presets and checkpoints -> configs ---------------------------------------------------
-def _budget_flags(train_kw, resume):
-    """A time budget alone decides when to stop (no step limit); on --resume a step budget alone also lifts
-    the run's old time budget."""
-    kw = dict(train_kw)
-    if kw.get("max_time") and "max_iters" not in kw:
-        kw["max_iters"] = UNLIMITED
-    if resume and "max_iters" in kw and "max_time" not in kw:
-        kw["max_time"] = None
-    return kw
-
-
-def _new_settings(preset, flags):
-    """Preset <- flags -> (model fields but the vocabulary size, validated TrainConfig)."""
-    model_kw, train_kw = split_overrides({**PRESETS[preset], **_budget_flags(flags, resume=False)})
-    return model_kw, TrainConfig(**train_kw).validate()
-
-
-def _resume_settings(meta, flags):
-    """The checkpoint's configs + the flags given now -> (model fields but the vocabulary size, TrainConfig).
-    Architecture flags must agree with the checkpoint (dropout may change, as when fine-tuning); training flags
-    may change; hardware settings come from this command alone (a run may move to other hardware)."""
+def _resume_settings(meta, settings: Settings):
+    """The checkpoint's configs + the settings given now -> (model fields but the vocabulary size, TrainConfig).
+    Architecture settings must agree with the checkpoint (dropout may change, as when fine-tuning); training
+    settings may change; hardware settings come from this command alone (a run may move to other hardware).
+    From a config file or a named preset only what differs from the run counts as given."""
     saved_model: ModelConfig = meta["model_config"]
-    model_kw, train_kw = split_overrides(flags)
-    clashes = [f"--{flag(k)} {v} (checkpoint: {getattr(saved_model, k)})" for k, v in model_kw.items()
+    saved_train = {k: v for k, v in (meta.get("train_config") or {}).items() if k not in HARDWARE}
+    settings.pick_preset(None, current=saved_train.get("preset"))  # only another preset named now
+    settings.keep_changes({**asdict(saved_model), **saved_train})
+    model_kw, train_kw = split_overrides(settings.merged())
+    clashes = [f"--{flag(k)} {v}" + (f" from {settings.source(k)}" if settings.source(k) != FLAGS else "")
+               + f" (checkpoint: {getattr(saved_model, k)})" for k, v in model_kw.items()
                if k != "dropout" and getattr(saved_model, k) != v]
     if clashes:
         raise ConfigError(f"--resume: flags disagree with the checkpoint's model: {'; '.join(clashes)}; "
                           f"drop them to resume, or train a new run with another --out-dir")
-    saved_train = {k: v for k, v in (meta.get("train_config") or {}).items() if k not in HARDWARE}
-    tcfg = TrainConfig(**{**saved_train, **_budget_flags(train_kw, resume=True), "resume": True}).validate()
+    if "max_iters" in train_kw and "max_time" not in train_kw:
+        train_kw["max_time"] = None  # a step budget alone lifts the run's old time budget
+    tcfg = TrainConfig(**{**saved_train, **train_kw, "resume": True}).validate()
     model = {k: v for k, v in asdict(saved_model).items() if k != "vocab_size"}
     return {**model, **model_kw}, tcfg
 
@@ -203,34 +196,36 @@ class Trainer:
     """One run: __init__ sets it up (run directory, configs, corpus, model, optimizer), run() trains it."""
 
     def __init__(self, overrides, log=tqdm.write):
-        self.log_fn, self.run_dir, self.notes = log, None, []
+        self.log_fn, self.run_dir, self.notes, self.config_saved = log, None, [], False
         model_kw, train_kw = split_overrides(overrides)  # unknown names and wrong types fail before any work
         if "vocab_size" in model_kw:
             raise ConfigError("vocab_size is set from the corpus, not by a setting; drop it")
-        flags = {**model_kw, **train_kw}
-        self.dist = init_distributed(flags.get("device", "auto"))
-        self.device = pick_device(flags.get("device", "auto"))
-        self.preset = "gpu" if self.device.type == "cuda" else "cpu"  # hardware-dependent defaults (config.PRESETS)
+        self.settings = Settings({**model_kw, **train_kw})  # reads --config: its mistakes too fail before any work
+        given = self.settings.merged()
+        self.dist = init_distributed(given.get("device", "auto"))
+        self.device = pick_device(given.get("device", "auto"))
         try:
-            self._setup(flags)
+            self._setup(given)
         except BaseException:
             self.close()  # a failed start leaves no lock and no empty run directory behind
             raise
 
-    def _setup(self, flags):
-        resume = flags.get("resume", False)
-        self.out_dir = self._claim_run_dir(flags, resume)
+    def _setup(self, given):
+        resume = given.get("resume", False)
+        self.out_dir = self._claim_run_dir(given, resume)
         meta = ckpt.read_meta(self.out_dir / STATE)[0] if resume else None
-        model_kw, self.cfg = _resume_settings(meta, flags) if resume else _new_settings(self.preset, flags)
+        model_kw, self.cfg = _resume_settings(meta, self.settings) if resume else \
+            resolve(self.settings, self.device.type)[:2]
         self.cfg.out_dir = str(self.out_dir)
         ModelConfig(**model_kw).validate()  # bad model flags fail now, before the corpus is read and cached
-        self.state = self._resumed_state(meta, flags) if resume else RunState()
+        self.state = self._resumed_state(meta, self.settings.merged()) if resume else RunState()
         self._setup_hardware()
         self.corpus = self._prepare_corpus(model_kw["block_size"])
         if resume and meta["vocab"] != self.corpus.vocab:
             raise ConfigError(f"--resume: the corpus's vocabulary ({len(self.corpus.vocab)} characters) differs from "
                               f"the checkpoint's ({len(meta['vocab'])}); resume with the same --data")
         self.mcfg = ModelConfig(**model_kw, vocab_size=len(self.corpus.vocab)).validate()
+        self._check_sample_prompt()
         self.batches = Batches(self.corpus.ids(), self.cfg.val_fraction, self.mcfg.block_size, self.cfg.batch_size,
                                self.device)
         self.chars_per_step = self.cfg.batch_size * self.mcfg.block_size * self.cfg.grad_accum * self.dist.world_size
@@ -239,6 +234,12 @@ class Trainer:
             self._restore(meta)
         self._wrap_model()
         self._log_start(meta)
+
+    def _check_sample_prompt(self):
+        unknown = self.corpus.vocab.unknown(self.cfg.sample_prompt or "")
+        if unknown:
+            raise ConfigError(f"{param('sample_prompt')} has characters the corpus does not: "
+                              f"{describe_chars(unknown)}; use characters of the corpus")
 
     def _claim_run_dir(self, flags, resume):
         """Choose the run directory; rank 0 claims it (created if new, locked for the run's lifetime)."""
@@ -276,6 +277,11 @@ class Trainer:
             self.notes.append(f"new budget: {_describe_budget(self.cfg, s)}; the learning rate "
                               + ("finishes its warmup, then decays" if warming else f"decays from {lr:.2e} (the "
                                  f"rate reached)") + f" to {final_lr(self.cfg):.2e} over it")
+        if self._finished(s) == "patience" and s.evaluated:
+            raise ConfigError(f"--resume: the run in {self.out_dir} stopped early at step {s.step:,} (no new best "
+                              f"validation loss in {s.since_best} evaluations); to train on, raise "
+                              f"{param('patience')} above {s.since_best}, or pass {param('patience', 0)} to turn it "
+                              f"off")
         if self._finished(s) and s.evaluated:
             raise ConfigError(f"--resume: the run in {self.out_dir} is already finished at step {s.step:,} (its "
                               f"budget: {_describe_budget(self.cfg, s, left=False)}); to train on, give a new budget: "
@@ -342,10 +348,12 @@ class Trainer:
                     "text)" if cfg.data is None else f" ({cfg.data})"))
         self.log(f"device: {self.device}, {self.dtype_reason}" + (f", {self.threads} threads" if self.threads else "")
                  + (f", {self.dist.world_size} processes" if self.dist.enabled else ""))
+        for line in self.settings.describe():
+            self.log(line)
         if meta is None:
             size = f"{self.model.num_params() / 1e6:.2f}M parameters"
             self.log(f"model: {mcfg.n_layer} layers x {mcfg.n_embd} wide, {mcfg.n_head} heads, context "
-                     f"{mcfg.block_size}, {size} — {PRESET_REASONS[self.preset]}")
+                     f"{mcfg.block_size}, {size}")
         else:
             s = self.state
             self.log(f"resuming {self.out_dir} at step {s.step} (best val loss {s.best_val:.4f})")
@@ -426,7 +434,8 @@ class Trainer:
                     from None
         if self.dist.is_main:
             rundir.remove_stale_temps(self.out_dir)  # left by a run that was killed while saving
-            rundir.truncate_metrics(self.out_dir / METRICS, self.state.step)
+            for log in (METRICS, SAMPLES):
+                rundir.truncate_metrics(self.out_dir / log, self.state.step)
 
     def save(self, val_loss=None, improved=False):
         """Rank 0 writes state (resume), latest, and best when improved; each file atomically. Under DDP every
@@ -436,10 +445,14 @@ class Trainer:
             return
         s = self.state
         extra = dict(step=s.step, val_loss=val_loss, best_val_loss=s.best_val if s.best_val < float("inf") else None,
-                     corpus=self.corpus.name, run_state=asdict(s), hardware=self._hardware())
+                     corpus=self.corpus.name, run_state=asdict(s), hardware=self._hardware(),
+                     world_size=self.dist.world_size)
         if self.scaler.is_enabled():  # fp16 loss scale: part of exact resume
             extra["scaler"] = self.scaler.state_dict()
         train_cfg = asdict(self.cfg)
+        if not self.config_saved:  # with the first checkpoint of this session, so a failed start leaves no file
+            rundir.write_text_atomic(self.out_dir / CONFIG, config_toml(self.mcfg, self.cfg))
+            self.config_saved = True
         weights = ckpt.model_tensors(self.model)  # one device-to-host copy serves all three files
         ckpt.save_state(self.out_dir / STATE, self.model, self.optimizer, rng, self.corpus.vocab, train_cfg,
                         weights=weights, **extra)
@@ -462,12 +475,15 @@ class Trainer:
                     reason = self._finished(s)
                     if (s.step % self.cfg.eval_interval == 0 or reason) and not s.evaluated:
                         self._evaluate_and_save(lr)  # 1. evaluate and checkpoint, at the interval and at the end
+                        reason = self._finished(s)  # --patience: this evaluation may end the run
                     if reason:
                         break
                     loss = self._forward_backward()  # 2. gradients, accumulated over micro-batches
                     bad_step, signum = self._agree(loss, lr)  # 3. across ranks: loss finite? stop? clock?
                     self._step(bad_step, lr)  # 4. update the weights (or drop a non-finite step)
                     self._log_progress(loss, lr)  # 5. progress bar
+                    if self.cfg.sample_every and s.step % self.cfg.sample_every == 0:
+                        self._show_sample()  # 6. now and then, a sample: the model learning, in its own words
                     if signum:
                         reason = "signal"
                         break
@@ -490,11 +506,13 @@ class Trainer:
         self.last_val = None
 
     def _finished(self, s: RunState):
-        """Why the run stops now ('max_iters' or 'max_time'), or None while budget is left."""
+        """Why the run stops now ('max_iters', 'max_time' or 'patience'), or None while it goes on."""
         if s.step >= self.cfg.max_iters:
             return "max_iters"
         if self.cfg.max_time and s.elapsed - s.budget_elapsed >= self.cfg.max_time:
             return "max_time"
+        if self.cfg.patience and s.since_best >= self.cfg.patience:
+            return "patience"
         return None
 
     def _forward_backward(self):
@@ -595,6 +613,7 @@ class Trainer:
                 f"good checkpoint in {self.out_dir} is kept.")
         improved = losses["val"] < s.best_val
         s.best_val = min(s.best_val, losses["val"])
+        s.since_best = 0 if improved else s.since_best + 1
         s.evaluated = True
         record = {"step": s.step, "train_loss": round(losses["train"], 6), "val_loss": round(losses["val"], 6),
                   "train_bpc": round(losses["train"] / LN2, 6), "val_bpc": round(losses["val"] / LN2, 6),
@@ -610,6 +629,28 @@ class Trainer:
         self.last_val = losses["val"]
         self._pause_speed(time.perf_counter() - t0)
 
+    def sample(self, chars):
+        """A sample of the model as it is now: from --sample-prompt (else a newline), at temperature 0.8, with the
+        run's seed, so that successive samples differ only by what the model learned. -> the text after the
+        prompt. Decoding has its own random generator and no dropout: training's random streams are untouched."""
+        from .sampling import Generator
+        gen = Generator(self.model, self.corpus.vocab, self.device)  # puts the model in eval mode
+        try:
+            return gen.generate(self.cfg.sample_prompt or "", max_new_tokens=chars, seed=self.cfg.seed)[0]
+        finally:
+            self.model.train()
+
+    def _show_sample(self):
+        """Every --sample-every steps (rank 0): a short sample above the progress bar, and a line in samples.jsonl
+        (after the state it follows: a resumed run drops lines past its step, as for metrics.jsonl)."""
+        if not self.dist.is_main:
+            return
+        t0, s, prompt = time.perf_counter(), self.state, self.cfg.sample_prompt or ""
+        text = self.sample(self.cfg.sample_chars)
+        rundir.append_jsonl(self.out_dir / SAMPLES, {"step": s.step, "prompt": prompt, "text": text})
+        self.log(f"--- sample at step {s.step} ---\n{prompt}{text}\n---")
+        self._pause_speed(time.perf_counter() - t0)
+
     def _pause_speed(self, seconds):
         """Leave `seconds` out of the speeds shown: chars/s (see _log_progress) and the bar's own steps/s and ETA
         (shifting its clocks, as tqdm's unpause() does, by exactly the pause)."""
@@ -622,6 +663,12 @@ class Trainer:
         s = self.state
         if reason == "signal":
             self.save(None, False)
+        if reason == "patience":
+            self.log(f"stopped early at step {s.step}: no improvement in {self.cfg.patience} evaluations (best val "
+                     f"loss {s.best_val:.4f})")
+        if self.dist.is_main and self.cfg.curves:
+            from .plot import maybe_write_curves
+            maybe_write_curves(self.out_dir, self.log)
         if self.dist.enabled:
             # no rank leaves before rank 0's files are complete: the caller (or a --resume) may read them next, and
             # torchrun stops the remaining workers, mid-save, as soon as one of them exits with an error status
@@ -632,7 +679,8 @@ class Trainer:
             raise Interrupted(f"interrupted at step {s.step}; saved the run to {self.out_dir}. Resume with: "
                               f"{how} --out-dir {self.out_dir} --resume", signum)
         return {"out_dir": str(self.out_dir), "step": s.step, "best_val_loss": s.best_val, "val_loss": self.last_val,
-                "elapsed_s": s.elapsed, "eval_fraction": s.eval_time / max(s.elapsed, 1e-9), "stopped_by": reason}
+                "elapsed_s": s.elapsed, "eval_fraction": s.eval_time / max(s.elapsed, 1e-9), "stopped_by": reason,
+                "stopped_early": reason == "patience"}
 
 
 class _SignalFlag:
@@ -661,21 +709,23 @@ class _SignalFlag:
 
 
 def train(log=tqdm.write, **overrides):
-    """Train a CharGPT. Keyword arguments are the CLI's flags with underscores (data=..., max_iters=...);
-    anything not given takes its default (hardware-dependent ones from config.PRESETS). -> summary dict."""
+    """Train a CharGPT. Keyword arguments are the CLI's flags with underscores (data=..., max_iters=...,
+    preset="tiny", config="run.toml"); anything not given comes from the config file, else the preset (by default
+    the device's), else the dataclass default: chargpt/settings.py. -> summary dict."""
     trainer = None
     try:
         trainer = Trainer(overrides, log=log)
         summary = trainer.run()
-        trainer.log(f"done: {summary['step']} steps in {summary['elapsed_s']:.0f} s ({summary['eval_fraction']:.0%} of "
-                    f"it evaluating), best val loss {summary['best_val_loss']:.4f}; run saved in {trainer.out_dir}")
+        early = f" (stopped early: no improvement in {trainer.cfg.patience} evaluations)" \
+            if summary["stopped_early"] else ""
+        trainer.log(f"done: {summary['step']} steps{early} in {summary['elapsed_s']:.0f} s "
+                    f"({summary['eval_fraction']:.0%} of it evaluating), best val loss {summary['best_val_loss']:.4f}; "
+                    f"run saved in {trainer.out_dir}")
         if trainer.cfg.sample_chars and trainer.dist.is_main:
-            from .sampling import Generator
-            gen = Generator(trainer.model, trainer.corpus.vocab, trainer.device)
-            text = gen.generate("", max_new_tokens=trainer.cfg.sample_chars, seed=trainer.cfg.seed)[0]
-            trainer.model.train()
+            text = trainer.sample(trainer.cfg.sample_chars)
             log(f"\n--- sample from {trainer.out_dir} ({trainer.cfg.sample_chars} characters, temperature 0.8) "
-                f"---\n{text}\n---\nmore with: python sample.py --checkpoint {trainer.out_dir} --prompt \"...\"")
+                f"---\n{trainer.cfg.sample_prompt or ''}{text}\n---\nmore with: python sample.py --checkpoint "
+                f"{trainer.out_dir} --prompt \"...\"")
         return summary
     finally:
         if trainer is not None and trainer.dist.enabled and torch.distributed.is_initialized():

@@ -40,7 +40,7 @@ def corpus(tmp_path):
 # Flags for a training run that finishes in a second or two on one CPU thread.
 TINY = ["--device", "cpu", "--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "16",
         "--batch-size", "4", "--eval-iters", "2", "--dropout", "0", "--threads", "1", "--sample-chars", "0",
-        "--dtype", "float32"]
+        "--dtype", "float32", "--no-curves"]
 
 
 def run_cli(script, *args, timeout=120, **kw):

@@ -163,3 +163,19 @@ def test_runs_view_draws_curves_that_follow_a_run_still_training(page, site, tmp
     page.wait_for_function("() => document.querySelector('#run-detail pre').textContent.length === 300")
     expected = chargpt.load(site[1], device="cpu").generate("", max_new_tokens=300, temperature=0.8, seed=1337)[0]
     assert page.text_content("#run-detail pre") == expected
+
+
+def test_runs_view_lists_the_samples_written_while_training(page, site):
+    rows = [{"step": 10, "prompt": "To ", "text": "bee <b>not</b>"}, {"step": 20, "prompt": "To ", "text": "be, or"}]
+    path = site[1] / "samples.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    try:
+        page.click(".tab[data-view='runs']")
+        page.wait_for_selector("#run-detail .sample.during")
+        shown = page.locator("#run-detail .sample.during")
+        assert shown.count() == 2 and "Samples while training (2)" in page.inner_text("#run-detail")
+        assert [shown.nth(i).locator("h3").inner_text() for i in range(2)] == ["step 10", "step 20"]
+        assert shown.nth(0).locator("pre").text_content() == "To bee <b>not</b>"  # text, never markup
+        assert shown.nth(0).locator(".prompt").text_content() == "To "
+    finally:
+        path.unlink()

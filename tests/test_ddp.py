@@ -30,8 +30,8 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32" or not torch.distributed
 
 # TINY as keyword arguments, for runs inside this process and in spawned ranks
 TINY_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
-               threads=1, sample_chars=0, dtype="float32")
-RUN_FILES = ["best.safetensors", "latest.safetensors", "metrics.jsonl", "state.safetensors"]
+               threads=1, sample_chars=0, dtype="float32", curves=False)
+RUN_FILES = ["best.safetensors", "config.toml", "latest.safetensors", "metrics.jsonl", "state.safetensors"]
 
 
 def quiet(msg):
@@ -53,7 +53,7 @@ def metric_steps(run):
 
 def assert_one_checkpoint_set(run):
     """Exactly the files of one run: no second copy, no temporary file left behind."""
-    assert sorted(p.name for p in run.iterdir()) == RUN_FILES
+    assert sorted(p.name for p in run.iterdir() if p.name != "curves.png") == RUN_FILES  # curves: with matplotlib
     steps = metric_steps(run)
     assert steps == sorted(set(steps)), f"metrics written more than once: {steps}"
 
@@ -67,8 +67,9 @@ def test_torchrun_two_processes_write_one_checkpoint_set_that_samples(corpus):
     run = Path("run")
     assert_one_checkpoint_set(run)
     assert metric_steps(run) == [0, 2, 4]
-    _, shapes = ckpt.read_meta(run / ckpt.STATE)
+    meta, shapes = ckpt.read_meta(run / ckpt.STATE)
     assert {"rng.torch", "rng.data", "rng.rank1.torch", "rng.rank1.data"} <= set(shapes)  # each rank's streams
+    assert meta["world_size"] == 2  # for `chargpt info`: characters seen = steps x global batch
 
     s = run_cli("sample.py", "--checkpoint", run, "--max-new-tokens", 20, "--seed", 1)
     assert s.returncode == 0, s.stderr

@@ -28,7 +28,7 @@ from chargpt.errors import CheckpointError, ConfigError, DataError
 
 # a training run of well under a second on one CPU thread
 TINY_KW = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0, threads=1,
-               sample_chars=0, dtype="float32", warmup_iters=0, max_iters=2, eval_interval=1)
+               sample_chars=0, dtype="float32", warmup_iters=0, max_iters=2, eval_interval=1, curves=False)
 
 
 def flags(kw):

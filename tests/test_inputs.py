@@ -23,7 +23,7 @@ import chargpt
 from chargpt import data
 from chargpt.checkpoint import save_model
 from chargpt.cli import sample_cli, train_cli
-from chargpt.config import MAX_SEED, PRESETS, build_configs
+from chargpt.config import MAX_SEED, PRESETS, ModelConfig
 from chargpt.errors import ChargptError, CheckpointError, ConfigError, DataError
 from chargpt.tokenizer import Vocab
 
@@ -238,13 +238,18 @@ def test_greedy_sampling_prints_no_seed(ckpt):
 
 def test_defaults_have_one_home_and_keep_their_values():
     """Dataclass defaults are the GPU's; the CPU preset overrides only what differs; --help shows both."""
-    cpu_model, cpu_train = build_configs("cpu", {}, 65)
-    gpu_model, gpu_train = build_configs("gpu", {}, 65)
+    from chargpt.settings import resolve
+
+    def build_configs(device_type):
+        model_kw, train, _ = resolve({}, device_type)
+        return ModelConfig(**model_kw, vocab_size=65), train
+    cpu_model, cpu_train = build_configs("cpu")
+    gpu_model, gpu_train = build_configs("cuda")
     size = lambda m: (m.n_layer, m.n_head, m.n_embd, m.block_size, m.dropout)  # noqa: E731
     run = lambda t: (t.batch_size, t.learning_rate, t.eval_interval, t.eval_iters, t.max_iters, t.warmup_iters)  # noqa
     assert size(cpu_model) == (2, 4, 128, 64, 0.0) and run(cpu_train) == (16, 4e-3, 250, 20, 5000, 100)
     assert size(gpu_model) == (6, 6, 384, 256, 0.2) and run(gpu_train) == (64, 1e-3, 500, 50, 5000, 100)
-    assert PRESETS["gpu"] == {}
+    assert PRESETS["shakespeare-char"] == {} and (cpu_train.preset, gpu_train.preset) == ("cpu", "shakespeare-char")
     assert all(PRESETS["cpu"][k] != getattr(gpu_model if hasattr(gpu_model, k) else gpu_train, k)
                for k in PRESETS["cpu"])
     shown = " ".join(invoke(train_cli, ["--help"]).stdout.split())

@@ -104,6 +104,17 @@ def test_metrics_of_a_run_still_training_update_and_torn_lines_are_skipped(clien
         path.write_text(saved)
 
 
+def test_a_run_shows_the_samples_it_wrote_while_training(client, served):
+    assert client.get("/api/runs/tiny").json()["samples"] == []  # trained without --sample-every
+    path = served / "tiny" / "samples.jsonl"
+    rows = [{"step": 10 * i, "prompt": "To ", "text": f"be {i}\n<b>"} for i in range(1, serve.MAX_SAMPLE_ROWS + 3)]
+    try:
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 9', encoding="utf-8")  # cut short
+        assert client.get("/api/runs/tiny").json()["samples"] == rows[-serve.MAX_SAMPLE_ROWS:]  # the newest
+    finally:
+        path.unlink()
+
+
 def test_an_empty_folder_has_no_runs_yet(tmp_path):
     client = TestClient(serve.create_app(tmp_path, device="cpu"), base_url=HERE)
     assert client.get("/api/runs").json() == {"folder": str(tmp_path.resolve()), "runs": []}

@@ -12,7 +12,7 @@ import chargpt
 TEXT = "".join(f"To be, or not to be: that is the question {i}.\nROMEO: O, she doth teach the torches.\n"
                for i in range(60))
 TINY = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
-            threads=1, sample_chars=0, dtype="float32")
+            threads=1, sample_chars=0, dtype="float32", curves=False)
 
 
 def need(module):

@@ -563,10 +563,14 @@ async function showRunDetail() {
       if (done.error) out.textContent += `\n[${done.error}]`;
     } catch (err) { out.textContent = err.message; } finally { button.disabled = false; }
   });
+  // what it wrote while training (--sample-every): the same prompt and seed each time, so the model learning shows
+  const during = (r.samples || []).map((s) => el("div", {class: "sample during"}, el("h3", {text: `step ${s.step}`}),
+    el("pre", {}, el("span", {class: "prompt", text: String(s.prompt ?? "")}), el("span", {class: "gen", text: String(s.text ?? "")}))));
   box.replaceChildren(el("h2", {text: `${r.name}`}),
     el("p", {class: "hint", text: `saved ${r.saved_at || "?"} · corpus ${r.corpus} · vocabulary (${r.vocab_size}):`}),
     el("p", {class: "vocab", text: r.vocab_preview}),
     el("h3", {text: "Sample"}), note, button, el("div", {class: "sample"}, out),
+    ...(during.length ? [el("h3", {text: `Samples while training (${during.length})`}), ...during] : []),
     el("div", {class: "config"}, table("Model", r.model_config), table("Training", tc), table("Files", files)));
 }
 

@@ -1,0 +1,259 @@
+"""Where a run's settings come from: defaults <- preset <- config file <- flags; and the config.toml a run keeps.
+
+    chargpt train --preset tiny --config run.toml --max-iters 500
+
+Each layer overrides the one below it: the dataclass defaults (config.py); a named preset (config.PRESETS; without
+--preset the device picks cpu or shakespeare-char); a TOML file (--config), its keys the flag names, with dashes
+or underscores; the flags typed (from Python: the keyword arguments). The start-up log names the layer each
+setting came from (Settings.describe). A run directory keeps its resolved settings as config.toml (config_toml),
+and `chargpt train --config DIR/config.toml` trains that run again, into a new run directory.
+"""
+
+import difflib
+import json
+import shlex
+import textwrap
+from dataclasses import fields
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI (a dependency there)
+    import tomli as tomllib
+
+from . import config
+from .config import (
+    PRESET_ABOUT,
+    PRESETS,
+    UNLIMITED,
+    ModelConfig,
+    TrainConfig,
+    check_preset,
+    device_preset,
+    flag,
+    flag_specs,
+    param,
+    split_overrides,
+)
+from .errors import ConfigError
+
+FLAGS = "flags"  # the source name of the top layer: the command line, or chargpt.train's keyword arguments
+NOT_IN_FILE = {"config": "config files do not include one another", "resume": "pass --resume on the command line"}
+NOT_WRITTEN = ("config", "resume", "out_dir")  # a repeat is a new run, in a new run directory
+WANT = {bool: "true or false", int: "a whole number", float: "a number", str: "a string (in quotes)"}
+
+
+# --- reading a config file -------------------------------------------------------------------------------------
+def file_keys():
+    """{field name: FlagSpec} of every setting a config file may hold: each flag but those in NOT_IN_FILE."""
+    return {s.dest: s for cls in (ModelConfig, TrainConfig) for s in flag_specs(cls) if s.dest not in NOT_IN_FILE}
+
+
+def read_config_file(path):
+    """A TOML file of settings -> {field name: value}. An unreadable file, an unknown key (with the closest valid
+    one) and a value of the wrong type are ConfigErrors naming the file and the key."""
+    try:
+        with open(path, "rb") as f:
+            table = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}; pass {param('config')} an existing TOML file") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path} ({e.strerror}); pass {param('config')} a readable TOML "
+                          f"file") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {path} is not UTF-8 (byte offset {e.start}); save it as UTF-8") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path} is not valid TOML ({e}); write one setting per line, as "
+                          f"n-layer = 4") from None
+    keys, values, seen = file_keys(), {}, {}
+    for key, value in table.items():
+        name = key.replace("-", "_")
+        if name in NOT_IN_FILE:
+            raise ConfigError(f"{path}: {key!r} cannot be set in a config file; {NOT_IN_FILE[name]}")
+        if name not in keys:
+            raise ConfigError(_unknown_key(path, key, value, keys))
+        if name in seen:
+            raise ConfigError(f"{path}: {seen[name]!r} and {key!r} are the same setting; keep one of them")
+        seen[name] = key
+        values[name] = _checked(path, key, value, keys[name])
+    return values
+
+
+def _unknown_key(path, key, value, keys):
+    if isinstance(value, dict):
+        return f"{path}: [{key}] is a table; settings are top-level keys (n-layer = 4), not in tables"
+    names = list(keys) if "_" in key else [flag(name) for name in keys]  # suggest in the user's spelling
+    close = difflib.get_close_matches(key.lower(), names, n=1)
+    hint = f"did you mean {close[0]!r}?" if close else "the keys are the flag names (chargpt train --help)"
+    return f"{path}: unknown setting {key!r}; {hint}"
+
+
+def _checked(path, key, value, spec):
+    """The value of `key` if it has the flag's type (an integer is a number too) and is one of its choices."""
+    if spec.type is bool or isinstance(value, bool):
+        ok = isinstance(value, bool) and spec.type is bool
+    else:
+        ok = isinstance(value, (int, float) if spec.type is float else spec.type)
+    if not ok:
+        raise ConfigError(f"{path}: {key} must be {WANT[spec.type]}, not {_kind(value)}: {_shown(value)}")
+    if spec.choices and value not in spec.choices:
+        close = difflib.get_close_matches(value, spec.choices, n=1)
+        raise ConfigError(f"{path}: {key} must be one of {', '.join(spec.choices)}, not {_shown(value)}"
+                          + (f"; did you mean {close[0]!r}?" if close else ""))
+    return float(value) if spec.type is float else value
+
+
+def _kind(value):
+    for t, word in ((bool, "true/false"), (int, "a whole number"), (float, "a float"), (str, "a string"),
+                    (list, "an array"), (dict, "a table")):
+        if isinstance(value, t):
+            return word
+    return "a date or time"
+
+
+def _shown(value):
+    """A value as the file has it (TOML spelling), cut short."""
+    text = toml_value(value) if isinstance(value, (bool, int, float, str)) else str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+# --- the layers --------------------------------------------------------------------------------------------------
+def no_step_limit(values):
+    """Within one layer, a time budget given without a step budget means no step limit: --max-time alone on the
+    command line lifts a config file's or preset's --max-iters."""
+    if values.get("max_time") and "max_iters" not in values:
+        return {**values, "max_iters": UNLIMITED}
+    return values
+
+
+class Settings:
+    """The settings of one training start, as layers (source, {name: value}), lowest first: the preset (once
+    chosen), the config file (if any), the flags. merged() is what the run takes over the dataclass defaults."""
+
+    def __init__(self, flags):
+        self.layers = []
+        if flags.get("config"):
+            self.layers.append((str(flags["config"]), no_step_limit(read_config_file(flags["config"]))))
+        self.layers.append((FLAGS, no_step_limit(flags)))
+        self.preset = self.preset_source = self.device_type = None
+
+    def merged(self):
+        return {k: v for _, values in self.layers for k, v in values.items()}
+
+    def source(self, name):
+        """The source that set `name` (the highest layer holding it), or None."""
+        return next((source for source, values in reversed(self.layers) if name in values), None)
+
+    def pick_preset(self, device_type, current=None):
+        """The preset: the one named (by the flags or the file), else the device's. On --resume (device_type None)
+        only a preset named that is not the run's `current` one is a layer."""
+        named = self.merged().get("preset")
+        check_preset(named)
+        if device_type is None and named in (None, current):
+            return
+        self.preset, self.preset_source = named or device_preset(device_type), self.source("preset")
+        self.device_type = device_type
+        self.layers.insert(0, (f"preset {self.preset}", PRESETS[self.preset]))
+
+    def keep_changes(self, saved):
+        """For --resume: keep, from the preset and the config file, only values that differ from the run's `saved`
+        settings (flags all count, as before: a --max-time given starts a new budget)."""
+        self.layers = [(source, values if source == FLAGS else {k: v for k, v in values.items()
+                                                                 if k not in saved or not _same(k, saved[k], v)})
+                       for source, values in self.layers]
+
+    def describe(self):
+        """Start-up log lines: the preset, then each source's settings that are in effect and change what the
+        layers below give (a config.toml repeats every setting: only what it changes is worth a mention)."""
+        why = f"the default on {str(self.device_type).upper()}" if self.preset_source is None else \
+            param("preset") if self.preset_source == FLAGS else f"from {self.preset_source}"
+        lines = [f"preset: {self.preset} ({why}) — {PRESET_ABOUT[self.preset]}"] if self.preset else []
+        below = {f.name: f.default for cls in (ModelConfig, TrainConfig) for f in fields(cls)}
+        for i, (source, values) in enumerate(self.layers):
+            later = {k for _, higher in self.layers[i + 1:] for k in higher}
+            shown = [_spelled(k, v) for k, v in values.items() if k not in later and below.get(k) != v
+                     and k not in ("preset", "config") and not (k == "max_iters" and v >= UNLIMITED)]
+            below.update(values)
+            where = source if source != FLAGS else "the command line" if config._CLI_NAMES.get() else "arguments"
+            if shown and not source.startswith("preset "):
+                lines.append(f"from {where}: {' '.join(shown)}")
+        return lines
+
+
+def _same(name, a, b):
+    """Whether two values of a setting mean the same (a path, relative or absolute, is the same file)."""
+    if name in ("data", "cache_dir") and isinstance(a, str) and isinstance(b, str):
+        return Path(a).resolve() == Path(b).resolve()
+    return a == b
+
+
+def _spelled(name, value):
+    """A setting as the user would give it: --n-layer 4, --no-bias, --sample-prompt 'ROMEO:' (n_layer=4 from
+    Python)."""
+    if not config._CLI_NAMES.get():
+        return param(name, value)
+    if isinstance(value, bool):
+        return f"--{flag(name)}" if value else f"--no-{flag(name)}"
+    return f"--{flag(name)} {shlex.quote(str(value))}"
+
+
+def resolve(flags, device_type="cpu"):
+    """Defaults <- preset <- config file <- flags -> (model fields but the vocabulary size, validated TrainConfig,
+    Settings). The one merge of the layers for a new run; a resumed run starts from its checkpoint instead."""
+    settings = flags if isinstance(flags, Settings) else Settings(flags)
+    settings.pick_preset(device_type)
+    model_kw, train_kw = split_overrides(settings.merged())
+    return model_kw, TrainConfig(**{**train_kw, "preset": settings.preset}).validate(), settings
+
+
+# --- writing config.toml ---------------------------------------------------------------------------------------
+def toml_value(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)  # the shortest text that reads back as the same number
+    return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")  # JSON's escapes are TOML's
+
+
+def config_toml(mcfg: ModelConfig, tcfg: TrainConfig):
+    """A run's resolved settings as TOML, every flag's value (a None, "not set", is left out: TOML has no null),
+    paths absolute: --config with this file trains the same run again, from any folder."""
+    lines = ["# The settings of this run. chargpt train --config <this file> trains it again, in a new run",
+             "# directory; flags given with it override these. Keys are the flag names (chargpt train --help)."]
+    for title, cls, cfg in (("model", ModelConfig, mcfg), ("training", TrainConfig, tcfg)):
+        lines.append(f"\n# {title}")
+        for spec in flag_specs(cls):
+            value = getattr(cfg, spec.dest)
+            if spec.dest in NOT_WRITTEN or value is None:
+                continue
+            if spec.dest in ("data", "cache_dir"):
+                value = str(Path(value).resolve())
+            unlimited = spec.dest == "max_iters" and value >= UNLIMITED
+            lines.append(f"{spec.name} = {toml_value(value)}" + ("  # no step limit: max-time decides" if unlimited
+                                                                 else ""))
+    return "\n".join(lines) + "\n"
+
+
+# --- the presets, described ------------------------------------------------------------------------------------
+def preset_params(name, vocab_size=65):
+    """Parameters of the model preset `name` builds at a vocabulary of `vocab_size` characters (tiny Shakespeare
+    has 65), counted on torch's meta device: nothing is allocated, so even the largest costs nothing."""
+    import torch
+
+    from .model import build_model
+    model_kw, _ = split_overrides(PRESETS[name])
+    with torch.device("meta"):
+        return build_model(ModelConfig(**{**model_kw, "vocab_size": vocab_size})).num_params()
+
+
+def preset_table(vocab_size=65):
+    """Lines for --help: each preset with its size, parameters and purpose."""
+    lines = [f"Presets (--preset NAME; parameters at a vocabulary of {vocab_size} characters, as tiny Shakespeare's):"]
+    for name in PRESETS:
+        model_kw, _ = split_overrides(PRESETS[name])
+        m = ModelConfig(**model_kw)
+        lines.append(f"  {name:<17} {preset_params(name, vocab_size) / 1e6:6.2f}M parameters: {m.n_layer} layers x "
+                     f"{m.n_embd}, {m.n_head} heads, context {m.block_size}")
+        lines += textwrap.wrap(PRESET_ABOUT[name], 100, initial_indent=" " * 6, subsequent_indent=" " * 6,
+                               break_on_hyphens=False)
+    return lines
