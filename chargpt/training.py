@@ -2,11 +2,14 @@
 
     python train.py --data corpus.txt          # the CLI; or from Python:
     chargpt.train(data="corpus.txt", max_iters=500)
+    chargpt.train(data="pairs.tsv", task="pairs", arch="encoder-decoder")      # sentence pairs (chargpt.pairs)
 
-Setup (Trainer.__init__) claims the run directory, settles the configs, prepares the corpus, then builds the
-model once, with the corpus's vocabulary. The loop (Trainer.run) reads top to bottom: evaluate and
-checkpoint, forward/backward (with gradient accumulation), agree on whether the loss was finite and whether to
-stop, step, log. Under torchrun every rank runs it; all decisions to stop are taken together.
+Setup (Trainer.__init__) claims the run directory, settles the configs, prepares the corpus (plain text, or
+sentence pairs with a loss mask), then builds the model (build_model: CharGPT or EncoderDecoder) once, with the
+corpus's vocabulary; either kind of batch reaches the model as its keyword arguments. The loop (Trainer.run)
+reads top to bottom: evaluate and checkpoint, forward/backward (with gradient accumulation), agree on whether
+the loss was finite and whether to stop, step, log. Under torchrun every rank runs it; all decisions to stop
+are taken together.
 """
 
 import math
@@ -17,15 +20,27 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
 from . import checkpoint as ckpt
 from . import errors, rundir
-from .config import PRESET_REASONS, PRESETS, UNLIMITED, ModelConfig, TrainConfig, flag, split_overrides, typed_fields
+from .config import (
+    PRESET_REASONS,
+    PRESETS,
+    UNLIMITED,
+    ModelConfig,
+    TrainConfig,
+    check_task,
+    flag,
+    split_overrides,
+    typed_fields,
+)
 from .data import Batches, corpus_sources, encode_corpus, split_sizes
 from .errors import ChargptError, CheckpointError, ConfigError, Interrupted
-from .model import CharGPT
+from .model import build_model
+from .pairs import PairBatches, encode_pairs
 from .rundir import METRICS, STATE
 from .runtime import (
     autocast,
@@ -44,6 +59,7 @@ HARDWARE = ("device", "dtype", "threads", "compile", "attention")  # how a run i
 LOG_EVERY = 10  # steps between progress-bar updates (each reads the loss: a host sync on a GPU)
 GPU_SYNC_EVERY = 10  # steps between the host syncs that read the stop flags on a GPU (every step on a CPU)
 NO_BAD_STEP = 2**62  # Trainer.first_bad while every loss so far was finite
+SHOWN_PAIRS = 5  # validation pairs translated when a pairs run ends
 
 
 # --- the pieces: state, schedule, evaluation, optimizer ----------------------------------------------------
@@ -81,6 +97,15 @@ def get_lr(it, frac, cfg: TrainConfig, start_lr=None):
     return min_lr + coeff * (peak - min_lr)
 
 
+def inverse_sqrt_lr(it, cfg: TrainConfig):
+    """--lr-schedule inverse-sqrt, Vaswani et al. 2017 (section 5.3) with its peak as --learning-rate: a linear rise
+    over warmup_iters steps, then decay with the inverse square root of the step, lr x sqrt(warmup / step). With
+    learning_rate = d_model**-0.5 x warmup**-0.5 this is the paper's d_model**-0.5 x min(step**-0.5,
+    step x warmup**-1.5), step counted from 1. It depends on the step alone: no budget, no end."""
+    step, warmup = it + 1, max(1, cfg.warmup_iters)
+    return cfg.learning_rate * min(step / warmup, math.sqrt(warmup / step))
+
+
 def run_fraction(it, elapsed, cfg: TrainConfig, s: RunState):
     """How much of the decay is done: by steps (from the end of warmup, or from where a resumed budget began
     decaying), or by training time with --max-time, whichever is further."""
@@ -93,22 +118,30 @@ def run_fraction(it, elapsed, cfg: TrainConfig, s: RunState):
 
 
 def lr_at(step, elapsed, cfg: TrainConfig, s: RunState):
+    if cfg.lr_schedule == "inverse-sqrt":
+        return inverse_sqrt_lr(step, cfg)
     return get_lr(step, run_fraction(step, elapsed, cfg, s), cfg, s.budget_lr)
+
+
+def model_inputs(batch):
+    """A batch as the model's keyword arguments: text batches come as (x, y), pairs batches as a dict already."""
+    return batch if isinstance(batch, dict) else {"idx": batch[0], "targets": batch[1]}
 
 
 @torch.no_grad()
 def estimate_loss(model, batches, cfg: TrainConfig, device, dtype, dist):
-    """Mean loss over eval_iters batches per split. The batches come from a generator seeded the same way at
-    every evaluation, so successive numbers compare the model, not the luck of the draw."""
+    """Mean loss over eval_iters batches per split: plain cross-entropy (no label smoothing), the number to compare.
+    The batches come from a generator seeded the same way at every evaluation, so successive numbers compare the
+    model, not the luck of the draw."""
     model.eval()
     out = {}
     for split in ("train", "val"):
         gen = torch.Generator().manual_seed(stream_seed(cfg.seed, "eval", dist.rank))
         losses = torch.zeros(cfg.eval_iters, device=device)
         for k in range(cfg.eval_iters):
-            x, y = batches.get(split, gen)
+            batch = model_inputs(batches.get(split, gen))
             with autocast(device, dtype):
-                _, loss = model(x, y)
+                _, loss = model(**batch)
             losses[k] = loss
         mean = losses.mean()
         if dist.enabled:
@@ -119,7 +152,22 @@ def estimate_loss(model, batches, cfg: TrainConfig, device, dtype, dist):
     return out
 
 
-def make_optimizer(model: CharGPT, cfg: TrainConfig, device):
+def translation_scores(model, pairs, rows, dtype):
+    """Greedy translations of the validation pairs `rows` -> (exact-match rate, chrF or None without sacrebleu)."""
+    from .translate import chrf, exact_match, translate
+    sources, refs = zip(*(pairs.pair(int(i)) for i in rows))
+    hyps = translate(model, pairs.vocab, list(sources), dtype=dtype)
+    return exact_match(hyps, refs), chrf(hyps, refs)
+
+
+def fixed_sample(rows, n):
+    """At most n of the validation rows, the same ones at every evaluation of every run on that data."""
+    if n >= len(rows):
+        return rows
+    return np.sort(np.random.default_rng(0).choice(rows, size=n, replace=False))
+
+
+def make_optimizer(model, cfg: TrainConfig, device):
     """AdamW, fused where this torch supports it for the device (several times faster than the for-loop
     implementation: 5 ms against 31 ms per step measured for 10.7M parameters on CPU)."""
     groups = model.optimizer_groups(cfg.weight_decay)
@@ -160,6 +208,9 @@ def _resume_settings(meta, flags):
         raise ConfigError(f"--resume: flags disagree with the checkpoint's model: {'; '.join(clashes)}; "
                           f"drop them to resume, or train a new run with another --out-dir")
     saved_train = {k: v for k, v in (meta.get("train_config") or {}).items() if k not in HARDWARE}
+    if train_kw.get("task", meta["task"]) != meta["task"]:
+        raise ConfigError(f"--resume: the run was trained with --task {meta['task']}, not {train_kw['task']}; drop "
+                          f"--task to resume, or train a new run with another --out-dir")
     tcfg = TrainConfig(**{**saved_train, **_budget_flags(train_kw, resume=True), "resume": True}).validate()
     model = {k: v for k, v in asdict(saved_model).items() if k != "vocab_size"}
     return {**model, **model_kw}, tcfg
@@ -170,6 +221,17 @@ def _schedule_changed(old: TrainConfig, new: TrainConfig, flags):
     now), as does another decay end (--lr-decay-iters, else --max-iters) or a lifted time budget."""
     return ("max_time" in flags or old.max_time != new.max_time
             or (old.lr_decay_iters or old.max_iters) != (new.lr_decay_iters or new.max_iters))
+
+
+def describe_model(cfg: ModelConfig):
+    """'encoder-decoder, 2+2 layers x 128 wide, 4 heads, context 64, sinusoidal positions, post-LN, ReLU'."""
+    layers = f"{cfg.n_enc_layer or cfg.n_layer}+{cfg.n_layer} layers" if cfg.arch == "encoder-decoder" else \
+        f"{cfg.n_layer} layers"
+    options = [name for name, on in (("sinusoidal positions", cfg.pos_emb == "sinusoidal"),
+                                     ("embeddings x sqrt(width)", cfg.emb_scale), ("post-LN", cfg.norm == "post"),
+                                     ("ReLU", cfg.activation == "relu")) if on]
+    return ", ".join([(f"{cfg.arch}, " if cfg.arch != "decoder" else "") + f"{layers} x {cfg.n_embd} wide",
+                      f"{cfg.n_head} heads", f"context {cfg.block_size}", *options])
 
 
 def _describe_budget(cfg: TrainConfig, s: RunState, left=True):
@@ -223,7 +285,7 @@ class Trainer:
         meta = ckpt.read_meta(self.out_dir / STATE)[0] if resume else None
         model_kw, self.cfg = _resume_settings(meta, flags) if resume else _new_settings(self.preset, flags)
         self.cfg.out_dir = str(self.out_dir)
-        ModelConfig(**model_kw).validate()  # bad model flags fail now, before the corpus is read and cached
+        check_task(ModelConfig(**model_kw).validate().arch, self.cfg)  # before the corpus is read and cached
         self.state = self._resumed_state(meta, flags) if resume else RunState()
         self._setup_hardware()
         self.corpus = self._prepare_corpus(model_kw["block_size"])
@@ -231,9 +293,7 @@ class Trainer:
             raise ConfigError(f"--resume: the corpus's vocabulary ({len(self.corpus.vocab)} characters) differs from "
                               f"the checkpoint's ({len(meta['vocab'])}); resume with the same --data")
         self.mcfg = ModelConfig(**model_kw, vocab_size=len(self.corpus.vocab)).validate()
-        self.batches = Batches(self.corpus.ids(), self.cfg.val_fraction, self.mcfg.block_size, self.cfg.batch_size,
-                               self.device)
-        self.chars_per_step = self.cfg.batch_size * self.mcfg.block_size * self.cfg.grad_accum * self.dist.world_size
+        self._make_batches()
         self._build_model()
         if resume:
             self._restore(meta)
@@ -273,9 +333,12 @@ class Trainer:
             lr = lr_at(s.step, s.elapsed, old, s)
             warming = s.budget_lr is None and s.step < self.cfg.warmup_iters  # finish the warmup first
             s = replace(s, budget_step=s.step, budget_elapsed=s.elapsed, budget_lr=None if warming else lr)
-            self.notes.append(f"new budget: {_describe_budget(self.cfg, s)}; the learning rate "
-                              + ("finishes its warmup, then decays" if warming else f"decays from {lr:.2e} (the "
-                                 f"rate reached)") + f" to {final_lr(self.cfg):.2e} over it")
+            if self.cfg.lr_schedule == "inverse-sqrt":
+                how = "follows its inverse-square-root curve on from the step reached"
+            else:
+                how = ("finishes its warmup, then decays" if warming else f"decays from {lr:.2e} (the rate reached)") \
+                    + f" to {final_lr(self.cfg):.2e} over it"
+            self.notes.append(f"new budget: {_describe_budget(self.cfg, s)}; the learning rate {how}")
         if self._finished(s) and s.evaluated:
             raise ConfigError(f"--resume: the run in {self.out_dir} is already finished at step {s.step:,} (its "
                               f"budget: {_describe_budget(self.cfg, s, left=False)}); to train on, give a new budget: "
@@ -294,17 +357,36 @@ class Trainer:
                 "threads": self.threads, "compile": self.cfg.compile, "attention": self.cfg.attention}
 
     def _prepare_corpus(self, block_size):
-        """The corpus, encoded once (cached) and memory-mapped. Under torchrun one process per machine encodes;
-        the others wait, then read its cache entry."""
+        """The corpus (text, or sentence pairs), encoded once (cached) and memory-mapped. Under torchrun one process
+        per machine encodes; the others wait, then read its cache entry."""
         cfg = self.cfg
         encoder = self.dist.local_rank == 0
         if self.dist.enabled and not encoder:
             torch.distributed.barrier()
-        corpus = encode_corpus(cfg.data, cfg.encoding, cfg.encoding_errors, cfg.cache_dir, log=self.log,
-                               check_length=lambda n: split_sizes(n, cfg.val_fraction, block_size))
+        if cfg.task == "pairs":
+            corpus = encode_pairs(cfg.data, cfg.target_data, cfg.encoding, cfg.encoding_errors, cfg.cache_dir,
+                                  log=self.log)
+        else:
+            corpus = encode_corpus(cfg.data, cfg.encoding, cfg.encoding_errors, cfg.cache_dir, log=self.log,
+                                   check_length=lambda n: split_sizes(n, cfg.val_fraction, block_size))
         if self.dist.enabled and encoder:
             torch.distributed.barrier()
         return corpus
+
+    def _make_batches(self):
+        """Random windows of the text, or random whole pairs (padded, loss on the target only); how many characters
+        a step sees (for pairs, on average); the fixed validation pairs translated at each evaluation."""
+        cfg, mcfg, processes = self.cfg, self.mcfg, self.dist.world_size
+        if cfg.task == "text":
+            self.batches = Batches(self.corpus.ids(), cfg.val_fraction, mcfg.block_size, cfg.batch_size, self.device)
+            self.chars_per_example = mcfg.block_size
+        else:
+            self.batches = PairBatches(self.corpus, cfg.val_fraction, mcfg.block_size, cfg.batch_size, self.device,
+                                       mcfg.arch, log=self.log)
+            train = self.batches.index[self.batches.splits["train"]]  # (pairs, 3): start, source, target lengths
+            self.chars_per_example = float(train[:, 1:].sum(axis=1).mean()) + 1  # + SEP: the positions run
+            self.eval_rows = fixed_sample(self.batches.splits["val"], cfg.eval_pairs)
+        self.chars_per_step = cfg.batch_size * self.chars_per_example * cfg.grad_accum * processes
 
     def _build_model(self):
         """Model, optimizer, loss scaler and random streams. Every rank builds the same initial weights from the
@@ -312,7 +394,7 @@ class Trainer:
         cfg, mcfg = self.cfg, self.mcfg
         torch.manual_seed(cfg.seed)
         try:
-            self.model = CharGPT(mcfg).to(self.device)
+            self.model = build_model(mcfg).to(self.device)
         except (RuntimeError, MemoryError) as e:  # e.g. --n-embd 100000: torch's "can't allocate memory"
             if not isinstance(e, MemoryError) and "alloc" not in str(e).lower() and "memory" not in str(e).lower():
                 raise
@@ -337,23 +419,25 @@ class Trainer:
 
     def _log_start(self, meta):
         cfg, mcfg, corpus = self.cfg, self.mcfg, self.corpus
-        self.log(f"corpus: {corpus.name} — {corpus.length:,} characters, {len(corpus.vocab):,} distinct"
+        size = f"{corpus.n_pairs:,} sentence pairs, " if cfg.task == "pairs" else ""
+        self.log(f"corpus: {corpus.name} — {size}{corpus.length:,} characters, {len(corpus.vocab):,} distinct"
                  + (" (built-in default: the Python help topics from pydoc_data; pass --data FILE for your own "
                     "text)" if cfg.data is None else f" ({cfg.data})"))
         self.log(f"device: {self.device}, {self.dtype_reason}" + (f", {self.threads} threads" if self.threads else "")
                  + (f", {self.dist.world_size} processes" if self.dist.enabled else ""))
         if meta is None:
-            size = f"{self.model.num_params() / 1e6:.2f}M parameters"
-            self.log(f"model: {mcfg.n_layer} layers x {mcfg.n_embd} wide, {mcfg.n_head} heads, context "
-                     f"{mcfg.block_size}, {size} — {PRESET_REASONS[self.preset]}")
+            self.log(f"model: {describe_model(mcfg)}, {self.model.num_params() / 1e6:.2f}M parameters — "
+                     f"{PRESET_REASONS[self.preset]}")
         else:
             s = self.state
-            self.log(f"resuming {self.out_dir} at step {s.step} (best val loss {s.best_val:.4f})")
+            self.log(f"resuming {self.out_dir} at step {s.step} (best val loss {s.best_val:.4f}); model: "
+                     f"{describe_model(mcfg)}, {self.model.num_params() / 1e6:.2f}M parameters")
             self.notes += self._changes_since(meta)
         global_batch = cfg.batch_size * cfg.grad_accum * self.dist.world_size
+        what = f"sequences of {mcfg.block_size} chars" if cfg.task == "text" else \
+            f"pairs (of at most {mcfg.block_size} chars a side, {self.chars_per_example:.0f} on average)"
         self.log(f"global batch: {cfg.batch_size} x {cfg.grad_accum} accum x {self.dist.world_size} proc = "
-                 f"{global_batch} sequences of {mcfg.block_size} chars = {self.chars_per_step:,} chars/step; "
-                 f"run dir: {self.out_dir}")
+                 f"{global_batch} {what} = {self.chars_per_step:,.0f} chars/step; run dir: {self.out_dir}")
         if not any(note.startswith("new budget") for note in self.notes):
             self.log(f"budget: {_describe_budget(cfg, self.state)}")
         for note in self.notes:
@@ -488,6 +572,7 @@ class Trainer:
         self.bad_loss = torch.zeros((), device=self.device)  # its loss
         self.lrs = {}  # step -> learning rate, since the last sync (to name the rate of a bad step)
         self.last_val = None
+        self.last_scores = {}  # exact match and chrF of the last evaluation (pairs)
 
     def _finished(self, s: RunState):
         """Why the run stops now ('max_iters' or 'max_time'), or None while budget is left."""
@@ -502,11 +587,11 @@ class Trainer:
         cfg, model = self.cfg, self.train_model
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(cfg.grad_accum):
-            x, y = self.batches.get("train", self.data_gen)
+            batch = model_inputs(self.batches.get("train", self.data_gen))
             last = micro == cfg.grad_accum - 1  # DDP: all-reduce gradients on the last micro-batch only
             with model.no_sync() if self.dist.enabled and not last else nullcontext():  # enter once
                 with autocast(self.device, self.dtype):
-                    _, loss = model(x, y)
+                    _, loss = model(**batch, label_smoothing=cfg.label_smoothing)
                 self.scaler.scale(loss / cfg.grad_accum).backward()
             loss_sum += loss.detach()
         return loss_sum / cfg.grad_accum
@@ -599,6 +684,8 @@ class Trainer:
         record = {"step": s.step, "train_loss": round(losses["train"], 6), "val_loss": round(losses["val"], 6),
                   "train_bpc": round(losses["train"] / LN2, 6), "val_bpc": round(losses["val"] / LN2, 6),
                   "lr": lr, "elapsed_s": round(s.elapsed, 2)}
+        scores = self.last_scores = self._score_translations()
+        record.update(scores)
         # the line first, then the state: a kill between the two leaves a line that --resume drops (it is
         # after the saved step), never a saved step whose line is missing
         if self.dist.is_main:
@@ -606,9 +693,24 @@ class Trainer:
         s.eval_time += time.perf_counter() - t0
         self.save(losses["val"], improved)
         self.log(f"step {s.step:>6}: train {losses['train']:.4f} nats ({losses['train'] / LN2:.3f} bpc), "
-                 f"val {losses['val']:.4f} nats ({losses['val'] / LN2:.3f} bpc)" + (" *" if improved else ""))
+                 f"val {losses['val']:.4f} nats ({losses['val'] / LN2:.3f} bpc)" + (" *" if improved else "")
+                 + (f"; exact match {scores['exact_match']:.1%}" if scores else "")
+                 + (f", chrF {scores['chrf']:.1f}" if scores.get("chrf") is not None else "")
+                 + (f" ({len(self.eval_rows)} val pairs, greedy)" if scores else ""))
         self.last_val = losses["val"]
         self._pause_speed(time.perf_counter() - t0)
+
+    def _score_translations(self):
+        """For pairs (rank 0): {exact_match, chrf} of greedy translations of the fixed validation pairs; else {}.
+        chrF needs sacrebleu: without it, the first evaluation says how to get it, and only exact match is kept."""
+        if self.cfg.task != "pairs" or not self.cfg.eval_pairs or not self.dist.is_main:
+            return {}
+        match, score = translation_scores(self.model, self.corpus, self.eval_rows, self.dtype)
+        if score is None and not getattr(self, "chrf_missing_said", False):
+            from .translate import CHRF_MISSING
+            self.log(CHRF_MISSING)
+            self.chrf_missing_said = True
+        return {"exact_match": round(match, 6), **({"chrf": round(score, 4)} if score is not None else {})}
 
     def _pause_speed(self, seconds):
         """Leave `seconds` out of the speeds shown: chars/s (see _log_progress) and the bar's own steps/s and ETA
@@ -632,7 +734,27 @@ class Trainer:
             raise Interrupted(f"interrupted at step {s.step}; saved the run to {self.out_dir}. Resume with: "
                               f"{how} --out-dir {self.out_dir} --resume", signum)
         return {"out_dir": str(self.out_dir), "step": s.step, "best_val_loss": s.best_val, "val_loss": self.last_val,
-                "elapsed_s": s.elapsed, "eval_fraction": s.eval_time / max(s.elapsed, 1e-9), "stopped_by": reason}
+                "elapsed_s": s.elapsed, "eval_fraction": s.eval_time / max(s.elapsed, 1e-9), "stopped_by": reason,
+                "chars_per_step": self.chars_per_step, **self.last_scores}
+
+
+    def closing_sample(self):
+        """What training shows when it ends: a sample of text, or for pairs a few greedy validation translations."""
+        if self.cfg.task == "pairs":
+            from .translate import translate
+            rows = self.batches.splits["val"][:SHOWN_PAIRS]
+            sources, refs = zip(*(self.corpus.pair(int(i)) for i in rows))
+            hyps = translate(self.model, self.corpus.vocab, list(sources), dtype=self.dtype)
+            lines = [f"{src}\n  -> {hyp}" + ("" if hyp == ref else f"   (reference: {ref})")
+                     for src, hyp, ref in zip(sources, hyps, refs)]
+            return (f"\n--- greedy translations of {len(rows)} validation pairs by {self.out_dir} ---\n"
+                    + "\n".join(lines) + f"\n---\nmore with: chargpt translate --checkpoint {self.out_dir} \"...\"")
+        from .sampling import Generator
+        gen = Generator(self.model, self.corpus.vocab, self.device)
+        text = gen.generate("", max_new_tokens=self.cfg.sample_chars, seed=self.cfg.seed)[0]
+        self.model.train()
+        return (f"\n--- sample from {self.out_dir} ({self.cfg.sample_chars} characters, temperature 0.8) "
+                f"---\n{text}\n---\nmore with: python sample.py --checkpoint {self.out_dir} --prompt \"...\"")
 
 
 class _SignalFlag:
@@ -661,8 +783,9 @@ class _SignalFlag:
 
 
 def train(log=tqdm.write, **overrides):
-    """Train a CharGPT. Keyword arguments are the CLI's flags with underscores (data=..., max_iters=...);
-    anything not given takes its default (hardware-dependent ones from config.PRESETS). -> summary dict."""
+    """Train a model (CharGPT, or with arch='encoder-decoder' the 2017 Transformer). Keyword arguments are the
+    CLI's flags with underscores (data=..., max_iters=...); anything not given takes its default
+    (hardware-dependent ones from config.PRESETS). -> summary dict."""
     trainer = None
     try:
         trainer = Trainer(overrides, log=log)
@@ -670,12 +793,7 @@ def train(log=tqdm.write, **overrides):
         trainer.log(f"done: {summary['step']} steps in {summary['elapsed_s']:.0f} s ({summary['eval_fraction']:.0%} of "
                     f"it evaluating), best val loss {summary['best_val_loss']:.4f}; run saved in {trainer.out_dir}")
         if trainer.cfg.sample_chars and trainer.dist.is_main:
-            from .sampling import Generator
-            gen = Generator(trainer.model, trainer.corpus.vocab, trainer.device)
-            text = gen.generate("", max_new_tokens=trainer.cfg.sample_chars, seed=trainer.cfg.seed)[0]
-            trainer.model.train()
-            log(f"\n--- sample from {trainer.out_dir} ({trainer.cfg.sample_chars} characters, temperature 0.8) "
-                f"---\n{text}\n---\nmore with: python sample.py --checkpoint {trainer.out_dir} --prompt \"...\"")
+            log(trainer.closing_sample())
         return summary
     finally:
         if trainer is not None and trainer.dist.enabled and torch.distributed.is_initialized():
