@@ -377,6 +377,7 @@ JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="print one JS
 @click.command("eval", context_settings=CONTEXT)
 @click.option("--data", default=None, help="text file, or folder of text files, to score [default: the run's own "
               "validation split]")
+@_field_option(TrainConfig, "target_data")
 @_field_option(TrainConfig, "encoding")
 @_field_option(TrainConfig, "encoding_errors")
 @click.option("--stride", type=int, default=None, help="characters between windows; each window after the first "
@@ -385,14 +386,15 @@ JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="print one JS
 @click.option("--batch-size", type=int, default=None, help="windows per forward pass [default: up to 64, fewer "
               "for large vocabularies]")
 @JSON_OPTION
-def eval_cli(checkpoint_path, device, data, encoding, encoding_errors, stride, batch_size, as_json):
+def eval_cli(checkpoint_path, device, data, target_data, encoding, encoding_errors, stride, batch_size, as_json):
     """Loss and bits per character of a checkpoint on any text (every character scored once, with a sliding
-    window). Characters the model never saw are counted and reported, not scored."""
+    window). Characters the model never saw are counted and reported, not scored. A run trained on sentence pairs
+    scores pairs (--data PAIRS.tsv, or --data SOURCES --target-data TARGETS): each target given its source."""
     def run():
         from .evaluate import evaluate, format_result
         from .rundir import latest_run
         result = evaluate(checkpoint_path or latest_run(), data, encoding=encoding, encoding_errors=encoding_errors,
-                          stride=stride, batch_size=batch_size, device=device)
+                          stride=stride, batch_size=batch_size, device=device, target_data=target_data)
         click.echo(json.dumps(result, ensure_ascii=False) if as_json else format_result(result))
     run_guarded(run, "lower --batch-size (windows per forward pass)")
 

@@ -314,6 +314,17 @@ PRESET_REASONS = {
 }
 
 
+def describe_model(cfg: ModelConfig):
+    """'encoder-decoder, 2+2 layers x 128 wide, 4 heads, context 64, sinusoidal positions, post-LN, ReLU'."""
+    layers = f"{cfg.n_enc_layer or cfg.n_layer}+{cfg.n_layer} layers" if cfg.arch == "encoder-decoder" else \
+        f"{cfg.n_layer} layers"
+    options = [name for name, on in (("sinusoidal positions", cfg.pos_emb == "sinusoidal"),
+                                     ("embeddings x sqrt(width)", cfg.emb_scale), ("post-LN", cfg.norm == "post"),
+                                     ("ReLU", cfg.activation == "relu")) if on]
+    return ", ".join([(f"{cfg.arch}, " if cfg.arch != "decoder" else "") + f"{layers} x {cfg.n_embd} wide",
+                      f"{cfg.n_head} heads", f"context {cfg.block_size}", *options])
+
+
 def check_task(arch, cfg: TrainConfig):
     """What the model is trained on must suit its architecture: an encoder-decoder needs a source to encode."""
     if arch == "encoder-decoder" and cfg.task != "pairs":

@@ -33,6 +33,7 @@ from .config import (
     ModelConfig,
     TrainConfig,
     check_task,
+    describe_model,
     flag,
     split_overrides,
     typed_fields,
@@ -221,17 +222,6 @@ def _schedule_changed(old: TrainConfig, new: TrainConfig, flags):
     now), as does another decay end (--lr-decay-iters, else --max-iters) or a lifted time budget."""
     return ("max_time" in flags or old.max_time != new.max_time
             or (old.lr_decay_iters or old.max_iters) != (new.lr_decay_iters or new.max_iters))
-
-
-def describe_model(cfg: ModelConfig):
-    """'encoder-decoder, 2+2 layers x 128 wide, 4 heads, context 64, sinusoidal positions, post-LN, ReLU'."""
-    layers = f"{cfg.n_enc_layer or cfg.n_layer}+{cfg.n_layer} layers" if cfg.arch == "encoder-decoder" else \
-        f"{cfg.n_layer} layers"
-    options = [name for name, on in (("sinusoidal positions", cfg.pos_emb == "sinusoidal"),
-                                     ("embeddings x sqrt(width)", cfg.emb_scale), ("post-LN", cfg.norm == "post"),
-                                     ("ReLU", cfg.activation == "relu")) if on]
-    return ", ".join([(f"{cfg.arch}, " if cfg.arch != "decoder" else "") + f"{layers} x {cfg.n_embd} wide",
-                      f"{cfg.n_head} heads", f"context {cfg.block_size}", *options])
 
 
 def _describe_budget(cfg: TrainConfig, s: RunState, left=True):
@@ -520,7 +510,8 @@ class Trainer:
             return
         s = self.state
         extra = dict(step=s.step, val_loss=val_loss, best_val_loss=s.best_val if s.best_val < float("inf") else None,
-                     corpus=self.corpus.name, run_state=asdict(s), hardware=self._hardware())
+                     corpus=self.corpus.name, run_state=asdict(s), hardware=self._hardware(),
+                     chars_per_step=self.chars_per_step)
         if self.scaler.is_enabled():  # fp16 loss scale: part of exact resume
             extra["scaler"] = self.scaler.state_dict()
         train_cfg = asdict(self.cfg)
@@ -565,7 +556,7 @@ class Trainer:
         self.bar = tqdm(total=self.cfg.max_iters if self.cfg.max_iters < UNLIMITED else None, initial=s.step,
                         disable=not self.dist.is_main, dynamic_ncols=True, unit="step", leave=False,
                         mininterval=0.1 if sys.stderr.isatty() else 5.0)  # quiet in logs
-        self.session_start, self.elapsed_before = time.perf_counter(), s.elapsed
+        self.session_start, self.elapsed_before, self.session_step = time.perf_counter(), s.elapsed, s.step
         self.pauses = 0.0  # seconds spent in evaluate-and-save this session: not part of training speed
         self.window = (time.perf_counter(), 0.0, s.step)  # (time, pauses, step) where the speed window began
         self.first_bad = torch.tensor(NO_BAD_STEP, device=self.device)  # first step with a non-finite loss
@@ -722,6 +713,8 @@ class Trainer:
 
     def _finish(self, reason, signum):
         s = self.state
+        training_s = time.perf_counter() - self.session_start - self.pauses  # this session, evaluations left out
+        speed = (s.step - self.session_step) * self.chars_per_step / max(training_s, 1e-9)
         if reason == "signal":
             self.save(None, False)
         if self.dist.enabled:
@@ -735,7 +728,7 @@ class Trainer:
                               f"{how} --out-dir {self.out_dir} --resume", signum)
         return {"out_dir": str(self.out_dir), "step": s.step, "best_val_loss": s.best_val, "val_loss": self.last_val,
                 "elapsed_s": s.elapsed, "eval_fraction": s.eval_time / max(s.elapsed, 1e-9), "stopped_by": reason,
-                "chars_per_step": self.chars_per_step, **self.last_scores}
+                "chars_per_step": self.chars_per_step, "chars_per_s": speed, **self.last_scores}
 
 
     def closing_sample(self):
