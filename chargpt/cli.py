@@ -598,12 +598,15 @@ def data_get_cli(name, data_dir):
 @click.group(context_settings=CONTEXT)
 @click.version_option(__version__, prog_name="chargpt")
 def main():
-    """chargpt: train a character-level GPT on any text, and write, score and inspect with it.
+    """chargpt: train a character-level GPT on any text, and write, score and inspect with it; or, on sentence
+    pairs, a translator.
 
     \b
       chargpt data get tinyshakespeare
       chargpt train --data data/tinyshakespeare.txt
       chargpt sample --prompt "ROMEO:"
+      chargpt train --task pairs --data ita.tsv --arch encoder-decoder
+      chargpt translate "Good morning."
       chargpt eval --data new_text.txt
       chargpt info
       chargpt plot -o curves.png

@@ -153,6 +153,16 @@ def test_translate_bad_input_is_one_line(runs, tmp_path, args, stdin, needle):
     assert not (tmp_path / "no").exists()
 
 
+def test_translate_shares_its_options_with_sample():
+    shared = {p.name: p for p in sample_cli.params}
+    for p in translate_cli.params:
+        if p.name in ("checkpoint_path", "seed", "unknown", "device", "no_cache"):
+            assert p is shared[p.name]
+        if p.name in ("temperature", "top_k", "top_p"):  # the same help, from SampleSettings; greedy by default
+            assert p.help.split(" [default")[0] == shared[p.name].help.split(" [default")[0]
+    assert {p.name: p.default for p in translate_cli.params}["temperature"] == 0.0
+
+
 def test_translate_refuses_a_text_run(tiny_run):
     one_line_error(translate("--checkpoint", tiny_run, "abc"), "was trained on plain text, not sentence pairs")
 
