@@ -5,7 +5,8 @@ SampleSettings says how to choose characters. The CLIs generate one flag per fie
 with the `help` metadata as its help line (flag_specs), so a field added here is a documented flag everywhere.
 
 Defaults: a field's dataclass default is its value on a GPU (the classic 10.7M-parameter Shakespeare model);
-PRESETS["cpu"] overrides the few fields where a CPU needs a smaller setting. --help shows both.
+PRESETS["cpu"] overrides the few fields where a CPU needs a smaller setting. --help shows both. PRESETS also holds
+named settings: transformer-base (the 2017 paper's model) and transformer-small (its CPU-sized sibling).
 Validation lives here too, once per dataclass; messages name a setting with param(), which spells it as the
 user did: `--n-layer` on the command line, `n_layer` from Python.
 """
