@@ -14,7 +14,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from conftest import TINY, run_chargpt, run_cli
-from pairsutil import cipher, train_pairs, write_cipher
+from pairsutil import STEPS, cipher, train_pairs, write_cipher
 
 import chargpt
 from chargpt.checkpoint import BEST, LATEST, STATE, load_model, read_meta, write_safetensors
@@ -23,8 +23,10 @@ from chargpt.config import ARCH_FIELDS, PRESETS, ModelConfig, TrainConfig
 from chargpt.errors import ChargptError, CheckpointError, ConfigError
 from chargpt.evaluate import evaluate
 from chargpt.model import CharGPT, EncoderDecoder, build_model
+from chargpt.pairs import encode_pairs, split_pairs
 from chargpt.runinfo import format_info, run_info
 from chargpt.training import inverse_sqrt_lr
+from chargpt.translate import exact_match
 
 ARCHS = ["decoder", "encoder-decoder"]
 TINY_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
@@ -52,6 +54,23 @@ def one_line_error(r, needle):
     lines = r.stderr.strip().splitlines()
     assert r.exit_code == 1 and lines[-1].startswith("error: ") and needle in lines[-1], r.stderr
     assert len(lines) == 1 or len(lines) == 2 and lines[0].startswith("loaded "), r.stderr
+
+
+# --- learning -----------------------------------------------------------------------------------------------------
+def test_both_architectures_learn_to_translate(run):
+    """Reverse and substitute 3-6 letters: through the real trainer, a tiny model goes from 0% to >= 90% exact match
+    on held-out pairs, in its own evaluations (metrics.jsonl) and translating them afterwards, greedily and with beam
+    search (both architectures reach 99-100% in these steps on every seed tried)."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    arch = load_model(run)[0].config.arch
+    assert rows[0]["step"] == 0 and rows[0]["exact_match"] < 0.1
+    assert rows[-1]["step"] == STEPS[arch] and rows[-1]["exact_match"] >= 0.9
+    enc = encode_pairs(str(run.parent / "cipher.tsv"), cache_dir=run.parent / "cache")
+    held_out = [enc.pair(int(i)) for i in split_pairs(enc.n_pairs, 0.1)[1][:100]]  # the trainer's validation pairs
+    sources, refs = [s for s, _ in held_out], [t for _, t in held_out]
+    gen = chargpt.load(run, device="cpu")
+    assert exact_match(gen.translate(sources), refs) >= 0.9
+    assert exact_match(gen.translate(sources, beam=3), refs) >= 0.9
 
 
 # --- every loader rebuilds the right model from the file alone ------------------------------------------------------
