@@ -12,7 +12,9 @@ MFU is model FLOPs per second against the best matmul throughput measured in the
 
 import argparse
 import platform
+import re
 import statistics
+import sys
 import time
 from dataclasses import fields
 from pathlib import Path
@@ -172,28 +174,26 @@ def quality(args):
 
 # pairs: decoder-only against encoder-decoder at about the same size (a decoder block has 12 C^2 weights, an encoder
 # block 12 C^2, a cross-attending decoder block 16 C^2: 5 layers = 60 C^2 against 2 + 2 = 56 C^2)
-PAIRS_ARCHS = {"decoder-only 5x128": dict(arch="decoder", n_layer=5),
-               "encoder-decoder 2+2x128": dict(arch="encoder-decoder", n_layer=2, n_enc_layer=2)}
+PAIRS_ARCHS = {"decoder-only": dict(arch="decoder", n_layer=5),
+               "encoder-decoder": dict(arch="encoder-decoder", n_layer=2, n_enc_layer=2)}
 # evaluations during training only at the start and the end, on few batches: the scores come after, the same for both
 PAIRS_SETTINGS = dict(task="pairs", n_embd=128, n_head=4, block_size=32, dropout=0.0, batch_size=64,
                       learning_rate=2e-3, warmup_iters=100, eval_interval=10**9, eval_iters=5, eval_pairs=0,
                       sample_chars=0)
-COUPLET_END = "。？！"
+# one couplet: a first line, its punctuation (mostly a comma), a second line, its end punctuation
+COUPLET = re.compile(r"([^，。？！；：\t]+)[，？！；]([^，。？！；：\t]+)[。？！]")
 
 
 def couplets(poems, out):
     """Tang poems (chargpt's tang_poems.txt: title, author, then one couplet per line, `first，second。`) -> a TSV
-    of first line -> second line (end punctuation dropped) at `out`; lines that are not one couplet are skipped.
+    of first line -> second line (punctuation dropped) at `out`; lines that are not one couplet are skipped.
     -> number of pairs."""
     n = 0
     with open(poems, encoding="utf-8") as f, open(out, "w", encoding="utf-8") as w:
         for line in f:
-            line = line.strip()
-            if line.count("，") != 1 or line[-1:] not in COUPLET_END or "\t" in line:
-                continue
-            first, second = line[:-1].split("，")
-            if first and second:
-                w.write(f"{first}\t{second}\n")
+            m = COUPLET.fullmatch(line.strip())
+            if m:
+                w.write(f"{m[1]}\t{m[2]}\n")
                 n += 1
     return n
 
@@ -222,10 +222,14 @@ def pairs(args):
             f"on {machine()}", "", "| model | parameters | steps | train chars/s | val loss (nats/char) | chrF | "
             "exact match |", "|---|---|---|---|---|---|---|"]
     for name, arch in PAIRS_ARCHS.items():
-        out = work / name.split()[0]
+        out = work / name
         overrides = {**PAIRS_SETTINGS, **arch, **set_overrides(args.set), "max_time": args.max_time}
-        summary = train(data=str(work / "couplets.tsv"), out_dir=str(out), device=args.device, **overrides)
+        summary = train(data=str(work / "couplets.tsv"), out_dir=str(out), device=args.device, **overrides,
+                        log=lambda m: print(m, file=sys.stderr))  # stdout: the table alone
         gen = load(out, device=args.device)  # its best checkpoint
+        cfg = gen.model.config
+        name += f" {cfg.n_enc_layer}+{cfg.n_layer}" if cfg.n_enc_layer else f" {cfg.n_layer}"
+        name += f" x {cfg.n_embd}"
         hyps, refs = gen.translate([s for s, _ in sample]), [t for _, t in sample]
         total, scored = score_pairs(gen.model, gen.vocab, sample, dtype=gen.dtype)[:2]
         score = chrf(hyps, refs)
