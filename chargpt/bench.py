@@ -5,17 +5,21 @@
     python -m chargpt.bench --only decode        # one part: peak, train, baseline, decode
     python -m chargpt.bench --quick              # every part on a tiny shape in seconds: a smoke test, not numbers
     python -m chargpt.bench quality --data data/shakespeare.txt --max-time 120
+    python -m chargpt.bench pairs --data ../shared/data/tang_poems.txt --max-time 300   # decoder vs encoder-decoder
 
 MFU is model FLOPs per second against the best matmul throughput measured in the same process, per dtype.
 """
 
 import argparse
 import platform
+import re
 import statistics
+import sys
 import time
 from dataclasses import fields
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .config import ModelConfig, SampleSettings, TrainConfig, field_type
@@ -153,10 +157,7 @@ def quality(args):
     import tempfile
 
     from .training import train
-    overrides = {"data": args.data, "max_time": args.max_time, "sample_chars": 0}
-    for item in args.set:
-        key, _, value = item.partition("=")
-        overrides[key.replace("-", "_")] = type_of(key.replace("-", "_"))(value)
+    overrides = {"data": args.data, "max_time": args.max_time, "sample_chars": 0, **set_overrides(args.set)}
     out = args.out_dir or tempfile.mkdtemp(prefix="chargpt-quality-")
     t0 = time.perf_counter()
     summary = train(out_dir=out, **overrides)
@@ -171,6 +172,84 @@ def quality(args):
             f"{summary['best_val_loss']:.4f}), {summary['step']} steps, {wall:.0f} s wall")
 
 
+# pairs: decoder-only against encoder-decoder at about the same size (a decoder block has 12 C^2 weights, an encoder
+# block 12 C^2, a cross-attending decoder block 16 C^2: 5 layers = 60 C^2 against 2 + 2 = 56 C^2)
+PAIRS_ARCHS = {"decoder-only": dict(arch="decoder", n_layer=5),
+               "encoder-decoder": dict(arch="encoder-decoder", n_layer=2, n_enc_layer=2)}
+# evaluations during training only at the start and the end, on few batches: the scores come after, the same for both
+PAIRS_SETTINGS = dict(task="pairs", n_embd=128, n_head=4, block_size=32, dropout=0.0, batch_size=64,
+                      learning_rate=2e-3, warmup_iters=100, eval_interval=10**9, eval_iters=5, eval_pairs=0,
+                      sample_chars=0)
+# one couplet: a first line, its punctuation (mostly a comma), a second line, its end punctuation
+COUPLET = re.compile(r"([^，。？！；：\t]+)[，？！；]([^，。？！；：\t]+)[。？！]")
+
+
+def couplets(poems, out):
+    """Tang poems (chargpt's tang_poems.txt: title, author, then one couplet per line, `first，second。`) -> a TSV
+    of first line -> second line (punctuation dropped) at `out`; lines that are not one couplet are skipped.
+    -> number of pairs."""
+    n = 0
+    with open(poems, encoding="utf-8") as f, open(out, "w", encoding="utf-8") as w:
+        for line in f:
+            m = COUPLET.fullmatch(line.strip())
+            if m:
+                w.write(f"{m[1]}\t{m[2]}\n")
+                n += 1
+    return n
+
+
+def pairs(args):
+    """Both architectures, --max-time seconds of training each on the same couplets; -> a Markdown table of val loss,
+    chrF and exact match (greedy) on the same --eval-pairs validation pairs, and training chars/s."""
+    import tempfile
+
+    from .evaluate import score_pairs
+    from .pairs import encode_pairs, split_pairs
+    from .sampling import load
+    from .training import train
+    from .translate import chrf, exact_match
+    if not args.data:
+        raise SystemExit("pairs needs --data: the Tang poems (tang_poems.txt)")
+    work = Path(args.out_dir or tempfile.mkdtemp(prefix="chargpt-pairs-"))
+    work.mkdir(parents=True, exist_ok=True)
+    n = couplets(args.data, work / "couplets.tsv")
+    enc = encode_pairs(str(work / "couplets.tsv"), log=lambda m: None)
+    _, val = split_pairs(enc.n_pairs, 0.1)
+    block = PAIRS_SETTINGS["block_size"]  # scored on pairs both architectures can hold (the decoder-only's limit)
+    fits = [p for p in map(enc.pair, np.random.default_rng(0).permutation(val)) if len(p[0]) + len(p[1]) < block]
+    sample = fits[:args.eval_pairs]
+    rows = [f"{n:,} couplets of {Path(args.data).name} (first line -> second), {args.max_time:g} s of training each "
+            f"on {machine()}", "", "| model | parameters | steps | train chars/s | val loss (nats/char) | chrF | "
+            "exact match |", "|---|---|---|---|---|---|---|"]
+    for name, arch in PAIRS_ARCHS.items():
+        out = work / name
+        overrides = {**PAIRS_SETTINGS, **arch, **set_overrides(args.set), "max_time": args.max_time}
+        summary = train(data=str(work / "couplets.tsv"), out_dir=str(out), device=args.device, **overrides,
+                        log=lambda m: print(m, file=sys.stderr))  # stdout: the table alone
+        gen = load(out, device=args.device)  # its best checkpoint
+        cfg = gen.model.config
+        name += f" {cfg.n_enc_layer}+{cfg.n_layer}" if cfg.n_enc_layer else f" {cfg.n_layer}"
+        name += f" x {cfg.n_embd}"
+        hyps, refs = gen.translate([s for s, _ in sample]), [t for _, t in sample]
+        total, scored = score_pairs(gen.model, gen.vocab, sample, dtype=gen.dtype)[:2]
+        score = chrf(hyps, refs)
+        shown = "n/a" if score is None else f"{score:.1f}"
+        rows.append(f"| {name} | {gen.model.num_params() / 1e6:.2f}M | {summary['step']:,} | "
+                    f"{summary['chars_per_s']:,.0f} | {total / scored:.4f} | {shown} | {exact_match(hyps, refs):.1%} |")
+    return "\n".join(rows + ["", f"(on the same {len(sample)} validation pairs: val loss of the target characters "
+                                 f"given the source, and chrF and exact match of greedy translations; chars/s: "
+                                 f"characters of the examples, source and target, per second of training)"])
+
+
+def set_overrides(items):
+    """--set NAME=VALUE items -> {name: typed value}."""
+    out = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        out[key.replace("-", "_")] = type_of(key.replace("-", "_"))(value)
+    return out
+
+
 def type_of(name):
     for f in fields(ModelConfig) + fields(TrainConfig):
         if f.name == name:
@@ -181,13 +260,15 @@ def type_of(name):
 
 def main(argv=None, prog=None):
     p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("mode", nargs="?", default="speed", choices=["speed", "quality"])
+    p.add_argument("mode", nargs="?", default="speed", choices=["speed", "quality", "pairs"])
     p.add_argument("--only", nargs="*", default=["peak", "train", "baseline", "decode"],
                    help="parts of the speed benchmark: peak train baseline decode")
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--data", default=None, help="corpus for the quality benchmark")
-    p.add_argument("--max-time", type=float, default=120.0)
+    p.add_argument("--data", default=None, help="corpus for the quality benchmark; the Tang poems for pairs")
+    p.add_argument("--max-time", type=float, default=120.0, help="seconds of training (pairs: for each model)")
+    p.add_argument("--eval-pairs", type=int, default=1000, help="pairs: validation pairs scored (val loss) and "
+                   "translated (chrF, exact match)")
     p.add_argument("--out-dir", default=None)
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="quality: override a training flag, e.g. --set n-embd=192 (repeatable)")
@@ -198,7 +279,8 @@ def main(argv=None, prog=None):
     device = pick_device(args.device)
     if device.type == "cpu":
         configure_threads(args.threads)
-    report = speed(set(args.only), device, args.quick) if args.mode == "speed" else quality(args)
+    report = {"speed": lambda: speed(set(args.only), device, args.quick), "quality": lambda: quality(args),
+              "pairs": lambda: pairs(args)}[args.mode]()
     print(report)
     if args.write:
         path = Path("benchmarks/RESULTS.md")

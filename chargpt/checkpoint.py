@@ -10,6 +10,7 @@ finiteness: safetensors validates only the header, so a flipped byte in the data
 
 import hashlib
 import json
+import math
 import time
 from pathlib import Path
 
@@ -17,9 +18,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from .config import FORMAT_VERSION, ModelConfig, TrainConfig, model_config_from_dict, typed_fields
+from .config import FORMAT_VERSION, TASKS, ModelConfig, TrainConfig, model_config_from_dict, typed_fields
 from .errors import ChargptError, CheckpointError, ConfigError
-from .model import CharGPT
+from .model import build_model
+from .pairs import END, SEP
 from .rundir import BEST, LATEST, METRICS, STATE, latest_run, resolve, write_atomic  # noqa: F401 (re-exported)
 from .tokenizer import Vocab
 
@@ -27,10 +29,13 @@ FORMAT_NAME = "chargpt"
 # What chargpt writes for weights and optimizer state. Anything else (bool, int, float64, complex) means a damaged
 # or foreign file, which load_state_dict would otherwise cast silently into the float32 parameters.
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Buffers rebuilt from the config rather than stored (sinusoidal positions: block_size x n_embd) may hold at most
+# this many elements, or 4x the elements the file stores: a crafted block_size cannot make a loader allocate more.
+FREE_BUFFER_ELEMENTS = 1 << 24
 
 
 def unwrap(model):
-    """The plain CharGPT inside DDP and/or torch.compile wrappers (saved without '_orig_mod.' prefixes)."""
+    """The plain model inside DDP and/or torch.compile wrappers (saved without '_orig_mod.' prefixes)."""
     model = getattr(model, "module", model)
     return getattr(model, "_orig_mod", model)
 
@@ -76,9 +81,13 @@ def tensor_checksum(tensors):
 
 
 def checkpoint_meta(model, vocab, train_config=None, **extra):
+    """The JSON metadata: configs, vocabulary, and the task the model was trained for: 'text', or 'pairs' with the
+    two marker characters of its examples (`source SEP target END`), so every loader prompts it the same way."""
     cfg = unwrap(model).config
+    task = (train_config or {}).get("task", "text")
+    markers = {"pair_markers": {"sep": SEP, "end": END}} if task == "pairs" else {}
     return {"model_config": vars(cfg).copy(), "vocab": "".join(vocab.chars), "train_config": train_config,
-            "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"), **extra}
+            "task": task, **markers, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"), **extra}
 
 
 def save_model(path, model, vocab, train_config=None, weights=None, **extra):
@@ -143,15 +152,32 @@ def read_meta(path):
         checksum = meta.get("checksum")  # absent in files from before checksums: those load unverified
         if checksum is not None and not (isinstance(checksum, str) and checksum.startswith("sha256:")):
             raise ValueError("checksum is not a sha256")
+        _check_task(meta)
     except (ValueError, ConfigError, ChargptError) as e:
         raise CheckpointError(f"{path} has missing or corrupted metadata ({e}); re-train or re-copy it") from None
     return meta, shapes
 
 
+def _check_task(meta):
+    """meta['task']: 'text' (also for files from before tasks were recorded) or 'pairs', whose markers must be the
+    ones this chargpt writes and be in the vocabulary."""
+    meta.setdefault("task", "text")
+    if meta["task"] not in TASKS:
+        raise ValueError(f"unknown task {meta['task']!r:.40}")
+    if meta["task"] == "text":
+        if meta["model_config"].arch != "decoder":
+            raise ValueError("an encoder-decoder needs the pairs task")
+        return
+    if meta.get("pair_markers") != {"sep": SEP, "end": END}:
+        raise ValueError(f"pair markers are not U+{ord(SEP):04X} and U+{ord(END):04X} (another chargpt version?)")
+    if SEP not in meta["vocab"].stoi or END not in meta["vocab"].stoi:
+        raise ValueError("the pair markers are missing from the vocabulary")
+
+
 def expected_shapes(cfg: ModelConfig, prefix=""):
     """Tensor names and shapes the config implies, computed on the meta device (allocates nothing)."""
     with torch.device("meta"):
-        model = CharGPT(cfg)
+        model = build_model(cfg)
     return {prefix + k: tuple(v.shape) for k, v in _weights(model).items()}
 
 
@@ -159,8 +185,12 @@ def _check_shapes(path, cfg, shapes, prefix):
     # First the sizes that cost memory or time to build, against the tensors actually in the file (whose
     # extent safetensors has checked against the file size): a crafted config such as block_size 10**9 or
     # n_layer 10**6 is rejected here, before even a meta-device model is built from it.
+    # Sinusoidal positions are not stored, so their context is checked against the size of what is.
     wte, wpe = shapes.get(prefix + "wte.weight"), shapes.get(prefix + "wpe.weight")
-    if wte != (cfg.vocab_size, cfg.n_embd) or wpe != (cfg.block_size, cfg.n_embd) or cfg.n_layer > len(shapes):
+    stored = sum(math.prod(s) for s in shapes.values())
+    positions_ok = wpe == (cfg.block_size, cfg.n_embd) if cfg.pos_emb == "learned" else \
+        wpe is None and cfg.block_size * cfg.n_embd <= max(FREE_BUFFER_ELEMENTS, 4 * stored)
+    if wte != (cfg.vocab_size, cfg.n_embd) or not positions_ok or max(cfg.n_layer, cfg.n_enc_layer) > len(shapes):
         raise CheckpointError(f"{path}: its model config (vocab {cfg.vocab_size}, context {cfg.block_size}, "
                               f"{cfg.n_layer} layers x {cfg.n_embd}) does not match the tensors stored with it; "
                               f"the file is corrupted or was tampered with")
@@ -202,13 +232,14 @@ def _recovery_hint(path):
 
 
 def load_model(path, device="cpu"):
-    """Checkpoint file or run directory -> (CharGPT in eval mode, Vocab, meta). Rebuilt from the file alone."""
+    """Checkpoint file or run directory -> (model in eval mode: CharGPT or EncoderDecoder, as its config says;
+    Vocab; meta). Rebuilt from the file alone."""
     path = resolve(path)
     meta, shapes = read_meta(path)
     prefix = "model." if any(k.startswith("model.") for k in shapes) else ""
     cfg = meta["model_config"]
     _check_shapes(path, cfg, shapes, prefix)
-    model = CharGPT(cfg)
+    model = build_model(cfg)
     tensors = _read_tensors(path, meta, shapes)  # all of them: the checksum covers the whole file
     weights = [k for k in tensors if k.startswith(prefix) and not k.startswith(("optim.", "rng."))]
     sd = {k[len(prefix):]: tensors[k] for k in weights}

@@ -15,7 +15,7 @@ import os
 import random
 import re
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import click
@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from .config import ModelConfig, SampleSettings, TrainConfig, check_sample_options, cli_names, flag_specs
 from .errors import ChargptError, Interrupted
+from .tokenizer import describe_chars
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
 TRAIN_MEMORY_HINT = "lower --batch-size (--grad-accum keeps the global batch), --block-size or the model size " \
@@ -185,12 +186,14 @@ def _format_sample(i, n, seed, prompt, text):
 
 
 def stream_samples(gen, prompt, n, seed, settings, unknown, out, use_cache=True):
-    """Write samples to `out` as they are decoded: the prompt, then the text. Samples are decoded together in
-    one batch; the first is shown live and the others, buffered, follow when decoding ends. -> the texts."""
+    """Write samples to `out` as they are decoded: the prompt, then the text (a pairs model's: the translation
+    alone). Samples are decoded together in one batch; the first is shown live and the others, buffered, follow
+    when decoding ends. -> the texts."""
     prompt = gen.prompt_text(prompt, unknown)  # raises before anything is printed
     texts = [""] * n
     pieces = gen.stream(prompt, num_samples=n, seed=seed, use_cache=use_cache, **settings)
     first = next(pieces, None)  # the cache is allocated and the prompt read: running out of memory prints nothing
+    prompt = shown_prompt(gen, prompt)
     out.write(_separator(0, n, seed) + prompt)
     out.flush()
     for i, piece in itertools.chain([first] if first else [], pieces):
@@ -205,13 +208,19 @@ def stream_samples(gen, prompt, n, seed, settings, unknown, out, use_cache=True)
     return texts
 
 
+def shown_prompt(gen, prompt):
+    """What is printed before a sample: the prompt it continues; nothing for a pairs model, whose prompt is the
+    source and whose sample is its translation."""
+    return "" if gen.task == "pairs" else prompt
+
+
 def _all_samples(gen, prompt, n, seed, settings, unknown, as_json, use_cache=True, ascii_json=False):
     """Decode all samples, then -> the text to write: as printed, or one JSON object per line (\\u escapes for
     every non-ASCII character with ascii_json, for an output that cannot hold them: still exact JSON)."""
     prompt = gen.prompt_text(prompt, unknown)
     texts = gen.generate(prompt, num_samples=n, seed=seed, use_cache=use_cache, **settings)
     if not as_json:
-        return "".join(_format_sample(i, n, seed, prompt, t) for i, t in enumerate(texts))
+        return "".join(_format_sample(i, n, seed, shown_prompt(gen, prompt), t) for i, t in enumerate(texts))
     record = {**settings, "num_samples": n, "unknown": unknown}  # with the seed, enough to reproduce the text
     return "".join(json.dumps({"sample": i, "prompt": prompt, "text": t, "seed": seed, "settings": record},
                               ensure_ascii=ascii_json) + "\n" for i, t in enumerate(texts))
@@ -313,6 +322,8 @@ def sample_cli(checkpoint_path, prompt, prompt_file, num_samples, seed, unknown,
 def _describe_run(gen):
     step, loss = gen.meta.get("step"), gen.meta.get("val_loss")
     facts = [f"step {step}"] if step is not None else []
+    if gen.task == "pairs":
+        facts.insert(0, f"sentence pairs, {gen.model.config.arch}")
     facts += [f"val loss {loss:.4f}"] if isinstance(loss, (int, float)) else []
     return ", ".join(facts + [f"{len(gen.vocab)} characters"])
 
@@ -334,6 +345,9 @@ def bench_cli():
 # --- the `chargpt` command: one group over the same click command objects as train.py and sample.py --------------
 # Options shared between subcommands are the same click objects (_param) or are built from the config
 # dataclasses (_field_option), so each option has exactly one definition.
+_NOT_GIVEN = object()
+
+
 def _param(command, name):
     """The parameter object `name` of another command."""
     return next(p for p in command.params if p.name == name)
@@ -347,10 +361,23 @@ def _with(*params):
     return decorate
 
 
-def _field_option(cls, name):
-    """The click option of one config dataclass field, with the field's default filled in."""
+def _reused(*params):
+    """Decorator (below @click.command, among the options) placing parameters of other commands here, in order:
+    click.command collects __click_params__ as click.option leaves them."""
+    def decorate(fn):
+        fn.__click_params__ = getattr(fn, "__click_params__", []) + list(reversed(params))
+        return fn
+    return decorate
+
+
+def _field_option(cls, name, default=_NOT_GIVEN):
+    """The click option of one config dataclass field, with the field's default filled in (or `default`, which
+    then replaces the default its help line shows)."""
     spec = next(spec for spec in flag_specs(cls) if spec.dest == name)
-    return spec_option(spec, default=spec.default)
+    if default is _NOT_GIVEN:
+        return spec_option(spec, default=spec.default)
+    help_ = re.sub(r" \[default: [^]]*\]$", "", spec.help) + (f" [default: {default}]" if default is not None else "")
+    return spec_option(replace(spec, default=default, help=help_), default=default)
 
 
 from . import __version__  # noqa: E402  (this block is kept apart from the imports above for easy merging)
@@ -363,6 +390,7 @@ JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="print one JS
 @click.command("eval", context_settings=CONTEXT)
 @click.option("--data", default=None, help="text file, or folder of text files, to score [default: the run's own "
               "validation split]")
+@_field_option(TrainConfig, "target_data")
 @_field_option(TrainConfig, "encoding")
 @_field_option(TrainConfig, "encoding_errors")
 @click.option("--stride", type=int, default=None, help="characters between windows; each window after the first "
@@ -371,14 +399,15 @@ JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="print one JS
 @click.option("--batch-size", type=int, default=None, help="windows per forward pass [default: up to 64, fewer "
               "for large vocabularies]")
 @JSON_OPTION
-def eval_cli(checkpoint_path, device, data, encoding, encoding_errors, stride, batch_size, as_json):
+def eval_cli(checkpoint_path, device, data, target_data, encoding, encoding_errors, stride, batch_size, as_json):
     """Loss and bits per character of a checkpoint on any text (every character scored once, with a sliding
-    window). Characters the model never saw are counted and reported, not scored."""
+    window). Characters the model never saw are counted and reported, not scored. A run trained on sentence pairs
+    scores pairs (--data PAIRS.tsv, or --data SOURCES --target-data TARGETS): each target given its source."""
     def run():
         from .evaluate import evaluate, format_result
         from .rundir import latest_run
         result = evaluate(checkpoint_path or latest_run(), data, encoding=encoding, encoding_errors=encoding_errors,
-                          stride=stride, batch_size=batch_size, device=device)
+                          stride=stride, batch_size=batch_size, device=device, target_data=target_data)
         click.echo(json.dumps(result, ensure_ascii=False) if as_json else format_result(result))
     run_guarded(run, "lower --batch-size (windows per forward pass)")
 
@@ -395,6 +424,134 @@ def info_cli(run, as_json):
         info = run_info(run or latest_run())
         click.echo(json.dumps(info, ensure_ascii=False) if as_json else format_info(info))
     run_guarded(show)
+
+
+# --- translate: a pairs run turns sources into targets ------------------------------------------------------------
+TRANSLATE_CHUNK = 1024  # lines translated (and written to stdout) at a time: output flows, memory stays bounded
+
+
+def _source_lines(sources, input_path):
+    """-> (lines to translate, how to name line N in messages). Arguments, else --input FILE ('-': stdin), else
+    stdin when it is piped. Lines are UTF-8 (an opening BOM is dropped), ending at \\n or \\r\\n."""
+    if sources and input_path is not None:
+        raise ChargptError("give sentences as arguments or with --input, not both")
+    if sources:
+        return list(sources), "sentence {}"
+    if input_path is None and sys.stdin.isatty():
+        raise ChargptError('nothing to translate: give a sentence (chargpt translate "..."), --input FILE, or pipe '
+                           "lines into stdin")
+    if input_path in (None, "-"):
+        data, where = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode(), "stdin"
+    else:
+        try:
+            data, where = Path(input_path).read_bytes(), input_path
+        except OSError as e:
+            raise ChargptError(f"cannot read --input {input_path}: {e.strerror}") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ChargptError(f"{where} is not UTF-8 (byte offset {e.start}); convert it to UTF-8") from None
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    if lines and lines[-1] == "":  # the newline that ends the last line starts no new one
+        lines.pop()
+    return lines, f"line {{}} of {where}"
+
+
+def _translations(gen, lines, name, options):
+    """Yield the translation of each line, chunk by chunk; a blank line stays blank (files keep their alignment)."""
+    for start in range(0, len(lines), TRANSLATE_CHUNK):
+        chunk = lines[start:start + TRANSLATE_CHUNK]
+        todo = [i for i, line in enumerate(chunk) if line.strip()]
+        where = [name.format(start + i + 1) for i in todo]  # translate numbers its sources from 1
+        done = gen.translate([chunk[i] for i in todo], name=lambda k, where=where: where[k - 1], **options)
+        out = [""] * len(chunk)
+        for i, text in zip(todo, done):
+            out[i] = text
+        yield from out
+
+
+@_with(_param(sample_cli, "checkpoint_path"))
+@click.command("translate", context_settings=CONTEXT)
+@click.argument("sources", nargs=-1)
+@click.option("--input", "input_path", default=None, help="translate this UTF-8 file, one sentence per line ('-': "
+              "stdin) [default: the SOURCES arguments, else lines piped into stdin]")
+@click.option("--output", default=None, help="write the translations to this file (UTF-8, one line per input line, "
+              "written whole when all are done) instead of stdout")
+@click.option("--beam", default=1, show_default=True, type=int, help="beam search with this many hypotheses per "
+              "sentence (length-normalised); 1: greedy")
+@click.option("--alpha", default=1.0, show_default=True, type=float, help="length normalisation of the beam search: "
+              "a finished hypothesis scores its log-probability / length ** alpha (0: none, short outputs win)")
+@_field_option(SampleSettings, "temperature", default=0.0)
+@_field_option(SampleSettings, "top_k", default=None)
+@_field_option(SampleSettings, "top_p", default=None)
+@_reused(_param(sample_cli, "seed"), _param(sample_cli, "unknown"))
+@click.option("--batch-size", default=64, show_default=True, type=int, help="sentences decoded together")
+@_reused(_param(sample_cli, "device"), _param(sample_cli, "no_cache"))
+def translate_cli(checkpoint_path, sources, input_path, output, beam, alpha, temperature, top_k, top_p, seed,
+                  unknown, batch_size, device, no_cache):
+    """Translate with a run trained on sentence pairs (--task pairs): SOURCES as arguments, or lines from --input
+    or stdin, one translation per line on stdout (or --output). Greedy by default; --beam N searches, and
+    --temperature above 0 samples. Blank lines stay blank."""
+    def run():
+        from .rundir import latest_run
+        from .sampling import load
+        settings = _sample_settings({"temperature": temperature, "top_k": top_k, "top_p": top_p})
+        check_sample_options(1, seed)
+        _check_translate_options(beam, alpha, settings["temperature"], batch_size)
+        lines, name = _source_lines(sources, input_path)
+        path = checkpoint_path or latest_run()
+        gen = load(path, device=device)
+        click.echo(f"loaded {path} ({_describe_run(gen)}) on {gen.device}", err=True)
+        if gen.task != "pairs":
+            raise ChargptError(f"{path} was trained on plain text, not sentence pairs, so it does not translate; "
+                               f"write with it (chargpt sample), or train a translator with --task pairs")
+        _warn_unknown(gen, lines, unknown)
+        options = dict(beam=beam, alpha=alpha, unknown=unknown, batch_size=batch_size, use_cache=not no_cache,
+                       temperature=settings["temperature"], top_k=settings["top_k"], top_p=settings["top_p"])
+        if settings["temperature"] > 0:
+            import torch
+            use_seed = seed if seed is not None else random.randrange(2**31)
+            if seed is None:
+                click.echo(f"seed: {use_seed}", err=True)
+            options["generator"] = torch.Generator().manual_seed(use_seed)
+        _tolerant_stdout()
+        results = _translations(gen, lines, name, options)
+        if output:
+            from .rundir import write_text_atomic
+            text = "".join(t + "\n" for t in results)
+            try:
+                write_text_atomic(output, text)
+            except OSError as e:
+                raise ChargptError(f"cannot write --output {output}: {e.strerror}") from None
+            click.echo(f"wrote {len(lines)} translation(s) to {output}", err=True)
+            return
+        for t in results:
+            sys.stdout.write(t + "\n")
+            sys.stdout.flush()
+
+    run_guarded(run, "lower --batch-size (sentences decoded together) or --beam")
+
+
+def _check_translate_options(beam, alpha, temperature, batch_size):
+    if not 1 <= beam <= 1000:
+        raise ChargptError(f"--beam must be from 1 to 1000 (1: greedy), got {beam}")
+    if not 0 <= alpha <= 10:  # also catches NaN
+        raise ChargptError(f"--alpha must be from 0 to 10, got {alpha}")
+    if beam > 1 and temperature > 0:
+        raise ChargptError("--beam searches for the most likely translation and does not sample; drop --temperature, "
+                           "or use --beam 1 to sample")
+    if not 1 <= batch_size <= 1_000_000:
+        raise ChargptError(f"--batch-size must be from 1 to 1000000, got {batch_size}")
+
+
+def _warn_unknown(gen, lines, unknown):
+    """With --unknown skip or replace: one warning line saying how many sentences had characters the model never
+    saw (with 'error' translation stops at the first, naming it)."""
+    affected = [i for i, line in enumerate(lines) if gen.vocab.unknown(line)]
+    if affected and unknown != "error":
+        what = "dropped" if unknown == "skip" else f"replaced with {gen.vocab.replacement()!r}"
+        click.echo(f"warning: {len(affected)} sentence(s) had characters the model never saw, {what} (the first: "
+                   f"{describe_chars(gen.vocab.unknown(lines[affected[0]]))})", err=True)
 
 
 @click.command("plot", context_settings=CONTEXT)
@@ -470,12 +627,15 @@ class CommandGroup(click.Group):
 @click.group(cls=CommandGroup, context_settings=CONTEXT)
 @click.version_option(__version__, prog_name="chargpt")
 def main():
-    """chargpt: train a character-level GPT on any text, and write, score and inspect with it.
+    """chargpt: train a character-level GPT on any text, and write, score and inspect with it; or, on sentence
+    pairs, a translator.
 
     \b
       chargpt data get tinyshakespeare
       chargpt train --data data/tinyshakespeare.txt
       chargpt sample --prompt "ROMEO:"
+      chargpt train --task pairs --data ita.tsv --arch encoder-decoder
+      chargpt translate "Good morning."
       chargpt eval --data new_text.txt
       chargpt info
       chargpt plot -o curves.png
@@ -485,6 +645,6 @@ def main():
     """
 
 
-for _name, _command in {"train": train_cli, "sample": sample_cli, "eval": eval_cli, "info": info_cli,
-                        "plot": plot_cli, "bench": bench_command, "data": data_cli}.items():
+for _name, _command in {"train": train_cli, "sample": sample_cli, "translate": translate_cli, "eval": eval_cli,
+                        "info": info_cli, "plot": plot_cli, "bench": bench_command, "data": data_cli}.items():
     main.add_command(_command, _name)

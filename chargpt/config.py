@@ -7,6 +7,7 @@ with the `help` metadata as its help line (flag_specs), so a field added here is
 Defaults: a field's dataclass default is its value on a GPU (the classic 10.7M-parameter Shakespeare model);
 PRESETS names starting points over them, "cpu" among them, which a run without a GPU starts from: --help shows
 both defaults where they differ. chargpt/settings.py layers defaults, preset, config file and flags.
+PRESETS also holds transformer-base (the 2017 paper's model) and transformer-small (its CPU-sized sibling).
 Validation lives here too, once per dataclass; messages name a setting with param(), which spells it as the
 user did: `--n-layer` on the command line, `n_layer` from Python.
 """
@@ -24,6 +25,8 @@ ARCHS = ("decoder", "encoder-decoder")
 POS_EMBS = ("learned", "sinusoidal")
 NORMS = ("pre", "post")
 ACTIVATIONS = ("gelu", "relu")
+TASKS = ("text", "pairs")
+LR_SCHEDULES = ("cosine", "inverse-sqrt")
 # ModelConfig fields added after format 1 was released: a checkpoint without them gets the defaults (the GPT).
 ARCH_FIELDS = ("arch", "n_enc_layer", "pos_emb", "emb_scale", "norm", "activation")
 UNLIMITED = 10**12  # max_iters when only --max-time bounds a run
@@ -64,6 +67,15 @@ def param(name, value=_NO_VALUE):
 # name -> {field: value}, over the dataclass defaults (the GPU's: shakespeare-char is exactly them); flags and
 # --config override a preset. Without --preset the device picks one (device_preset): cpu, or shakespeare-char on
 # CUDA. Each has a one-line description in PRESET_ABOUT; --help and the README give their sizes.
+# The 2017 Transformer ("Attention Is All You Need", Table 3, base) at character level: 6 + 6 layers x 512, 8 heads,
+# feed-forward 2048 (our MLP is 4 x --n-embd: exactly 2048 at 512), dropout 0.1, sinusoidal positions, embeddings x
+# sqrt(512), post-LN, ReLU, label smoothing 0.1, Adam beta2 0.98 without weight decay, and the inverse-square-root
+# schedule with 4,000 warmup steps, whose peak is the paper's d_model**-0.5 x 4000**-0.5 = 7.0e-4; 100,000 steps, as
+# the paper trained base. A context of 256 characters holds most sentences. (Gradient clipping, which the paper does
+# not mention, stays on: our product default.)
+TRANSFORMER = dict(task="pairs", arch="encoder-decoder", pos_emb="sinusoidal", emb_scale=True, norm="post",
+                   activation="relu", dropout=0.1, label_smoothing=0.1, beta2=0.98, weight_decay=0.0,
+                   lr_schedule="inverse-sqrt")
 PRESETS = {
     "tiny": dict(n_layer=2, n_head=2, n_embd=64, block_size=32, dropout=0.0, batch_size=16, learning_rate=3e-3,
                  max_iters=300, warmup_iters=20, eval_interval=100, eval_iters=10, sample_chars=200),
@@ -77,6 +89,13 @@ PRESETS = {
     "gpt2-small-char": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, dropout=0.1, batch_size=32,
                             learning_rate=6e-4, min_lr=6e-5, beta2=0.95, warmup_iters=2000, max_iters=50000,
                             eval_interval=1000, eval_iters=50),
+    "transformer-base": dict(TRANSFORMER, n_layer=6, n_enc_layer=6, n_head=8, n_embd=512, block_size=256,
+                             warmup_iters=4000, learning_rate=512**-0.5 * 4000**-0.5, max_iters=100_000),
+    # its CPU-sized sibling: the same choices at 2 + 2 layers x 128 (about 1M parameters), the peak again
+    # d_model**-0.5 x warmup**-0.5 (4.4e-3); learns a few thousand short pairs in minutes on a laptop
+    "transformer-small": dict(TRANSFORMER, n_layer=2, n_enc_layer=2, n_head=4, n_embd=128, block_size=128,
+                              batch_size=32, warmup_iters=400, learning_rate=128**-0.5 * 400**-0.5, max_iters=5000,
+                              eval_interval=250, eval_iters=20),
 }
 PRESET_ABOUT = {
     "tiny": "tests and demos: 300 steps, seconds on any CPU; writes word-like text, not sense",
@@ -87,6 +106,11 @@ PRESET_ABOUT = {
     "gpt2-small-char": "GPT-2 small's shape and optimiser (learning rate 6e-4 to 6e-5, beta2 0.95, 2000 warmup "
                        "steps) at context 1024, for a GPU with 40 GB or more and a corpus of 10M+ characters (e.g. "
                        "enwik8); 50000 steps of 32 x 1024 characters, dropout 0.1",
+    "transformer-base": "the 2017 paper's base Transformer for sentence pairs (--task pairs): 6+6 layers x 512, "
+                        "sinusoidal positions, post-LN, ReLU, label smoothing 0.1, Adam beta2 0.98, "
+                        "inverse-square-root warmup of 4000 steps; for a GPU",
+    "transformer-small": "its CPU-sized sibling (2+2 layers x 128, 400 warmup steps): learns a few thousand short "
+                         "sentence pairs in minutes on a laptop",
 }
 
 
@@ -106,21 +130,18 @@ class ModelConfig:
     bias: bool = opt(True, "bias in Linear and LayerNorm layers, like GPT-2 (--no-bias: a bit faster, often as good)")
     tie_weights: bool = opt(True, "share the token embedding with the output head (fewer parameters)")
     # Architecture options (issue #11). The defaults are the GPT above, bit for bit; the alternatives rebuild the
-    # parts of the 2017 Transformer (Vaswani et al., "Attention Is All You Need"). flag=False until training and
-    # the checkpoint loaders build them (phase 2): a flag must not be accepted and then ignored.
+    # parts of the 2017 Transformer (Vaswani et al., "Attention Is All You Need") for either architecture.
     arch: str = opt("decoder", "decoder: one causal stack over 'source, separator, target' (GPT); encoder-decoder: "
-                               "the 2017 Transformer (source encoder + cross-attending decoder)",
-                    choices=ARCHS, flag=False)
-    n_enc_layer: int = opt(0, "encoder blocks for --arch encoder-decoder [default: 0, the same as --n-layer]",
-                           flag=False)
+                               "the 2017 Transformer (source encoder + cross-attending decoder; needs --task pairs)",
+                    choices=ARCHS)
+    n_enc_layer: int = opt(0, "encoder blocks for --arch encoder-decoder [default: 0, the same as --n-layer]")
     pos_emb: str = opt("learned", "positions: learned (an embedding table, GPT) or sinusoidal (fixed sin/cos "
-                                  "waves, no parameters, the 2017 paper)", choices=POS_EMBS,
-                       flag=False)
-    emb_scale: bool = opt(False, "multiply token embeddings by sqrt(--n-embd), as in the 2017 paper", flag=False)
+                                  "waves, no parameters, the 2017 paper)", choices=POS_EMBS)
+    emb_scale: bool = opt(False, "multiply token embeddings by sqrt(--n-embd), as in the 2017 paper")
     norm: str = opt("pre", "LayerNorm placement: pre (x + f(norm(x)), GPT-2; trains stably) or post "
-                           "(norm(x + f(x)), the 2017 paper; needs warmup)", choices=NORMS, flag=False)
+                           "(norm(x + f(x)), the 2017 paper; needs warmup)", choices=NORMS)
     activation: str = opt("gelu", "feed-forward activation: gelu (GPT) or relu (the 2017 paper)",
-                          choices=ACTIVATIONS, flag=False)
+                          choices=ACTIVATIONS)
 
     def validate(self):
         check_numbers(self)
@@ -160,6 +181,11 @@ class TrainConfig:
                                choices=("strict", "replace"))
     cache_dir: str | None = opt(None, "where encoded corpora are cached [default: $CHARGPT_CACHE_DIR or "
                                       "~/.cache/chargpt]")
+    task: str = opt("text", "text: learn to continue text; pairs: learn to translate, from --data lines "
+                            "source<TAB>target (or --data SOURCES --target-data TARGETS, aligned line by line)",
+                    choices=TASKS)
+    target_data: str | None = opt(None, "with --task pairs: a file of targets, line N translating line N of --data "
+                                        "[default: none, --data holds source<TAB>target lines]")
     # optimisation
     batch_size: int = opt(64, "sequences per micro-batch")
     grad_accum: int = opt(1, "micro-batches accumulated per optimizer step")
@@ -171,6 +197,9 @@ class TrainConfig:
     min_lr: float | None = opt(None, "final learning rate of the cosine decay [default: learning rate / 10]")
     warmup_iters: int = opt(100, "steps of linear warmup")
     lr_decay_iters: int | None = opt(None, "step at which the cosine decay reaches --min-lr [default: --max-iters]")
+    lr_schedule: str = opt("cosine", "cosine: warmup, then cosine decay to --min-lr over the budget; inverse-sqrt: "
+                                     "warmup, then learning rate x sqrt(--warmup-iters / step), as in the 2017 paper "
+                                     "(no end: --min-lr and --lr-decay-iters do not apply)", choices=LR_SCHEDULES)
     weight_decay: float = opt(0.1, "AdamW weight decay, on weight matrices and embeddings (not biases or norms)")
     beta1: float = opt(0.9, "AdamW beta1")
     beta2: float = opt(0.99, "AdamW beta2 (0.99 suits the small batches of character models)")
@@ -182,13 +211,16 @@ class TrainConfig:
     patience: int = opt(0, "stop early after this many evaluations in a row without a new best validation loss "
                            "(0: never)")
     sample_chars: int = opt(300, "characters in each sample training shows: when it ends (0: none) and every "
-                                 "--sample-every steps")
+                                 "--sample-every steps (with --task pairs, any other value shows a few "
+                                 "translations at the end)")
     sample_every: int = opt(0, "show a short sample every this many steps, from a fixed seed, and append it to "
                                "samples.jsonl in the run directory, to watch the model learn (0: off)")
     sample_prompt: str | None = opt(None, "text the samples during and after training start from [default: a "
                                           "newline, as sample.py]")
     curves: bool = opt(True, "draw the loss curves into curves.png in the run directory when training ends (with "
                              "matplotlib installed; --no-curves for many short runs, where each costs a moment)")
+    eval_pairs: int = opt(100, "with --task pairs: validation pairs translated greedily at each evaluation, for "
+                               "exact match and chrF (0: none)")
     # hardware
     device: str = opt("auto", "auto (CUDA, then Apple MPS, then CPU), cpu, cuda, cuda:N or mps")
     dtype: str = opt("auto", "auto (bfloat16 where the hardware has it, else float32), float32, bfloat16, float16",
@@ -202,8 +234,8 @@ class TrainConfig:
     resume: bool = opt(False, "continue the run in --out-dir from its latest state, with its budget; a finished "
                               "run needs a new one (--max-iters or --max-time)")
     label_smoothing: float = opt(0.0, "spread this much of each target's probability over the whole vocabulary "
-                                      "in the loss (0.1 in the 2017 paper; 0: plain cross-entropy)",
-                                  flag=False)  # a flag once training passes it to the model (phase 2)
+                                      "in the training loss (0.1 in the 2017 paper; 0: plain cross-entropy); the "
+                                      "losses reported are plain cross-entropy either way")
 
     def validate(self):
         check_seed(self.seed)  # its own range, said more precisely than check_numbers would
@@ -212,7 +244,8 @@ class TrainConfig:
         for name in ("batch_size", "max_iters", "learning_rate", "eval_interval", "eval_iters"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{param(name)} must be positive (got {getattr(self, name)})")
-        for name in ("warmup_iters", "weight_decay", "grad_clip", "sample_chars", "patience", "sample_every"):
+        for name in ("warmup_iters", "weight_decay", "grad_clip", "sample_chars", "patience", "sample_every",
+                     "eval_pairs"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{param(name)} must be non-negative (got {getattr(self, name)})")
         if self.grad_accum < 1:
@@ -237,6 +270,11 @@ class TrainConfig:
         check_preset(self.preset)
         if not 0.0 <= self.label_smoothing < 1.0:  # also catches NaN
             raise ConfigError(f"{param('label_smoothing')} must be in [0, 1) (got {self.label_smoothing})")
+        for name, allowed in (("task", TASKS), ("lr_schedule", LR_SCHEDULES)):  # click checks flags; Python too
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{param(name)} must be one of {', '.join(allowed)} (got {getattr(self, name)!r})")
+        if self.target_data is not None and self.task != "pairs":
+            raise ConfigError(f"{param('target_data')} is for sentence pairs; add {param('task', 'pairs')}")
         return self
 
 
@@ -288,7 +326,8 @@ def check_numbers(config):
 def check_paths(settings):
     """Path settings must not be empty strings: Path("") is the current folder, which is never what was meant."""
     defaults = {"data": "the built-in corpus", "out_dir": "checkpoints/<corpus name>", "cache_dir": "the default",
-                "config": "no config file"}
+                "config": "no config file",
+                "target_data": "none (--data then holds source<TAB>target lines)"}
     for name, default in defaults.items():
         if settings.get(name) == "":
             raise ConfigError(f"{param(name)} is an empty path; give a path, or leave it out for {default}")
@@ -330,6 +369,24 @@ def check_threads(threads):
         raise ConfigError(f"{param('threads')} must be between 1 and {most} ({THREADS_PER_CPU} per CPU; this machine "
                           f"has {cpu_count()}), got {threads}; more threads than CPUs only slow torch down, so "
                           f"leave it out to use one per CPU")
+
+
+def describe_model(cfg: ModelConfig):
+    """'encoder-decoder, 2+2 layers x 128 wide, 4 heads, context 64, sinusoidal positions, post-LN, ReLU'."""
+    layers = f"{cfg.n_enc_layer or cfg.n_layer}+{cfg.n_layer} layers" if cfg.arch == "encoder-decoder" else \
+        f"{cfg.n_layer} layers"
+    options = [name for name, on in (("sinusoidal positions", cfg.pos_emb == "sinusoidal"),
+                                     ("embeddings x sqrt(width)", cfg.emb_scale), ("post-LN", cfg.norm == "post"),
+                                     ("ReLU", cfg.activation == "relu")) if on]
+    return ", ".join([(f"{cfg.arch}, " if cfg.arch != "decoder" else "") + f"{layers} x {cfg.n_embd} wide",
+                      f"{cfg.n_head} heads", f"context {cfg.block_size}", *options])
+
+
+def check_task(arch, cfg: TrainConfig):
+    """What the model is trained on must suit its architecture: an encoder-decoder needs a source to encode."""
+    if arch == "encoder-decoder" and cfg.task != "pairs":
+        raise ConfigError(f"{param('arch', 'encoder-decoder')} translates a source into a target: it needs "
+                          f"{param('task', 'pairs')} and {param('data')} with source<TAB>target lines")
 
 
 def validate_arch(cfg: ModelConfig):

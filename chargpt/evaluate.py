@@ -16,6 +16,11 @@ the context by the vocabulary's stand-in (U+FFFD, '?' or a space, the first it h
 
 With no text given, the run's own validation split is scored: the exact number the training loop estimates
 from a few random batches. `python -m chargpt.bench quality` reports it with stride = block_size.
+
+A run trained on sentence pairs is scored pair by pair instead: the loss of each target and its end marker
+given the source, exactly as training counts it, over a pairs file (--data source<TAB>target lines, or --data
+plus --target-data) or the run's own validation pairs. Pairs longer than the context are counted and skipped;
+characters the model never saw stand in as above and are not scored.
 """
 
 import math
@@ -30,6 +35,7 @@ from tqdm import tqdm
 from .checkpoint import load_model, resolve
 from .data import corpus_sources, encode_corpus, iter_text, split_sizes
 from .errors import ConfigError, DataError
+from .pairs import END, SEP, context_needed, encode_pairs, pair_stream, split_pairs
 from .runtime import autocast, pick_device, pick_dtype
 from .tokenizer import codepoints
 
@@ -120,12 +126,20 @@ def validation_split(meta, vocab, block_size):
 
 
 def evaluate(checkpoint, data=None, *, encoding="utf-8", encoding_errors="strict", stride=None, batch_size=None,
-             device="auto", progress=True):
+             device="auto", progress=True, target_data=None):
     """Loss of a checkpoint (run directory or file) on a text file or folder; data=None scores the run's own
-    validation split. -> dict: loss (nats per character), bpc, characters, scored, unknown, stride, ..."""
+    validation split. -> dict: loss (nats per character), bpc, characters, scored, unknown, stride, ...
+    A pairs run scores pairs instead (see evaluate_pairs); target_data is for it alone."""
     path = resolve(checkpoint)
     device = pick_device(device)
     model, vocab, meta = load_model(path, device)
+    if meta["task"] == "pairs":
+        if stride is not None:
+            raise ConfigError("--stride is for runs trained on text; a pairs run is scored pair by pair: drop it")
+        return evaluate_pairs(path, model, vocab, meta, data, target_data, encoding, encoding_errors, batch_size,
+                              device)
+    if target_data is not None:
+        raise ConfigError("--target-data is for runs trained on sentence pairs; this one was trained on text")
     T = model.config.block_size
     stride = default_stride(T) if stride is None else stride
     if not 1 <= stride <= T:
@@ -155,12 +169,121 @@ def evaluate(checkpoint, data=None, *, encoding="utf-8", encoding_errors="strict
             "block_size": T, "device": str(device)}
 
 
+# --- pairs --------------------------------------------------------------------------------------------------
+def run_validation_pairs(meta, vocab):
+    """A pairs run's own validation pairs, (source, target) texts, re-read from its data (through the cache)."""
+    cfg = meta.get("train_config")
+    if not cfg:
+        raise DataError("this checkpoint records no training run, so it has no validation pairs; pass --data PAIRS")
+    pairs = encode_pairs(cfg.get("data"), cfg.get("target_data"), cfg.get("encoding", "utf-8"),
+                         cfg.get("encoding_errors", "strict"), cfg.get("cache_dir"),
+                         log=lambda m: print(m, file=sys.stderr))
+    if pairs.vocab != vocab:
+        raise DataError(f"the run's pairs {cfg.get('data')} have changed since training (their characters differ); "
+                        f"pass --data PAIRS to score a pairs file")
+    _, val = split_pairs(pairs.n_pairs, cfg.get("val_fraction", 0.1))
+    return (pairs.pair(int(i)) for i in val), f"validation pairs of {pairs.name} ({cfg.get('val_fraction', 0.1):g})"
+
+
+def pair_tensors(vocab, arch, group):
+    """(source, target) texts -> the model's keyword arguments for them (as chargpt.pairs.PairBatches lays them
+    out), with loss_mask off on characters outside the vocabulary (they stand in as vocab.replacement())."""
+    stand_in, sep, end = vocab.stoi[vocab.replacement()], vocab.stoi[SEP], vocab.stoi[END]
+
+    def ids(text):
+        return [vocab.stoi.get(c, stand_in) for c in text], [c in vocab.stoi for c in text]
+
+    def padded(rows):
+        width = max(map(len, rows))
+        return torch.tensor([r + [0] * (width - len(r)) for r in rows])  # (B, width); padding is id 0 / False
+
+    src, tgt = zip(*(ids(s) for s, _ in group)), zip(*(ids(t) for _, t in group))
+    (src_ids, _), (tgt_ids, tgt_known) = (list(map(list, z)) for z in (src, tgt))
+    if arch == "encoder-decoder":
+        return dict(src=padded(src_ids), src_mask=padded([[1] * len(s) for s in src_ids]).bool(),
+                    tgt=padded([[sep] + t for t in tgt_ids]), targets=padded([t + [end] for t in tgt_ids]),
+                    loss_mask=padded([k + [True] for k in tgt_known]).bool())  # the target's known characters, END
+    seqs = [s + [sep] + t + [end] for s, t in zip(src_ids, tgt_ids)]
+    mask = [[False] * len(s) + k + [True] for s, k in zip(src_ids, tgt_known)]  # scored targets of seq[1:]
+    return dict(idx=padded([q[:-1] for q in seqs]), targets=padded([q[1:] for q in seqs]),
+                loss_mask=padded(mask).bool())
+
+
+def _groups(pairs, arch, block, batch_size, skipped):
+    """(source, target) pairs -> lists of up to batch_size that fit the context; skipped[0] counts the others."""
+    group = []
+    for src, tgt in pairs:
+        if context_needed(np.array([[0, len(src), len(tgt)]]), arch)[0] > block:
+            skipped[0] += 1
+            continue
+        group.append((src, tgt))
+        if len(group) == batch_size:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
+@torch.no_grad()
+def score_pairs(model, vocab, pairs, batch_size=64, dtype=torch.float32):
+    """Sum of -log p(target characters and END | source) over an iterable of (source, target) texts
+    -> (total nats, characters scored, pairs scored, pairs skipped as longer than the context, Counter of unknown
+    characters)."""
+    model.eval()
+    device, arch = next(model.parameters()).device, model.config.arch
+    total, count, done, skipped, unknown = 0.0, 0, 0, [0], Counter()
+    for group in _groups(pairs, arch, model.config.block_size, batch_size, skipped):
+        unknown.update(c for src, tgt in group for c in src + tgt if c not in vocab.stoi)
+        batch = {k: v.to(device) for k, v in pair_tensors(vocab, arch, group).items()}
+        n = int(batch["loss_mask"].sum())
+        with autocast(device, dtype):
+            _, loss = model(**batch)  # the mean over the n scored characters
+        total, count, done = total + loss.item() * n, count + n, done + len(group)
+    return total, count, done, skipped[0], unknown
+
+
+def evaluate_pairs(path, model, vocab, meta, data, target_data, encoding, encoding_errors, batch_size, device):
+    """Loss of a pairs checkpoint on pairs: a file (TSV, or aligned with target_data) or, with data None, the run's
+    validation pairs. -> dict as evaluate()'s, per scored target character."""
+    if batch_size is not None and batch_size < 1:
+        raise ConfigError(f"--batch-size must be at least 1 (got {batch_size})")
+    if data is None:
+        pairs, label = run_validation_pairs(meta, vocab)
+    else:
+        pairs, label = pair_stream(data, target_data, encoding, encoding_errors)[2](), str(data)
+    dtype = torch.float32 if device.type != "cuda" else pick_dtype("auto", device)[0]
+    total, scored, done, skipped, unknown = score_pairs(model, vocab, pairs, batch_size or MAX_BATCH, dtype)
+    if scored == 0:
+        raise DataError(f"no pair of {label} could be scored ({skipped:,} longer than the model's context of "
+                        f"{model.config.block_size} characters)" if skipped else f"{label} has no pairs to score")
+    loss = total / scored
+    return {"checkpoint": str(path), "data": label, "step": meta.get("step"), "task": "pairs", "pairs": done,
+            "skipped": skipped, "scored": scored, "unknown": sum(unknown.values()),
+            "unknown_chars": dict(unknown.most_common(10)), "stand_in": vocab.replacement(), "loss": loss,
+            "bpc": loss / math.log(2), "block_size": model.config.block_size, "device": str(device)}
+
+
 def format_result(r):
     """The dict of evaluate() -> a few lines for people."""
+    if r.get("task") == "pairs":
+        return _format_pairs(r)
     lines = [f"{r['checkpoint']} (step {r['step']}) on {r['data']}:",
              f"  loss {r['loss']:.4f} nats/char, {r['bpc']:.4f} bits/char over {r['scored']:,} characters",
              f"  windows of {r['block_size']} characters every {r['stride']} (--stride {r['stride']}): each character "
              f"after the first {r['block_size']} saw at least {r['block_size'] - r['stride']} characters of context"]
+    if r["unknown"]:
+        shown = ", ".join(f"{c!r} x{n}" for c, n in r["unknown_chars"].items())
+        lines.append(f"  {r['unknown']:,} character(s) outside the model's vocabulary ({shown}): not scored, and "
+                     f"replaced by {r['stand_in']!r} where they are context")
+    return "\n".join(lines)
+
+
+def _format_pairs(r):
+    lines = [f"{r['checkpoint']} (step {r['step']}) on {r['data']}:",
+             f"  loss {r['loss']:.4f} nats/char, {r['bpc']:.4f} bits/char over {r['scored']:,} target characters "
+             f"(each target and its end marker, given its source) of {r['pairs']:,} pairs"]
+    if r["skipped"]:
+        lines.append(f"  {r['skipped']:,} pair(s) longer than the context ({r['block_size']} characters) skipped")
     if r["unknown"]:
         shown = ", ".join(f"{c!r} x{n}" for c, n in r["unknown_chars"].items())
         lines.append(f"  {r['unknown']:,} character(s) outside the model's vocabulary ({shown}): not scored, and "

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
+from .errors import ChargptError
 from .runtime import autocast
 
 LN2 = math.log(2)
@@ -68,6 +69,8 @@ def attention_maps(model, ids, dtype=torch.float32):
 def look_inside(gen, text, top=5, end=None):
     """A chargpt Generator and a non-empty text -> Inside (surprise, expectations, and the attention of the
     window that ends just before position `end`, by default the end of the text)."""
+    if gen.model.config.arch != "decoder":
+        raise ChargptError("look_inside shows decoder-only models; this one is an encoder-decoder")
     end = len(text) if end is None else end
     if not text or not 0 < end <= len(text):
         raise ValueError(f"look_inside needs a non-empty text and 0 < end <= its length (got {end})")

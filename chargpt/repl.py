@@ -86,7 +86,8 @@ def _answer(gen, line, settings, sample_seed, unknown, out, err):
     warning = gen.unknown_warning(line, unknown)
     if warning:
         err.write(f"warning: {warning}\n")
-    out.write(prompt)
+    if gen.task != "pairs":  # a pairs model's answer is the translation alone
+        out.write(prompt)
     try:
         for _, piece in gen.stream(prompt, seed=sample_seed, unknown=unknown, **settings):
             out.write(piece)

@@ -15,6 +15,7 @@ from pathlib import Path
 from safetensors import safe_open
 
 from .checkpoint import read_meta
+from .config import ModelConfig, describe_model
 from .rundir import LATEST, METRICS, read_metrics, resolve
 
 PREVIEW_CHARS = 80
@@ -58,14 +59,17 @@ def run_info(path):
     state = latest.get("run_state") or {}
     step = latest.get("step", 0)
     processes = latest.get("world_size")  # recorded by newer trainers; None: unknown (one process assumed)
-    per_step = tcfg.get("batch_size", 0) * tcfg.get("grad_accum", 1) * cfg.block_size * (processes or 1)
+    per_step = latest.get("chars_per_step")  # recorded since pairs runs, whose examples vary in length
+    if isinstance(per_step, bool) or not isinstance(per_step, (int, float)) or not 0 < per_step < 2**53:
+        per_step = tcfg.get("batch_size", 0) * tcfg.get("grad_accum", 1) * cfg.block_size * (processes or 1)
+    per_step = round(per_step)
     best = latest.get("best_val_loss", meta.get("best_val_loss", meta.get("val_loss")))
     rows = _metrics(run_dir) if run_dir is not None else []
     files = sorted(run_dir.iterdir()) if run_dir is not None else [ckpt]
     return {
         "path": str(p), "checkpoint": str(ckpt), "format_version": _format_version(ckpt),
         "parameters": sum(math.prod(s) for k, s in shapes.items() if not k.startswith(("optim.", "rng."))),
-        "model_config": asdict(cfg), "train_config": tcfg or None,
+        "task": meta["task"], "arch": cfg.arch, "model_config": asdict(cfg), "train_config": tcfg or None,
         "vocab_size": len(meta["vocab"]), "vocab_preview": escape("".join(meta["vocab"].chars[:PREVIEW_CHARS])),
         "corpus": latest.get("corpus"), "steps": step, "checkpoint_step": meta.get("step", 0),
         "best_val_loss": best, "best_val_bpc": best / math.log(2) if isinstance(best, (int, float)) else None,
@@ -94,10 +98,11 @@ def _duration(seconds):
 def format_info(info):
     """The dict of run_info() -> aligned lines for people."""
     m, t = info["model_config"], info["train_config"] or {}
-    model = (f"{m['n_layer']} layer{'s' * (m['n_layer'] != 1)} x {m['n_embd']} wide, {m['n_head']} heads, "
-             f"context {m['block_size']}, "
+    model = (f"{describe_model(ModelConfig(**m))}, "
              f"dropout {m['dropout']:g}{', bias' if m['bias'] else ', no bias'}"
              f"{', tied embeddings' if m['tie_weights'] else ''}: {info['parameters']:,} parameters")
+    task = "text: writes text (chargpt sample)" if info["task"] == "text" else \
+        "sentence pairs: translates (chargpt translate; sample.py prints the translation of its prompt)"
     training = f"{info['steps']:,} steps in {_duration(info['training_time_s'])}"
     if info["training_time_s"] and info["eval_time_s"] is not None:
         training += f" ({info['eval_time_s'] / max(info['training_time_s'], 1e-9):.0%} of it evaluating)"
@@ -109,6 +114,7 @@ def format_info(info):
     rows = [("run", info["path"]),
             ("checkpoint", f"{Path(info['checkpoint']).name} (step {info['checkpoint_step']:,}, "
                            f"checkpoint format {info['format_version']})"),
+            ("task", task),
             ("model", model),
             ("vocabulary", f"{info['vocab_size']:,} characters: \"{info['vocab_preview']}\""
                            + (" ..." if info["vocab_size"] > PREVIEW_CHARS else "")),

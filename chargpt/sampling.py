@@ -19,7 +19,7 @@ step), which is kept for tests and benchmarks. Past that point the two condition
 
 import torch
 
-from .config import SampleSettings, check_sample_options
+from .config import SampleSettings, check_sample_options, param
 from .errors import ChargptError
 from .model import KVCache
 from .runtime import DTYPES, autocast
@@ -133,12 +133,16 @@ class StopFilter:
 
 
 class Generator:
-    """A loaded model and its vocabulary, ready to write text. Build it with chargpt.load(path)."""
+    """A loaded model and its vocabulary, ready to write text. Build it with chargpt.load(path).
+
+    A model trained on sentence pairs (task 'pairs', either architecture) answers a prompt with its translation:
+    the prompt is the source, and the text written is the target alone (see stream)."""
 
     def __init__(self, model, vocab, device, dtype=torch.float32, meta=None):
         from .checkpoint import unwrap  # decode with the plain module: no DDP sync, no recompiles per length
         self.model, self.vocab, self.device, self.dtype = unwrap(model).eval(), vocab, torch.device(device), dtype
         self.meta = meta or {}
+        self.task = self.meta.get("task", "text")
 
     def start_text(self):
         """What an empty prompt conditions on: a newline (as if a new paragraph started), else a space."""
@@ -165,17 +169,21 @@ class Generator:
                temperature=SampleSettings.temperature, top_k=None, top_p=None, stop=(), num_samples=1, seed=None,
                unknown="error", use_cache=True):
         """Yield (sample index, text) pieces as they are decoded; the options are sample.py's flags. All
-        samples decode together in one batch, so `seed` with the same `num_samples` reproduces them."""
+        samples decode together in one batch, so `seed` with the same `num_samples` reproduces them. For a
+        pairs model the prompt is a source and the pieces are its translation (see _stream_pairs)."""
         settings = SampleSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                                   stop=stop).validate()
         check_sample_options(num_samples, seed)
         prompt_seen = self.prompt_text(prompt, unknown)
-        ids = self.vocab.encode(prompt_seen or self.start_text())
         generator = torch.Generator()  # its own RNG: sampling never touches torch's global one
         if seed is None:
             generator.seed()
         else:
             generator.manual_seed(seed)
+        if self.task == "pairs":
+            yield from self._stream_pairs(prompt_seen, settings, num_samples, generator, use_cache)
+            return
+        ids = self.vocab.encode(prompt_seen or self.start_text())
         ctx = torch.tensor([ids] * num_samples, dtype=torch.long, device=self.device)  # (B, T)
         filters = [StopFilter(prompt_seen, settings.stop) for _ in range(num_samples)]
         for nxt in decode(self.model, ctx, settings, generator, use_cache=use_cache, dtype=self.dtype):
@@ -189,6 +197,41 @@ class Generator:
             piece = f.flush()
             if piece:
                 yield i, piece
+
+    def _stream_pairs(self, source, settings, num_samples, generator, use_cache):
+        """A pairs model continues `source SEP` (or encodes the source) and stops at the end marker: the pieces are
+        the target alone, decoded as `chargpt translate` does (its greedy or sampled search, one character per
+        step), at most the context's worth or max_new_tokens."""
+        from .pairs import END, SEP
+        from .translate import iter_sample_search, make_steps, source_ids
+        if not source:
+            raise ChargptError(f"this model was trained on sentence pairs: its prompt is the sentence to translate; "
+                               f"give {param('prompt')} some text")
+        ids = source_ids(self.model, self.vocab, [source], name="the prompt")
+        step, room = make_steps(self.model, self.vocab, ids * num_samples, use_cache, self.dtype)
+        filters = [StopFilter("", settings.stop) for _ in range(num_samples)]
+        found = iter_sample_search(step, num_samples, self.vocab.stoi[END], min(room, settings.max_new_tokens),
+                                   generator, settings.temperature, settings.top_k, settings.top_p)
+        for chosen in found if settings.max_new_tokens else ():
+            for i, tok in chosen:
+                piece = filters[i].feed(self.vocab.chars[tok].replace(SEP, ""))
+                if piece:
+                    yield i, piece
+            if all(f.done for f in filters):
+                return
+        for i, f in enumerate(filters):
+            piece = f.flush()
+            if piece:
+                yield i, piece
+
+    def translate(self, sources, **options):
+        """Source strings -> their translations, for a pairs model; options as chargpt.translate.translate
+        (beam, alpha, temperature, top_k, top_p, generator, unknown, batch_size, max_len, use_cache)."""
+        from .translate import translate
+        if self.task != "pairs":
+            raise ChargptError("this model was trained on plain text, not sentence pairs, so it does not translate; "
+                               "write with it instead (sample.py), or train one with --task pairs")
+        return translate(self.model, self.vocab, list(sources), dtype=self.dtype, **options)
 
     def generate(self, prompt="", **options):
         """-> list of the generated texts (prompt not included), one per sample. Options as for stream()."""

@@ -5,8 +5,9 @@
     python -m chargpt.serve --checkpoints runs/ --port 8080
 
 One page (chargpt/web/, plain HTML and JavaScript, no build step, nothing from the internet) with three views:
-Write streams text from a run; Look inside shades each character by the model's surprise and draws its
-attention maps (chargpt.inside); Runs overlays loss curves from metrics.jsonl and follows runs still training.
+Write streams text from a run (from a run trained on sentence pairs: the translation of a source sentence);
+Look inside shades each character by the model's surprise and draws its attention maps (chargpt.inside); Runs
+overlays loss curves from metrics.jsonl and follows runs still training.
 The server is a thin layer over the library: chargpt.load for models, Generator.stream for text, so a seed
 gives the same text as sample.py. Starlette and uvicorn come with the optional `web` extra.
 
@@ -17,16 +18,18 @@ filesystem; every request is checked against the limits below, with one JSON err
 thread so the event loop stays free; Stop, or leaving the page, cancels a generation at its next character.
 
 API (JSON in, JSON out; generation as server-sent events):
-  GET  /api/runs                  every run: name, corpus, parameters, steps, best val loss, bits/char
+  GET  /api/runs                  every run: name, corpus, task, architecture, parameters, steps, best val loss
   GET  /api/runs/{name}           one run in full: model and training config, vocabulary, files, and the
                                   samples it wrote while training (samples.jsonl rows: step, prompt, text)
   GET  /api/runs/{name}/metrics   its metrics.jsonl rows (?since=MTIME: only if changed since)
   POST /api/generate              {run, prompt, max_new_tokens, temperature, top_k, top_p, num_samples, seed,
-                                  unknown, stop} -> events: start {id, seed, prompt}, text [[sample, piece]...],
-                                  done {stopped, chars, seconds, error}
+                                  unknown, stop} -> events: start {id, seed, prompt, task}, text [[sample, piece]...],
+                                  done {stopped, chars, seconds, error}; for a pairs run the prompt is the source
+                                  and the text its translation alone
   POST /api/stop                  {id}: cancel that generation
   POST /api/inside                {run, text, top, end} -> surprise, expected characters, attention maps (of the
-                                  context window ending before position `end`, by default the text's end)
+                                  context window ending before position `end`, by default the text's end);
+                                  decoder-only runs (an encoder-decoder is refused with 400)
   GET  /api/status                generations running and the limit
 """
 
@@ -160,7 +163,7 @@ class Runs:
                 "params": sum(math.prod(s) for s in shapes.values()),  # a tied head is stored once
                 "best_val_loss": best, "best_bpc": best / math.log(2) if best is not None else None,
                 "vocab_size": cfg.vocab_size, "block_size": cfg.block_size, "layers": cfg.n_layer,
-                "heads": cfg.n_head, "width": cfg.n_embd}
+                "heads": cfg.n_head, "width": cfg.n_embd, "task": meta["task"], "arch": cfg.arch}
 
     def details(self, name):
         run = self.find(name)
@@ -223,7 +226,8 @@ class Models:
                 for old in [k for k in self.loaded if k[0] == key[0]]:  # an older save of the same run
                     del self.loaded[old]
                 gen = load(path, device=self.device)
-                gen.generate("", max_new_tokens=2, seed=0)  # warm-up: torch's first-call setup is not the user's wait
+                warm_up = gen.vocab.chars[0] if gen.task == "pairs" else ""  # a pairs model needs a source
+                gen.generate(warm_up, max_new_tokens=2, seed=0)  # torch's first-call setup is not the user's wait
                 self.loaded[key] = gen
                 while len(self.loaded) > self.size:
                     self.loaded.popitem(last=False)
@@ -439,6 +443,8 @@ async def generate(request):
     try:
         gen = await run_in_threadpool(s.models.get, path)
         prompt, warning = prompt_as_seen(gen, req["prompt"], req["unknown"])
+        if gen.task == "pairs" and not prompt:
+            raise RequestError(400, "this run was trained on sentence pairs: type a sentence for it to translate")
     except BaseException:
         s.busy.give()
         raise
@@ -451,7 +457,7 @@ async def generate(request):
     job = Generation(gen, prompt, options, on_end=s.finished)
     s.jobs[job.id] = job
     job.start()  # now, not when the response starts: the worker frees the slot even if no byte is ever sent
-    first = {"run": req["run"], "seed": seed, "prompt": prompt, "warning": warning,
+    first = {"run": req["run"], "seed": seed, "prompt": prompt, "warning": warning, "task": gen.task,
              "settings": {**options, "stop": req["stop"], "unknown": req["unknown"]}}
     return StreamingResponse(job.events(first), media_type="text/event-stream",
                              headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
@@ -478,6 +484,9 @@ async def inside(request):
     s.busy.take()
     try:
         gen = await run_in_threadpool(s.models.get, path)
+        if gen.model.config.arch == "encoder-decoder":
+            raise RequestError(400, "Look inside shows decoder-only models, whose attention runs over one text; this "
+                                    "run is an encoder-decoder (source and target apart); translate with it in Write")
         view = await run_in_threadpool(look_inside, gen, req["text"], req["top"], req["end"])
     finally:
         s.busy.give()

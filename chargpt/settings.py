@@ -29,6 +29,7 @@ from .config import (
     ModelConfig,
     TrainConfig,
     check_preset,
+    describe_model,
     device_preset,
     flag,
     flag_specs,
@@ -252,8 +253,7 @@ def preset_table(vocab_size=65):
     for name in PRESETS:
         model_kw, _ = split_overrides(PRESETS[name])
         m = ModelConfig(**model_kw)
-        lines.append(f"  {name:<17} {preset_params(name, vocab_size) / 1e6:6.2f}M parameters: {m.n_layer} layers x "
-                     f"{m.n_embd}, {m.n_head} heads, context {m.block_size}")
+        lines.append(f"  {name:<17} {preset_params(name, vocab_size) / 1e6:6.2f}M parameters: {describe_model(m)}")
         lines += textwrap.wrap(PRESET_ABOUT[name], 100, initial_indent=" " * 6, subsequent_indent=" " * 6,
                                break_on_hyphens=False)
     return lines

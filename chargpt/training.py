@@ -2,12 +2,15 @@
 
     python train.py --data corpus.txt          # the CLI; or from Python:
     chargpt.train(data="corpus.txt", max_iters=500)
+    chargpt.train(data="pairs.tsv", task="pairs", arch="encoder-decoder")      # sentence pairs (chargpt.pairs)
 
-Setup (Trainer.__init__) claims the run directory, settles the configs, prepares the corpus, then builds the
-model once, with the corpus's vocabulary. The loop (Trainer.run) reads top to bottom: evaluate and
-checkpoint, forward/backward (with gradient accumulation), agree on whether the loss was finite and whether to
-stop, step, log, and now and then a sample. Under torchrun every rank runs it; all decisions to stop (the budget,
---patience, a signal) are taken together. Where the settings come from is chargpt/settings.py.
+Setup (Trainer.__init__) claims the run directory, settles the configs, prepares the corpus (plain text, or
+sentence pairs with a loss mask), then builds the model (build_model: CharGPT or EncoderDecoder) once, with the
+corpus's vocabulary; either kind of batch reaches the model as its keyword arguments. The loop (Trainer.run)
+reads top to bottom: evaluate and checkpoint, forward/backward (with gradient accumulation), agree on whether
+the loss was finite and whether to stop, step, log, and now and then a sample. Under torchrun every rank runs
+it; all decisions to stop (the budget, --patience, a signal) are taken together. Where the settings come from is
+chargpt/settings.py.
 """
 
 import math
@@ -18,15 +21,27 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
 from . import checkpoint as ckpt
 from . import errors, rundir
-from .config import UNLIMITED, ModelConfig, TrainConfig, flag, param, split_overrides, typed_fields
+from .config import (
+    UNLIMITED,
+    ModelConfig,
+    TrainConfig,
+    check_task,
+    describe_model,
+    flag,
+    param,
+    split_overrides,
+    typed_fields,
+)
 from .data import Batches, corpus_sources, encode_corpus, split_sizes
 from .errors import ChargptError, CheckpointError, ConfigError, Interrupted
-from .model import CharGPT
+from .model import build_model
+from .pairs import PairBatches, encode_pairs
 from .rundir import CONFIG, METRICS, SAMPLES, STATE
 from .runtime import (
     autocast,
@@ -47,6 +62,7 @@ HARDWARE = ("device", "dtype", "threads", "compile", "attention")  # how a run i
 LOG_EVERY = 10  # steps between progress-bar updates (each reads the loss: a host sync on a GPU)
 GPU_SYNC_EVERY = 10  # steps between the host syncs that read the stop flags on a GPU (every step on a CPU)
 NO_BAD_STEP = 2**62  # Trainer.first_bad while every loss so far was finite
+SHOWN_PAIRS = 5  # validation pairs translated when a pairs run ends
 
 
 # --- the pieces: state, schedule, evaluation, optimizer ----------------------------------------------------
@@ -85,6 +101,15 @@ def get_lr(it, frac, cfg: TrainConfig, start_lr=None):
     return min_lr + coeff * (peak - min_lr)
 
 
+def inverse_sqrt_lr(it, cfg: TrainConfig):
+    """--lr-schedule inverse-sqrt, Vaswani et al. 2017 (section 5.3) with its peak as --learning-rate: a linear rise
+    over warmup_iters steps, then decay with the inverse square root of the step, lr x sqrt(warmup / step). With
+    learning_rate = d_model**-0.5 x warmup**-0.5 this is the paper's d_model**-0.5 x min(step**-0.5,
+    step x warmup**-1.5), step counted from 1. It depends on the step alone: no budget, no end."""
+    step, warmup = it + 1, max(1, cfg.warmup_iters)
+    return cfg.learning_rate * min(step / warmup, math.sqrt(warmup / step))
+
+
 def run_fraction(it, elapsed, cfg: TrainConfig, s: RunState):
     """How much of the decay is done: by steps (from the end of warmup, or from where a resumed budget began
     decaying), or by training time with --max-time, whichever is further."""
@@ -97,22 +122,30 @@ def run_fraction(it, elapsed, cfg: TrainConfig, s: RunState):
 
 
 def lr_at(step, elapsed, cfg: TrainConfig, s: RunState):
+    if cfg.lr_schedule == "inverse-sqrt":
+        return inverse_sqrt_lr(step, cfg)
     return get_lr(step, run_fraction(step, elapsed, cfg, s), cfg, s.budget_lr)
+
+
+def model_inputs(batch):
+    """A batch as the model's keyword arguments: text batches come as (x, y), pairs batches as a dict already."""
+    return batch if isinstance(batch, dict) else {"idx": batch[0], "targets": batch[1]}
 
 
 @torch.no_grad()
 def estimate_loss(model, batches, cfg: TrainConfig, device, dtype, dist):
-    """Mean loss over eval_iters batches per split. The batches come from a generator seeded the same way at
-    every evaluation, so successive numbers compare the model, not the luck of the draw."""
+    """Mean loss over eval_iters batches per split: plain cross-entropy (no label smoothing), the number to compare.
+    The batches come from a generator seeded the same way at every evaluation, so successive numbers compare the
+    model, not the luck of the draw."""
     model.eval()
     out = {}
     for split in ("train", "val"):
         gen = torch.Generator().manual_seed(stream_seed(cfg.seed, "eval", dist.rank))
         losses = torch.zeros(cfg.eval_iters, device=device)
         for k in range(cfg.eval_iters):
-            x, y = batches.get(split, gen)
+            batch = model_inputs(batches.get(split, gen))
             with autocast(device, dtype):
-                _, loss = model(x, y)
+                _, loss = model(**batch)
             losses[k] = loss
         mean = losses.mean()
         if dist.enabled:
@@ -123,7 +156,22 @@ def estimate_loss(model, batches, cfg: TrainConfig, device, dtype, dist):
     return out
 
 
-def make_optimizer(model: CharGPT, cfg: TrainConfig, device):
+def translation_scores(model, pairs, rows, dtype):
+    """Greedy translations of the validation pairs `rows` -> (exact-match rate, chrF or None without sacrebleu)."""
+    from .translate import chrf, exact_match, translate
+    sources, refs = zip(*(pairs.pair(int(i)) for i in rows))
+    hyps = translate(model, pairs.vocab, list(sources), dtype=dtype)
+    return exact_match(hyps, refs), chrf(hyps, refs)
+
+
+def fixed_sample(rows, n):
+    """At most n of the validation rows, the same ones at every evaluation of every run on that data."""
+    if n >= len(rows):
+        return rows
+    return np.sort(np.random.default_rng(0).choice(rows, size=n, replace=False))
+
+
+def make_optimizer(model, cfg: TrainConfig, device):
     """AdamW, fused where this torch supports it for the device (several times faster than the for-loop
     implementation: 5 ms against 31 ms per step measured for 10.7M parameters on CPU)."""
     groups = model.optimizer_groups(cfg.weight_decay)
@@ -151,6 +199,9 @@ def _resume_settings(meta, settings: Settings):
     if clashes:
         raise ConfigError(f"--resume: flags disagree with the checkpoint's model: {'; '.join(clashes)}; "
                           f"drop them to resume, or train a new run with another --out-dir")
+    if train_kw.get("task", meta["task"]) != meta["task"]:
+        raise ConfigError(f"--resume: the run was trained with --task {meta['task']}, not {train_kw['task']}; drop "
+                          f"--task to resume, or train a new run with another --out-dir")
     if "max_iters" in train_kw and "max_time" not in train_kw:
         train_kw["max_time"] = None  # a step budget alone lifts the run's old time budget
     tcfg = TrainConfig(**{**saved_train, **train_kw, "resume": True}).validate()
@@ -217,7 +268,7 @@ class Trainer:
         model_kw, self.cfg = _resume_settings(meta, self.settings) if resume else \
             resolve(self.settings, self.device.type)[:2]
         self.cfg.out_dir = str(self.out_dir)
-        ModelConfig(**model_kw).validate()  # bad model flags fail now, before the corpus is read and cached
+        check_task(ModelConfig(**model_kw).validate().arch, self.cfg)  # before the corpus is read and cached
         self.state = self._resumed_state(meta, self.settings.merged()) if resume else RunState()
         self._setup_hardware()
         self.corpus = self._prepare_corpus(model_kw["block_size"])
@@ -226,9 +277,7 @@ class Trainer:
                               f"the checkpoint's ({len(meta['vocab'])}); resume with the same --data")
         self.mcfg = ModelConfig(**model_kw, vocab_size=len(self.corpus.vocab)).validate()
         self._check_sample_prompt()
-        self.batches = Batches(self.corpus.ids(), self.cfg.val_fraction, self.mcfg.block_size, self.cfg.batch_size,
-                               self.device)
-        self.chars_per_step = self.cfg.batch_size * self.mcfg.block_size * self.cfg.grad_accum * self.dist.world_size
+        self._make_batches()
         self._build_model()
         if resume:
             self._restore(meta)
@@ -274,9 +323,12 @@ class Trainer:
             lr = lr_at(s.step, s.elapsed, old, s)
             warming = s.budget_lr is None and s.step < self.cfg.warmup_iters  # finish the warmup first
             s = replace(s, budget_step=s.step, budget_elapsed=s.elapsed, budget_lr=None if warming else lr)
-            self.notes.append(f"new budget: {_describe_budget(self.cfg, s)}; the learning rate "
-                              + ("finishes its warmup, then decays" if warming else f"decays from {lr:.2e} (the "
-                                 f"rate reached)") + f" to {final_lr(self.cfg):.2e} over it")
+            if self.cfg.lr_schedule == "inverse-sqrt":
+                how = "follows its inverse-square-root curve on from the step reached"
+            else:
+                how = ("finishes its warmup, then decays" if warming else f"decays from {lr:.2e} (the rate reached)") \
+                    + f" to {final_lr(self.cfg):.2e} over it"
+            self.notes.append(f"new budget: {_describe_budget(self.cfg, s)}; the learning rate {how}")
         if self._finished(s) == "patience" and s.evaluated:
             raise ConfigError(f"--resume: the run in {self.out_dir} stopped early at step {s.step:,} (no new best "
                               f"validation loss in {s.since_best} evaluations); to train on, raise "
@@ -300,17 +352,36 @@ class Trainer:
                 "threads": self.threads, "compile": self.cfg.compile, "attention": self.cfg.attention}
 
     def _prepare_corpus(self, block_size):
-        """The corpus, encoded once (cached) and memory-mapped. Under torchrun one process per machine encodes;
-        the others wait, then read its cache entry."""
+        """The corpus (text, or sentence pairs), encoded once (cached) and memory-mapped. Under torchrun one process
+        per machine encodes; the others wait, then read its cache entry."""
         cfg = self.cfg
         encoder = self.dist.local_rank == 0
         if self.dist.enabled and not encoder:
             torch.distributed.barrier()
-        corpus = encode_corpus(cfg.data, cfg.encoding, cfg.encoding_errors, cfg.cache_dir, log=self.log,
-                               check_length=lambda n: split_sizes(n, cfg.val_fraction, block_size))
+        if cfg.task == "pairs":
+            corpus = encode_pairs(cfg.data, cfg.target_data, cfg.encoding, cfg.encoding_errors, cfg.cache_dir,
+                                  log=self.log)
+        else:
+            corpus = encode_corpus(cfg.data, cfg.encoding, cfg.encoding_errors, cfg.cache_dir, log=self.log,
+                                   check_length=lambda n: split_sizes(n, cfg.val_fraction, block_size))
         if self.dist.enabled and encoder:
             torch.distributed.barrier()
         return corpus
+
+    def _make_batches(self):
+        """Random windows of the text, or random whole pairs (padded, loss on the target only); how many characters
+        a step sees (for pairs, on average); the fixed validation pairs translated at each evaluation."""
+        cfg, mcfg, processes = self.cfg, self.mcfg, self.dist.world_size
+        if cfg.task == "text":
+            self.batches = Batches(self.corpus.ids(), cfg.val_fraction, mcfg.block_size, cfg.batch_size, self.device)
+            self.chars_per_example = mcfg.block_size
+        else:
+            self.batches = PairBatches(self.corpus, cfg.val_fraction, mcfg.block_size, cfg.batch_size, self.device,
+                                       mcfg.arch, log=self.log)
+            train = self.batches.index[self.batches.splits["train"]]  # (pairs, 3): start, source, target lengths
+            self.chars_per_example = float(train[:, 1:].sum(axis=1).mean()) + 1  # + SEP: the positions run
+            self.eval_rows = fixed_sample(self.batches.splits["val"], cfg.eval_pairs)
+        self.chars_per_step = cfg.batch_size * self.chars_per_example * cfg.grad_accum * processes
 
     def _build_model(self):
         """Model, optimizer, loss scaler and random streams. Every rank builds the same initial weights from the
@@ -318,7 +389,7 @@ class Trainer:
         cfg, mcfg = self.cfg, self.mcfg
         torch.manual_seed(cfg.seed)
         try:
-            self.model = CharGPT(mcfg).to(self.device)
+            self.model = build_model(mcfg).to(self.device)
         except (RuntimeError, MemoryError) as e:  # e.g. --n-embd 100000: torch's "can't allocate memory"
             if not isinstance(e, MemoryError) and "alloc" not in str(e).lower() and "memory" not in str(e).lower():
                 raise
@@ -343,7 +414,8 @@ class Trainer:
 
     def _log_start(self, meta):
         cfg, mcfg, corpus = self.cfg, self.mcfg, self.corpus
-        self.log(f"corpus: {corpus.name} — {corpus.length:,} characters, {len(corpus.vocab):,} distinct"
+        size = f"{corpus.n_pairs:,} sentence pairs, " if cfg.task == "pairs" else ""
+        self.log(f"corpus: {corpus.name} — {size}{corpus.length:,} characters, {len(corpus.vocab):,} distinct"
                  + (" (built-in default: the Python help topics from pydoc_data; pass --data FILE for your own "
                     "text)" if cfg.data is None else f" ({cfg.data})"))
         self.log(f"device: {self.device}, {self.dtype_reason}" + (f", {self.threads} threads" if self.threads else "")
@@ -351,17 +423,17 @@ class Trainer:
         for line in self.settings.describe():
             self.log(line)
         if meta is None:
-            size = f"{self.model.num_params() / 1e6:.2f}M parameters"
-            self.log(f"model: {mcfg.n_layer} layers x {mcfg.n_embd} wide, {mcfg.n_head} heads, context "
-                     f"{mcfg.block_size}, {size}")
+            self.log(f"model: {describe_model(mcfg)}, {self.model.num_params() / 1e6:.2f}M parameters")
         else:
             s = self.state
-            self.log(f"resuming {self.out_dir} at step {s.step} (best val loss {s.best_val:.4f})")
+            self.log(f"resuming {self.out_dir} at step {s.step} (best val loss {s.best_val:.4f}); model: "
+                     f"{describe_model(mcfg)}, {self.model.num_params() / 1e6:.2f}M parameters")
             self.notes += self._changes_since(meta)
         global_batch = cfg.batch_size * cfg.grad_accum * self.dist.world_size
+        what = f"sequences of {mcfg.block_size} chars" if cfg.task == "text" else \
+            f"pairs (of at most {mcfg.block_size} chars a side, {self.chars_per_example:.0f} on average)"
         self.log(f"global batch: {cfg.batch_size} x {cfg.grad_accum} accum x {self.dist.world_size} proc = "
-                 f"{global_batch} sequences of {mcfg.block_size} chars = {self.chars_per_step:,} chars/step; "
-                 f"run dir: {self.out_dir}")
+                 f"{global_batch} {what} = {self.chars_per_step:,.0f} chars/step; run dir: {self.out_dir}")
         if not any(note.startswith("new budget") for note in self.notes):
             self.log(f"budget: {_describe_budget(cfg, self.state)}")
         for note in self.notes:
@@ -446,7 +518,7 @@ class Trainer:
         s = self.state
         extra = dict(step=s.step, val_loss=val_loss, best_val_loss=s.best_val if s.best_val < float("inf") else None,
                      corpus=self.corpus.name, run_state=asdict(s), hardware=self._hardware(),
-                     world_size=self.dist.world_size)
+                     world_size=self.dist.world_size, chars_per_step=self.chars_per_step)
         if self.scaler.is_enabled():  # fp16 loss scale: part of exact resume
             extra["scaler"] = self.scaler.state_dict()
         train_cfg = asdict(self.cfg)
@@ -497,13 +569,14 @@ class Trainer:
         self.bar = tqdm(total=self.cfg.max_iters if self.cfg.max_iters < UNLIMITED else None, initial=s.step,
                         disable=not self.dist.is_main, dynamic_ncols=True, unit="step", leave=False,
                         mininterval=0.1 if sys.stderr.isatty() else 5.0)  # quiet in logs
-        self.session_start, self.elapsed_before = time.perf_counter(), s.elapsed
+        self.session_start, self.elapsed_before, self.session_step = time.perf_counter(), s.elapsed, s.step
         self.pauses = 0.0  # seconds spent in evaluate-and-save this session: not part of training speed
         self.window = (time.perf_counter(), 0.0, s.step)  # (time, pauses, step) where the speed window began
         self.first_bad = torch.tensor(NO_BAD_STEP, device=self.device)  # first step with a non-finite loss
         self.bad_loss = torch.zeros((), device=self.device)  # its loss
         self.lrs = {}  # step -> learning rate, since the last sync (to name the rate of a bad step)
         self.last_val = None
+        self.last_scores = {}  # exact match and chrF of the last evaluation (pairs)
 
     def _finished(self, s: RunState):
         """Why the run stops now ('max_iters', 'max_time' or 'patience'), or None while it goes on."""
@@ -520,11 +593,11 @@ class Trainer:
         cfg, model = self.cfg, self.train_model
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(cfg.grad_accum):
-            x, y = self.batches.get("train", self.data_gen)
+            batch = model_inputs(self.batches.get("train", self.data_gen))
             last = micro == cfg.grad_accum - 1  # DDP: all-reduce gradients on the last micro-batch only
             with model.no_sync() if self.dist.enabled and not last else nullcontext():  # enter once
                 with autocast(self.device, self.dtype):
-                    _, loss = model(x, y)
+                    _, loss = model(**batch, label_smoothing=cfg.label_smoothing)
                 self.scaler.scale(loss / cfg.grad_accum).backward()
             loss_sum += loss.detach()
         return loss_sum / cfg.grad_accum
@@ -618,6 +691,8 @@ class Trainer:
         record = {"step": s.step, "train_loss": round(losses["train"], 6), "val_loss": round(losses["val"], 6),
                   "train_bpc": round(losses["train"] / LN2, 6), "val_bpc": round(losses["val"] / LN2, 6),
                   "lr": lr, "elapsed_s": round(s.elapsed, 2)}
+        scores = self.last_scores = self._score_translations()
+        record.update(scores)
         # the line first, then the state: a kill between the two leaves a line that --resume drops (it is
         # after the saved step), never a saved step whose line is missing
         if self.dist.is_main:
@@ -625,7 +700,10 @@ class Trainer:
         s.eval_time += time.perf_counter() - t0
         self.save(losses["val"], improved)
         self.log(f"step {s.step:>6}: train {losses['train']:.4f} nats ({losses['train'] / LN2:.3f} bpc), "
-                 f"val {losses['val']:.4f} nats ({losses['val'] / LN2:.3f} bpc)" + (" *" if improved else ""))
+                 f"val {losses['val']:.4f} nats ({losses['val'] / LN2:.3f} bpc)" + (" *" if improved else "")
+                 + (f"; exact match {scores['exact_match']:.1%}" if scores else "")
+                 + (f", chrF {scores['chrf']:.1f}" if scores.get("chrf") is not None else "")
+                 + (f" ({len(self.eval_rows)} val pairs, greedy)" if scores else ""))
         self.last_val = losses["val"]
         self._pause_speed(time.perf_counter() - t0)
 
@@ -651,6 +729,18 @@ class Trainer:
         self.log(f"--- sample at step {s.step} ---\n{prompt}{text}\n---")
         self._pause_speed(time.perf_counter() - t0)
 
+    def _score_translations(self):
+        """For pairs (rank 0): {exact_match, chrf} of greedy translations of the fixed validation pairs; else {}.
+        chrF needs sacrebleu: without it, the first evaluation says how to get it, and only exact match is kept."""
+        if self.cfg.task != "pairs" or not self.cfg.eval_pairs or not self.dist.is_main:
+            return {}
+        match, score = translation_scores(self.model, self.corpus, self.eval_rows, self.dtype)
+        if score is None and not getattr(self, "chrf_missing_said", False):
+            from .translate import CHRF_MISSING
+            self.log(CHRF_MISSING)
+            self.chrf_missing_said = True
+        return {"exact_match": round(match, 6), **({"chrf": round(score, 4)} if score is not None else {})}
+
     def _pause_speed(self, seconds):
         """Leave `seconds` out of the speeds shown: chars/s (see _log_progress) and the bar's own steps/s and ETA
         (shifting its clocks, as tqdm's unpause() does, by exactly the pause)."""
@@ -661,6 +751,8 @@ class Trainer:
 
     def _finish(self, reason, signum):
         s = self.state
+        training_s = time.perf_counter() - self.session_start - self.pauses  # this session, evaluations left out
+        speed = (s.step - self.session_step) * self.chars_per_step / max(training_s, 1e-9)
         if reason == "signal":
             self.save(None, False)
         if reason == "patience":
@@ -680,7 +772,24 @@ class Trainer:
                               f"{how} --out-dir {self.out_dir} --resume", signum)
         return {"out_dir": str(self.out_dir), "step": s.step, "best_val_loss": s.best_val, "val_loss": self.last_val,
                 "elapsed_s": s.elapsed, "eval_fraction": s.eval_time / max(s.elapsed, 1e-9), "stopped_by": reason,
-                "stopped_early": reason == "patience"}
+                "stopped_early": reason == "patience", "chars_per_step": self.chars_per_step, "chars_per_s": speed,
+                **self.last_scores}
+
+    def closing_sample(self):
+        """What training shows when it ends: a sample of text, or for pairs a few greedy validation translations."""
+        if self.cfg.task == "pairs":
+            from .translate import translate
+            rows = self.batches.splits["val"][:SHOWN_PAIRS]
+            sources, refs = zip(*(self.corpus.pair(int(i)) for i in rows))
+            hyps = translate(self.model, self.corpus.vocab, list(sources), dtype=self.dtype)
+            lines = [f"{src}\n  -> {hyp}" + ("" if hyp == ref else f"   (reference: {ref})")
+                     for src, hyp, ref in zip(sources, hyps, refs)]
+            return (f"\n--- greedy translations of {len(rows)} validation pairs by {self.out_dir} ---\n"
+                    + "\n".join(lines) + f"\n---\nmore with: chargpt translate --checkpoint {self.out_dir} \"...\"")
+        text = self.sample(self.cfg.sample_chars)
+        return (f"\n--- sample from {self.out_dir} ({self.cfg.sample_chars} characters, temperature 0.8) "
+                f"---\n{self.cfg.sample_prompt or ''}{text}\n---\nmore with: python sample.py --checkpoint "
+                f"{self.out_dir} --prompt \"...\"")
 
 
 class _SignalFlag:
@@ -709,9 +818,10 @@ class _SignalFlag:
 
 
 def train(log=tqdm.write, **overrides):
-    """Train a CharGPT. Keyword arguments are the CLI's flags with underscores (data=..., max_iters=...,
-    preset="tiny", config="run.toml"); anything not given comes from the config file, else the preset (by default
-    the device's), else the dataclass default: chargpt/settings.py. -> summary dict."""
+    """Train a model (CharGPT, or with arch='encoder-decoder' the 2017 Transformer). Keyword arguments are the
+    CLI's flags with underscores (data=..., max_iters=..., preset="tiny", config="run.toml"); anything not given
+    comes from the config file, else the preset (by default the device's), else the dataclass default:
+    chargpt/settings.py. -> summary dict."""
     trainer = None
     try:
         trainer = Trainer(overrides, log=log)
@@ -722,10 +832,7 @@ def train(log=tqdm.write, **overrides):
                     f"({summary['eval_fraction']:.0%} of it evaluating), best val loss {summary['best_val_loss']:.4f}; "
                     f"run saved in {trainer.out_dir}")
         if trainer.cfg.sample_chars and trainer.dist.is_main:
-            text = trainer.sample(trainer.cfg.sample_chars)
-            log(f"\n--- sample from {trainer.out_dir} ({trainer.cfg.sample_chars} characters, temperature 0.8) "
-                f"---\n{trainer.cfg.sample_prompt or ''}{text}\n---\nmore with: python sample.py --checkpoint "
-                f"{trainer.out_dir} --prompt \"...\"")
+            log(trainer.closing_sample())
         return summary
     finally:
         if trainer is not None and trainer.dist.enabled and torch.distributed.is_initialized():

@@ -16,11 +16,13 @@ implement it with a KV cache, or without one as the reference.
 
 import torch
 
+from .config import param
 from .errors import ChargptError
 from .model import KVCache
 from .pairs import END, SEP
 from .runtime import autocast
 from .sampling import sample_next
+from .tokenizer import describe_chars
 
 CHRF_MISSING = "chrF needs sacrebleu: pip install 'chargpt[translate]' (exact match is reported without it)"
 
@@ -30,18 +32,26 @@ def sample_search(step, n, end_id, max_len, generator=None, temperature=0.0, top
     """-> for each of n sources the ids it decodes up to END (not included), at most max_len steps. Each next
     character comes from chargpt.sampling.sample_next: temperature 0 (the default) is greedy."""
     out = [[] for _ in range(n)]
+    for pairs in iter_sample_search(step, n, end_id, max_len, generator, temperature, top_k, top_p):
+        for i, tok in pairs:
+            out[i].append(tok)
+    return out
+
+
+@torch.no_grad()
+def iter_sample_search(step, n, end_id, max_len, generator=None, temperature=0.0, top_k=None, top_p=None):
+    """sample_search one step at a time: yields [(source index, id)] for the sources still going (those that
+    have just taken END are left out, and stop), so a caller can stream the characters as they come."""
     live = list(range(n))  # the source of each row
     logits = step(None, torch.arange(n))
     for t in range(max_len):
         nxt = sample_next(logits, generator, temperature, top_k, top_p).tolist()  # (N,)
         keep = [j for j, tok in enumerate(nxt) if tok != end_id]
-        for j in keep:
-            out[live[j]].append(nxt[j])
+        yield [(live[j], nxt[j]) for j in keep]
         if not keep or t + 1 == max_len:
             break
         live = [live[j] for j in keep]
         logits = step(torch.tensor([nxt[j] for j in keep]), torch.tensor(keep))
-    return out
 
 
 @torch.no_grad()
@@ -160,38 +170,69 @@ def _batches(lengths, batch_size, same_length):
         yield batch
 
 
+def source_limit(cfg):
+    """The longest source a model translates: its context, less the separator for the decoder-only model (which
+    needs room for `source SEP` and at least one target character)."""
+    return cfg.block_size if cfg.arch == "encoder-decoder" else cfg.block_size - 1
+
+
+def source_ids(model, vocab, sources, unknown="error", name="source {}"):
+    """Source strings -> lists of ids, each checked: 1 to source_limit characters, no pair marker, characters the
+    model never saw following `unknown` ('error' names them; 'skip', 'replace'). `name` formats a source's
+    number (from 1) in messages: 'source {}', 'line {}', or a function of that number."""
+    limit, out = source_limit(model.config), []
+    for i, text in enumerate(sources):
+        where = name(i + 1) if callable(name) else name.format(i + 1)
+        found = vocab.unknown(text)
+        if found and unknown == "error":
+            raise ChargptError(f"{where} has {len(found)} character(s) the model never saw: {describe_chars(found)}; "
+                               f"remove them, or pass {param('unknown', 'skip')} or {param('unknown', 'replace')}")
+        if SEP in text or END in text:
+            raise ChargptError(f"{where} contains U+{ord(SEP if SEP in text else END):04X}, a private-use "
+                               f"character chargpt reserves as a pair marker; remove it")
+        ids = vocab.encode(text, unknown=unknown)
+        if not ids or len(ids) > limit:
+            raise ChargptError(f"{where} has {len(ids)} characters; the model translates 1 to {limit} (its "
+                               f"context): {'give it text' if not ids else 'split it into shorter pieces'}")
+        out.append(ids)
+    return out
+
+
+def make_steps(model, vocab, ids, use_cache=True, dtype=torch.float32):
+    """Sources (lists of ids: for the decoder-only model all of one length) -> (the step callback over them,
+    the most characters each may decode within the context)."""
+    device = next(model.parameters()).device
+    longest = max(map(len, ids))
+    rows = torch.tensor([s + [0] * (longest - len(s)) for s in ids], device=device)  # (n, S)
+    sep = vocab.stoi[SEP]
+    if model.config.arch == "encoder-decoder":
+        lengths = torch.tensor([len(s) for s in ids], device=device)
+        mask = torch.arange(longest, device=device)[None, :] < lengths[:, None]  # (n, S): not padding
+        return EncoderDecoderSteps(model, rows, mask, sep, use_cache, dtype), model.config.block_size
+    if any(len(s) != longest for s in ids):
+        raise ValueError("the decoder-only model decodes sources of one length together")
+    prompts = torch.cat([rows, rows.new_full((len(ids), 1), sep)], 1)  # (n, S + 1): source SEP
+    return DecoderSteps(model, prompts, use_cache, dtype), model.config.block_size - longest
+
+
 @torch.no_grad()
 def translate(model, vocab, sources, *, beam=1, alpha=1.0, temperature=0.0, top_k=None, top_p=None,
-              generator=None, unknown="error", batch_size=64, max_len=None, use_cache=True, dtype=torch.float32):
+              generator=None, unknown="error", batch_size=64, max_len=None, use_cache=True, dtype=torch.float32,
+              name="source {}"):
     """Source strings -> their translations (greedy by default; beam > 1: beam search; temperature > 0:
     sampling). Characters the model never saw follow `unknown` ('error', 'skip', 'replace') as in sampling.
-    Sources decode in batches: for the decoder-only model, sources of one length together."""
-    encoder_decoder = model.config.arch == "encoder-decoder"
-    block, sep, end = model.config.block_size, vocab.stoi[SEP], vocab.stoi[END]
-    ids = [vocab.encode(s, unknown=unknown) for s in sources]
-    limit = block if encoder_decoder else block - 1  # the decoder needs room for `source SEP`
-    for i, s in enumerate(ids):
-        if not s or len(s) > limit:
-            raise ChargptError(f"source {i + 1} has {len(s)} characters; the model translates 1 to {limit} "
-                               f"(its context): {'give it text' if not s else 'split it into shorter pieces'}")
+    Sources decode in batches: for the decoder-only model, sources of one length together. max_len caps the
+    characters of each translation (default: as many as the context holds)."""
+    ids = source_ids(model, vocab, sources, unknown, name)
     if temperature > 0 and generator is None:
         generator = torch.Generator().manual_seed(torch.seed())
-    device = next(model.parameters()).device
+    end = vocab.stoi[END]
     was_training = model.training
     model.eval()
     out = [None] * len(ids)
     try:
-        for batch in _batches([len(s) for s in ids], batch_size, same_length=not encoder_decoder):
-            longest = max(len(ids[i]) for i in batch)
-            rows = torch.tensor([ids[i] + [0] * (longest - len(ids[i])) for i in batch], device=device)  # (n, S)
-            if encoder_decoder:
-                lengths = torch.tensor([len(ids[i]) for i in batch], device=device)
-                mask = torch.arange(longest, device=device)[None, :] < lengths[:, None]  # (n, S): not padding
-                step = EncoderDecoderSteps(model, rows, mask, sep, use_cache, dtype)
-                steps = block
-            else:
-                step = DecoderSteps(model, torch.cat([rows, rows.new_full((len(batch), 1), sep)], 1), use_cache, dtype)
-                steps = block - longest  # prompt positions + generated (but the last) fit in the context
+        for batch in _batches([len(s) for s in ids], batch_size, model.config.arch != "encoder-decoder"):
+            step, steps = make_steps(model, vocab, [ids[i] for i in batch], use_cache, dtype)
             steps = min(steps, max_len or steps)
             if beam > 1:
                 found = beam_search(step, len(batch), end, steps, beam, alpha)

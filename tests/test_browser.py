@@ -179,3 +179,38 @@ def test_runs_view_lists_the_samples_written_while_training(page, site):
         assert shown.nth(0).locator(".prompt").text_content() == "To "
     finally:
         path.unlink()
+
+
+@pytest.fixture(scope="module")
+def pairs_site(tmp_path_factory):
+    """(base URL, served folder) with one short pairs run of each architecture (tests/pairsutil.py)."""
+    from pairsutil import train_pairs, write_cipher
+    root = tmp_path_factory.mktemp("pairs-site")
+    data = write_cipher(root.parent / f"{root.name}.tsv", n=300)
+    for arch in ("decoder", "encoder-decoder"):
+        train_pairs(data, root / arch, arch, steps=20, cache_dir=root.parent / f"{root.name}-cache", eval_pairs=0)
+    with serve.running(serve.create_app(root, device="cpu")) as url:
+        yield url, root
+
+
+def test_write_becomes_a_translation_box_for_pairs_runs(browser, pairs_site, tmp_path):
+    """Source in, translation out (greedy, as chargpt translate), without the source echoed; Look inside is offered
+    for the decoder-only run only."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.set_default_timeout(WAIT_MS)
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(pairs_site[0])
+    page.wait_for_selector("body[data-ready='1']")
+    for arch in ("encoder-decoder", "decoder"):
+        page.select_option("#run", arch)
+        assert page.text_content("#generate") == "Translate" and page.input_value("#temperature") == "0"
+        assert "Sentence to translate" in page.inner_text("#view-write")
+        write(page, "hgfe", length=10)
+        want = chargpt.load(pairs_site[1] / arch, device="cpu").translate(["hgfe"], max_len=10)[0]
+        assert sample_text(page, 0) == want and page.text_content(".sample[data-i='0'] .prompt") == ""
+        assert page.text_content(".sample h3") == "translation"
+        assert page.is_visible("#to-inside") == (arch == "decoder")
+    page.screenshot(path=tmp_path / "translate.png", full_page=True)
+    page.close()
+    assert not errors, errors

@@ -391,7 +391,7 @@ def test_crafted_metadata_is_rejected_without_allocating(good, tmp_path, monkeyp
 
     peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with monkeypatch.context() as m:
-        m.setattr(ckpt, "CharGPT", no_model)
+        m.setattr(ckpt, "build_model", no_model)  # the one builder every loader calls
         for name, path in cases.items():
             with pytest.raises(CheckpointError) as info:
                 ckpt.load_model(path)

@@ -143,8 +143,8 @@ def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint
 def test_skip_nonfinite_skips_bad_steps(tmp_path, corpus, monkeypatch):
     forward, calls = CharGPT.forward, []
 
-    def flaky(self, idx, targets=None, cache=None):
-        logits, loss = forward(self, idx, targets, cache)
+    def flaky(self, idx, targets=None, cache=None, **kw):
+        logits, loss = forward(self, idx, targets, cache, **kw)
         if self.training:
             calls.append(1)
             if len(calls) == 3:  # the third training step
@@ -213,8 +213,8 @@ def test_gpu_style_periodic_check_names_the_first_nonfinite_step(tmp_path, corpu
     from chargpt.training import Trainer
     forward, calls = CharGPT.forward, []
 
-    def nan_from_step_3(self, idx, targets=None, cache=None):
-        logits, loss = forward(self, idx, targets, cache)
+    def nan_from_step_3(self, idx, targets=None, cache=None, **kw):
+        logits, loss = forward(self, idx, targets, cache, **kw)
         if self.training:
             calls.append(1)
             if len(calls) >= 4:  # the fourth training step (step 3) and after

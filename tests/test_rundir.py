@@ -107,7 +107,7 @@ def test_a_failed_start_removes_the_run_directory_it_created(tmp_path, corpus, m
 
     def no_memory(cfg):
         raise MemoryError
-    monkeypatch.setattr(training, "CharGPT", no_memory)
+    monkeypatch.setattr(training, "build_model", no_memory)
     assert "does not fit in cpu memory" in one_line_error(["--data", "corpus.txt", "--out-dir", "big/run", *TINY])
     assert not (tmp_path / "big").exists()
 

@@ -1,12 +1,13 @@
-"""Translating: greedy, sampled and beam search over a step callback, cached against uncached decoding, the
-scores, and a real learning test — both architectures learn a small translation task in seconds."""
+"""Translating: greedy, sampled and beam search over a step callback, cached against uncached decoding, and the
+scores, on models part-trained by the real trainer (the learning test itself is in test_seq2seq.py)."""
 
-import random
 import sys
 
 import pytest
 import torch
+from pairsutil import train_pairs, write_cipher
 
+from chargpt.checkpoint import load_model
 from chargpt.config import ModelConfig
 from chargpt.errors import ChargptError
 from chargpt.model import build_model
@@ -77,22 +78,15 @@ def test_beam_search_batches_sources_independently_and_respects_max_len():
 
 # --- real models ----------------------------------------------------------------------------------------------
 
-ALPHABET = "abcdefgh"
-CIPHER = dict(zip(ALPHABET, "EFGHABCD"))
-
-
-def cipher_pairs(n, seed=0):
-    """The task: a fixed character substitution of the reversed string."""
-    rng = random.Random(seed)
-    words = ["".join(rng.choice(ALPHABET) for _ in range(rng.randint(3, 6))) for _ in range(n)]
-    return [(w, "".join(CIPHER[c] for c in reversed(w))) for w in words]
+@pytest.fixture(scope="module")
+def cipher_tsv(tmp_path_factory):
+    """2,000 pairs of the cipher task (tests/pairsutil.py: substitution of the reversed string)."""
+    return write_cipher(tmp_path_factory.mktemp("cipher") / "cipher.tsv")
 
 
 @pytest.fixture(scope="module")
-def cipher(tmp_path_factory):
-    d = tmp_path_factory.mktemp("cipher")
-    (d / "cipher.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in cipher_pairs(2000)), encoding="utf-8")
-    return encode_pairs(str(d / "cipher.tsv"), cache_dir=d / "cache")
+def cipher(cipher_tsv):
+    return encode_pairs(str(cipher_tsv), cache_dir=cipher_tsv.parent / "cache")
 
 
 def tiny_model(vocab_size, arch, seed=0, **kw):
@@ -102,34 +96,11 @@ def tiny_model(vocab_size, arch, seed=0, **kw):
     return build_model(cfg)
 
 
-def train_briefly(model, batches, steps, lr=3e-3):
-    """A minimal loop (warmup, linear decay) — enough for a test; the real trainer is chargpt.training."""
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    gen = torch.Generator().manual_seed(0)
-    model.train()
-    for i in range(steps):
-        for g in opt.param_groups:
-            g["lr"] = lr * min(1.0, (i + 1) / 50) * (1 - i / steps)
-        _, loss = model(**batches.get("train", gen))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return loss.item()
-
-
-@pytest.mark.parametrize("arch,steps", [("decoder", 300), ("encoder-decoder", 150)])
-def test_both_architectures_learn_to_translate(cipher, arch, steps):
-    """Reverse and substitute 3-6 letters: a tiny model goes from 0% to >= 90% exact match on held-out pairs
-    (both reach 99-100% in these steps on every seed tried)."""
+def held_out(cipher, arch, n=100):
+    """The first n validation pairs of the split the trainer makes (whole pairs, a fixed choice)."""
     batches = PairBatches(cipher, 0.1, 16, 32, "cpu", arch=arch)
-    held_out = [cipher.pair(int(i)) for i in batches.splits["val"][:100]]
-    sources, refs = [s for s, _ in held_out], [t for _, t in held_out]
-    model = tiny_model(len(cipher.vocab), arch)
-    assert exact_match(translate(model, cipher.vocab, sources), refs) < 0.1
-    train_briefly(model, batches, steps)
-    hyps = translate(model, cipher.vocab, sources)
-    assert exact_match(hyps, refs) >= 0.9, list(zip(sources, hyps, refs))[:5]
-    assert exact_match(translate(model, cipher.vocab, sources, beam=3), refs) >= 0.9
+    pairs = [cipher.pair(int(i)) for i in batches.splits["val"][:n]]
+    return [s for s, _ in pairs], [t for _, t in pairs]
 
 
 def random_model(arch, vocab, seed=0):
@@ -137,13 +108,13 @@ def random_model(arch, vocab, seed=0):
 
 
 @pytest.fixture(scope="module", params=ARCHS)
-def half_trained(request, cipher):
+def half_trained(request, cipher, cipher_tsv, tmp_path_factory):
     """A model 40 steps into the cipher task: it writes non-empty, partly wrong translations (so greedy, beam
     search and the cache have something to disagree about), with 12 held-out sources of 3 to 6 letters."""
-    batches = PairBatches(cipher, 0.1, 16, 32, "cpu", arch=request.param)
-    model = tiny_model(len(cipher.vocab), request.param)
-    train_briefly(model, batches, 40)
-    return model.eval(), cipher.vocab, [cipher.pair(int(i))[0] for i in batches.splits["val"][:12]]
+    d = tmp_path_factory.mktemp("half")
+    train_pairs(cipher_tsv, d / "run", request.param, steps=40, cache_dir=d / "cache", eval_pairs=0)
+    model, vocab, _ = load_model(d / "run")
+    return model, vocab, held_out(cipher, request.param, 12)[0]
 
 
 def steps_for(model, vocab, sources, use_cache=True):

@@ -79,6 +79,7 @@ async function loadRuns() {
   if (!names.includes(state.run)) state.run = names.length ? newest(state.runs).name : null;
   picker.value = state.run;
   renderFacts();
+  renderWriteMode();
   if (state.plotted.size === 0) names.forEach((n) => state.plotted.add(n));
 }
 
@@ -89,13 +90,32 @@ function selectRun(name) {
   state.run = name;
   $("run").value = name;
   renderFacts();
+  renderWriteMode();
   if (document.body.dataset.view === "runs") { renderRunsTable(); showRunDetail(); }
+}
+
+function translates(r) { return Boolean(r && r.task === "pairs"); }
+
+function renderWriteMode() {
+  // a run trained on sentence pairs turns Write into a translation box: source in, translation out (greedy by
+  // default); Look inside reads one text, so an encoder-decoder (source and target apart) cannot use it
+  const r = current(), pairs = translates(r), mode = pairs ? "translate" : "write";
+  if (document.body.dataset.mode !== mode) {
+    $("prompt").parentElement.firstChild.textContent = pairs ? "Sentence to translate" : "Prompt";
+    $("prompt").placeholder = pairs ? "Type a sentence in the source language; its translation appears below"
+      : "Type the start of a text, or leave it empty to begin a new paragraph";
+    $("generate").textContent = pairs ? "Translate" : "Generate";
+    $("temperature").value = pairs ? "0" : "0.8";  // translations: the most likely characters
+    document.body.dataset.mode = mode;
+  }
+  $("to-inside").hidden = Boolean(r && r.arch === "encoder-decoder");
 }
 
 function renderFacts() {
   const r = current();
+  const kind = translates(r) ? `translation (${r.arch}) · ` : "";
   $("run-facts").textContent = !r ? "" : r.error ? `this run cannot be read: ${r.error}` :
-    `${r.corpus} · ${params(r.params)} parameters (${r.layers} layer${r.layers === 1 ? "" : "s"} × ${r.width}, ` +
+    `${r.corpus} · ${kind}${params(r.params)} parameters (${r.layers} layer${r.layers === 1 ? "" : "s"} × ${r.width}, ` +
     `${r.heads} heads, context ${r.block_size}) · step ${r.step} · best val loss ${fmt(r.best_val_loss)} nats ` +
     `(${fmt(r.best_bpc)} bits/char) · ${r.vocab_size} characters`;
 }
@@ -165,14 +185,15 @@ async function onGenerate() {
   status("write-status", "starting…");
   try {
     const done = await generate(body, (start) => {
-      state.job = {id: start.id, prompt: start.prompt, texts};
-      const n = start.settings.num_samples;
+      const pairs = start.task === "pairs";  // the translation alone: the source is the box above
+      state.job = {id: start.id, prompt: pairs ? "" : start.prompt, texts};
+      const n = start.settings.num_samples, name = pairs ? "translation" : "sample";
       nodes = Array.from({length: n}, (_, i) => {
         texts.push("");
         const gen = document.createTextNode("");
         const box = el("div", {class: "sample", "data-i": String(i)},
-          el("h3", {text: n > 1 ? `sample ${i + 1} of ${n}` : "sample"}),
-          el("pre", {}, el("span", {class: "prompt", text: start.prompt}), el("span", {class: "gen"}, gen)));
+          el("h3", {text: n > 1 ? `${name} ${i + 1} of ${n}` : name}),
+          el("pre", {}, el("span", {class: "prompt", text: state.job.prompt}), el("span", {class: "gen"}, gen)));
         return {box, gen};
       });
       outputs.replaceChildren(...nodes.map((x) => x.box));
@@ -554,6 +575,10 @@ async function showRunDetail() {
   const out = el("pre", {class: "sample-text"});
   const note = el("p", {class: "hint", text: "From its best checkpoint, at temperature 0.8 and the run's own seed: " +
     "what training prints when it ends."});
+  if (r.task === "pairs") {  // nothing to continue: a translator needs a sentence
+    button.hidden = true;
+    note.textContent = "A translation run: type a sentence in Write to translate it.";
+  }
   button.addEventListener("click", async () => {
     button.disabled = true;
     out.textContent = "";
