@@ -4,6 +4,9 @@
     chargpt.train(data="corpus.txt", max_iters=1000)          # -> checkpoints/corpus/
     gen = chargpt.load("checkpoints/corpus")
     print(gen.generate("ROMEO:", max_new_tokens=200)[0])
+
+    chargpt.train(data="ita.tsv", task="pairs", arch="encoder-decoder")   # sentence pairs -> checkpoints/ita/
+    print(chargpt.load("checkpoints/ita").translate(["Good morning."], beam=4)[0])
 """
 
 from .config import ModelConfig, TrainConfig
