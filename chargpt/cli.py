@@ -38,8 +38,28 @@ def spec_option(spec, default=None):
         return click.option(f"--{spec.name}/--no-{spec.name}", spec.dest, default=spec.default, show_default=True,
                             help=spec.help)
     ptype = click.Choice(spec.choices) if spec.choices else spec.type
+    if spec.switch:
+        return _switch_option(spec, ptype, default)
     return click.option(f"--{spec.name}", spec.dest, type=ptype, default=default, multiple=spec.multiple,
                         help=spec.help)
+
+
+def _switch_option(spec, ptype, default):
+    """`--NAME [VALUE]` (alone: the switch's first value) plus `--no-NAME` (its second), for a setting that grew
+    from an on/off switch into choices (--compile auto|on|off), so that the old spellings keep working."""
+    bare, negative = spec.switch
+
+    def negate(ctx, param, given):
+        if given:
+            ctx.params[spec.dest] = negative
+            ctx.set_parameter_source(spec.dest, ParameterSource.COMMANDLINE)
+
+    def decorate(fn):
+        fn = click.option(f"--no-{spec.name}", f"no_{spec.dest}", is_flag=True, expose_value=False, callback=negate,
+                          help=f"the same as --{spec.name} {negative}")(fn)
+        return click.option(f"--{spec.name}", spec.dest, type=ptype, default=default, is_flag=False,
+                            flag_value=bare, help=spec.help)(fn)
+    return decorate
 
 
 def config_options(cls):
