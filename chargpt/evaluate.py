@@ -30,7 +30,8 @@ from tqdm import tqdm
 from .checkpoint import load_model, resolve
 from .data import corpus_sources, encode_corpus, iter_text, split_sizes
 from .errors import ConfigError, DataError
-from .runtime import autocast, pick_device, pick_dtype
+from .quantize import check_precision, inference_model
+from .runtime import autocast, pick_device
 from .tokenizer import codepoints
 
 LOGITS_BUDGET = 1 << 24  # logits per forward pass (64 MB in float32): bounds memory for 10,000-character alphabets
@@ -120,12 +121,18 @@ def validation_split(meta, vocab, block_size):
 
 
 def evaluate(checkpoint, data=None, *, encoding="utf-8", encoding_errors="strict", stride=None, batch_size=None,
-             device="auto", progress=True):
+             device="auto", progress=True, dtype=None, quantize=None):
     """Loss of a checkpoint (run directory or file) on a text file or folder; data=None scores the run's own
-    validation split. -> dict: loss (nats per character), bpc, characters, scored, unknown, stride, ..."""
+    validation split. dtype and quantize score the model as sample.py would decode with them (chargpt.quantize:
+    e.g. quantize='int8' gives what int8 weights cost); dtype=None is float32 on a CPU (exact and reproducible)
+    and the GPU's autocast dtype on a GPU. -> dict: loss (nats per character), bpc, characters, scored, ..."""
     path = resolve(checkpoint)
     device = pick_device(device)
+    if dtype is None:  # on CPU float32 keeps the number exact and reproducible; on a GPU bf16 where it is native
+        dtype = "float32" if device.type == "cpu" else "auto"
+    check_precision(device, dtype, quantize)
     model, vocab, meta = load_model(path, device)
+    model, torch_dtype, _ = inference_model(model, device, dtype, quantize)
     T = model.config.block_size
     stride = default_stride(T) if stride is None else stride
     if not 1 <= stride <= T:
@@ -142,9 +149,7 @@ def evaluate(checkpoint, data=None, *, encoding="utf-8", encoding_errors="strict
     if len(ids) < 2:
         raise DataError(f"{label} has {len(ids)} character(s); scoring needs at least 2 (each character is "
                         f"predicted from the ones before it)")
-    # on CPU float32 keeps the number exact and reproducible; on a GPU its fast mixed precision
-    dtype = torch.float32 if device.type != "cuda" else pick_dtype("auto", device)[0]
-    total, scored = score_ids(model, ids, known, stride, batch_size, dtype, progress)
+    total, scored = score_ids(model, ids, known, stride, batch_size, torch_dtype, progress)
     if scored == 0:
         raise DataError(f"none of the characters of {label} are in the model's vocabulary ({len(vocab)} "
                         f"characters), so nothing can be scored; evaluate a text in the corpus's alphabet")
@@ -152,7 +157,11 @@ def evaluate(checkpoint, data=None, *, encoding="utf-8", encoding_errors="strict
     return {"checkpoint": str(path), "data": label, "step": meta.get("step"), "characters": len(ids),
             "scored": scored, "unknown": sum(unknown.values()), "unknown_chars": dict(unknown.most_common(10)),
             "stand_in": vocab.replacement(), "loss": loss, "bpc": loss / math.log(2), "stride": stride,
-            "block_size": T, "device": str(device)}
+            "block_size": T, "device": str(device), "precision": _precision(torch_dtype, quantize)}
+
+
+def _precision(dtype, quantize):
+    return "int8" if quantize == "int8" else str(dtype).removeprefix("torch.")
 
 
 def format_result(r):
