@@ -215,7 +215,7 @@ class Trainer:
 
     def __init__(self, overrides, log=tqdm.write):
         self.log_fn, self.run_dir, self.notes = log, None, []
-        self.phases = False  # label the loop's phases for torch.profiler (chargpt.bench profile)
+        self.profiler = None  # a torch.profiler.profile: the loop labels its phases and steps it (chargpt.bench)
         model_kw, train_kw = split_overrides(overrides)  # unknown names and wrong types fail before any work
         if "vocab_size" in model_kw:
             raise ConfigError("vocab_size is set from the corpus, not by a setting; drop it")
@@ -494,6 +494,8 @@ class Trainer:
                         self._step(bad_step, lr)
                     with self._phase("5 progress"):
                         self._log_progress(loss, lr)
+                    if self.profiler is not None:
+                        self.profiler.step()
                     if signum:
                         reason = "signal"
                         break
@@ -502,8 +504,8 @@ class Trainer:
             self.close()
 
     def _phase(self, name):
-        """A labelled span for torch.profiler (`python -m chargpt.bench profile` sets self.phases); else nothing."""
-        return torch.profiler.record_function(name) if self.phases else nullcontext()
+        """A labelled span for torch.profiler (`python -m chargpt.bench profile` sets self.profiler); else nothing."""
+        return torch.profiler.record_function(name) if self.profiler is not None else nullcontext()
 
     def _start_clocks(self):
         s = self.state
