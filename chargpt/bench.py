@@ -164,8 +164,9 @@ def peak_rows(device, quick):
 
 
 def train_rows(parts, device, peaks, args):
-    """One table: the fp32 baseline (explicit attention, for-loop AdamW), then chargpt's path per dtype with AdamW
-    and with Muon (its Newton-Schulz iterations cost time per step; they pay for it in loss per step)."""
+    """One table: the fp32 baseline (explicit attention, for-loop AdamW), then per dtype both attention kernels
+    with fused AdamW (torch's fused CPU attention backward can be the slower one in bf16), and Muon (its
+    Newton-Schulz iterations cost time per step; they pay for it in loss per step)."""
     step_kw = dict(steps=2, warmup=1) if args.quick else {}
     rows = ["| shape | dtype | attention | optimizer | ms/step | chars/s | MFU | vs fp32 baseline |",
             "|---|---|---|---|---|---|---|---|"]
@@ -176,11 +177,11 @@ def train_rows(parts, device, peaks, args):
                     f"{flops / base / 1e9 / peaks[torch.float32]:.0%} | 1.00x (baseline) |")
         if "train" not in parts:
             continue
-        for dt in dtypes_for(device):
-            for optimizer in ("fused", "muon"):
-                t, _ = time_train_step(cfg, batch, device, dt, "auto", optimizer, **step_kw)
+        for dt in dtypes_for(device):  # the kernels --attention auto chooses from, each with AdamW; then Muon
+            for attention, optimizer in (("fused", "fused"), ("manual", "fused"), ("auto", "muon")):
+                t, _ = time_train_step(cfg, batch, device, dt, attention, optimizer, **step_kw)
                 label = "AdamW fused" if optimizer == "fused" else "Muon + AdamW"
-                rows.append(f"| {name} | {name_of(dt)} | auto | {label} | {t * 1e3:.1f} | {chars / t:,.0f} | "
+                rows.append(f"| {name} | {name_of(dt)} | {attention} | {label} | {t * 1e3:.1f} | {chars / t:,.0f} | "
                             f"{flops / t / 1e9 / peaks[dt]:.0%} | {base / t:.2f}x |")
     return rows + [""]
 

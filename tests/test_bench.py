@@ -28,9 +28,10 @@ def test_quick_speed_benchmark_prints_every_part_and_writes_results(tmp_path, ti
     out = bench("--quick", "--checkpoint", tiny_run, "--write", cwd=tmp_path)
     assert out.startswith("machine: ") and f"\nkind: {KIND}\n" in out and "matmul peak float32: " in out
     assert "| 1x16 ctx16 b4 | float32 | manual | AdamW for-loop |" in out and "1.00x (baseline) |" in out
-    assert "| 1x16 ctx16 b4 | float32 | auto | AdamW fused |" in out
+    assert "| 1x16 ctx16 b4 | float32 | fused | AdamW fused |" in out
+    assert "| 1x16 ctx16 b4 | float32 | manual | AdamW fused |" in out
     assert "| 1x16 ctx16 b4 | float32 | auto | Muon + AdamW |" in out
-    assert ("| 1x16 ctx16 b4 | bfloat16 | auto | AdamW fused |" in out) == cpu_has_native_bf16()  # rows that apply
+    assert ("| 1x16 ctx16 b4 | bfloat16 | fused | AdamW fused |" in out) == cpu_has_native_bf16()  # rows that apply
     assert "compile: skipped with --quick" in out
     assert "decode 20 chars, batch 1, 1x16 ctx16" in out and "| float32 | " in out and "| int8 | " in out
     int8 = next(line for line in out.splitlines() if line.startswith("| int8 |")).split("|")
