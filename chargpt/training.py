@@ -450,7 +450,7 @@ class Trainer:
         the ranks' random streams first."""
         full = final or self.cfg.save_state == "eval"
         rng = self._rng_state() if full else None
-        if not self.dist.is_main:
+        if not self.dist.is_main or not (full or improved):
             return
         s = self.state
         extra = dict(step=s.step, val_loss=val_loss, best_val_loss=s.best_val if s.best_val < float("inf") else None,
@@ -458,8 +458,6 @@ class Trainer:
         if self.scaler.is_enabled():  # fp16 loss scale: part of exact resume
             extra["scaler"] = self.scaler.state_dict()
         train_cfg = asdict(self.cfg)
-        if not (full or improved):
-            return
         weights = ckpt.model_tensors(self.model)  # one device-to-host copy serves all three files
         if full:
             ckpt.save_state(self.out_dir / STATE, self.model, self.optimizer, rng, self.corpus.vocab, train_cfg,
