@@ -1,20 +1,28 @@
-"""Benchmarks: training and decoding speed, as ratios measured in one process (shared machines are noisy).
+"""Benchmarks: training and decoding speed, as ratios measured in one process (shared machines are noisy), the
+profile of a small training step, and learning at a fixed time budget.
 
-    python -m chargpt.bench                      # all speed benchmarks; prints a Markdown table
-    python -m chargpt.bench --write              # ... and appends it to benchmarks/RESULTS.md
-    python -m chargpt.bench --only decode        # one part: peak, train, baseline, decode
+    python -m chargpt.bench                      # all speed parts; prints Markdown tables
+    python -m chargpt.bench --write              # ... and adds them to benchmarks/RESULTS.md, under this machine's kind
+    python -m chargpt.bench --only decode --checkpoint RUN --data FILE   # one part; decoding with its cost in loss
+    python -m chargpt.bench --nanogpt ~/nanoGPT --data data/tinyshakespeare.txt   # against nanoGPT's train.py
     python -m chargpt.bench --quick              # every part on a tiny shape in seconds: a smoke test, not numbers
-    python -m chargpt.bench quality --data data/shakespeare.txt --max-time 120
+    python -m chargpt.bench profile              # torch.profiler on the 4x128 ctx64 b12 training loop: top items
+    python -m chargpt.bench quality --data data/tinyshakespeare.txt --max-time 120 [--candidates FILE]
     python -m chargpt.bench pairs --data ../shared/data/tang_poems.txt --max-time 300   # decoder vs encoder-decoder
 
-MFU is model FLOPs per second against the best matmul throughput measured in the same process, per dtype.
+Speed parts: peak (best matmul GFLOP/s per dtype), train (ms/step, chars/s, MFU against that peak and against an
+fp32 baseline; AdamW and Muon), compile (eager against torch.compile, compile time apart), decode (cached
+chars/s at batch 1 in float32, bf16 and int8, with val loss per precision given --checkpoint), nanogpt (with
+--nanogpt PATH). The machine's kind (CUDA, CPU with or without native bf16) decides which rows apply.
 """
 
 import argparse
+import copy
 import platform
 import re
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import fields
 from pathlib import Path
@@ -24,7 +32,9 @@ import torch
 
 from .config import ModelConfig, SampleSettings, TrainConfig, field_type
 from .model import CharGPT
-from .runtime import autocast, configure_threads, cpu_has_native_bf16, pick_device
+from .optim import make_optimizer
+from .quantize import inference_model
+from .runtime import autocast, configure_threads, cpu_has_native_bf16, has_native_bf16, pick_device
 from .sampling import decode
 
 SHAPES = {  # name: (model config, batch size)
@@ -33,6 +43,9 @@ SHAPES = {  # name: (model config, batch size)
 }
 DECODE_SHAPE = SHAPES["6x384 ctx256 b8"][0]
 QUICK_SHAPE = ModelConfig(vocab_size=65, block_size=16, n_layer=1, n_head=2, n_embd=16, dropout=0.0)  # --quick
+PROFILE_RECIPE = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, dropout=0.0)  # nanoGPT's CPU
+RESULTS = Path("benchmarks/RESULTS.md")
+PARTS = ("peak", "train", "baseline", "compile", "decode")
 
 
 def sync(device):
@@ -40,8 +53,32 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def matmul_peak(device, dtype, sizes=(512, 1024, 2048), seconds=0.5):
-    """Best GFLOP/s of a square matmul over a few sizes."""
+def machine_kind(device):
+    """The heading of this machine's section in RESULTS.md: its kind decides which numbers compare."""
+    if device.type == "cuda":
+        return f"CUDA GPU ({torch.cuda.get_device_name(device)})"
+    if device.type == "cpu":
+        return "CPU with native bf16" if cpu_has_native_bf16() else "CPU without native bf16"
+    return device.type.upper()
+
+
+def machine():
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
+    return (f"{cpu}, {torch.get_num_threads()} threads, native bf16: {cpu_has_native_bf16()}{gpu}; "
+            f"torch {torch.__version__}, Python {platform.python_version()}")
+
+
+def matmul_peak(device, dtype, sizes=None, seconds=0.5):
+    """Best GFLOP/s of a square matmul over a few sizes (a GPU needs large ones to reach its peak)."""
+    sizes = sizes or ((2048, 4096, 8192) if device.type == "cuda" else (512, 1024, 2048))
     best = 0.0
     for n in sizes:
         a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
@@ -63,113 +100,256 @@ def flops_per_step(cfg, batch):
     return per_token * batch * cfg.block_size
 
 
-def time_train_step(cfg, batch, device, dtype, attention="auto", fused_adam=True, steps=8, warmup=3):
-    """Median seconds of a full step (forward, backward, clip, AdamW) on random data."""
+def time_train_step(cfg, batch, device, dtype, attention="auto", optimizer="fused", compile=False, steps=8,
+                    warmup=3):
+    """-> (median seconds of a full step: forward, backward, clip, optimizer; seconds of the first step, which
+    includes torch.compile's compilation). optimizer: 'for-loop' or 'fused' AdamW, or 'muon' (Muon + AdamW)."""
     torch.manual_seed(0)
     model = CharGPT(cfg).to(device)
     model.set_attention(attention)
-    opt = torch.optim.AdamW(model.optimizer_groups(0.1), lr=1e-3, fused=fused_adam or None,
-                            foreach=False if not fused_adam else None)
+    if optimizer == "muon":
+        opt = make_optimizer(model, TrainConfig(optimizer="muon"), device)
+        parts = list(opt.parts.values())
+    else:
+        fused = optimizer == "fused"
+        parts = [torch.optim.AdamW(model.optimizer_groups(0.1), lr=1e-3, fused=fused or None,
+                                   foreach=False if not fused else None)]
+    step_model = torch.compile(model) if compile else model
     x = torch.randint(0, cfg.vocab_size, (batch, cfg.block_size), device=device)
     times = []
-    for i in range(warmup + steps):
+    for _ in range(warmup + steps):
         t0 = time.perf_counter()
         with autocast(device, dtype):
-            _, loss = model(x, x)
+            _, loss = step_model(x, x)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        for part in parts:
+            part.step()
+            part.zero_grad(set_to_none=True)
         sync(device)
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[warmup:]), times[0]
 
 
-def decode_speed(device, new_tokens=1000, use_cache=True, cfg=DECODE_SHAPE):
+def decode_speed(model, device, dtype, new_tokens=1000, use_cache=True):
     """Characters per second for one stream of new_tokens characters from a one-character prompt."""
-    torch.manual_seed(0)
-    model = CharGPT(cfg).to(device).eval()
     ctx = torch.zeros(1, 1, dtype=torch.long, device=device)
     settings = SampleSettings(max_new_tokens=new_tokens, temperature=1.0)
     gen = torch.Generator().manual_seed(0)
     t0 = time.perf_counter()
-    n = sum(1 for _ in decode(model, ctx, settings, gen, use_cache=use_cache))
+    n = sum(1 for _ in decode(model, ctx, settings, gen, use_cache=use_cache, dtype=dtype))
     sync(device)
     return n / (time.perf_counter() - t0)
 
 
-def machine():
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    gpu = f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
-    return (f"{cpu}, {torch.get_num_threads()} threads, native bf16: {cpu_has_native_bf16()}{gpu}; "
-            f"torch {torch.__version__}, Python {platform.python_version()}")
+def dtypes_for(device):
+    """float32, and bf16 where the hardware computes it natively (elsewhere it is emulated, far slower)."""
+    return [torch.float32] + ([torch.bfloat16] if has_native_bf16(device) else [])
 
 
-def speed(parts, device, quick=False):
-    shapes = {"1x16 ctx16 b4": (QUICK_SHAPE, 4)} if quick else SHAPES
-    peak_kw, step_kw = (dict(sizes=(64,), seconds=0.02), dict(steps=2, warmup=1)) if quick else ({}, {})
-    decode_cfg, decode_chars = (QUICK_SHAPE, 20) if quick else (DECODE_SHAPE, 1000)
-    dtypes = [torch.float32]
-    if device.type == "cuda" or cpu_has_native_bf16():
-        dtypes.append(torch.bfloat16)
-    rows = [f"machine: {machine()}", ""]
+def name_of(dtype):
+    return str(dtype).removeprefix("torch.")
+
+
+def shapes_for(args):
+    if args.quick:
+        return {"1x16 ctx16 b4": (QUICK_SHAPE, 4)}
+    if not args.batch:
+        return SHAPES
+    return {f"{name.rsplit(' b', 1)[0]} b{args.batch}": (cfg, args.batch) for name, (cfg, _) in SHAPES.items()}
+
+
+# --- the speed parts -------------------------------------------------------------------------------------------
+def peak_rows(device, quick):
+    peaks = {dt: matmul_peak(device, dt, **(dict(sizes=(64,), seconds=0.02) if quick else {}))
+             for dt in dtypes_for(device)}
+    return peaks, [f"matmul peak {name_of(dt)}: {p:.0f} GFLOP/s" for dt, p in peaks.items()] + [""]
+
+
+def train_rows(parts, device, peaks, args):
+    """One table: the fp32 baseline (explicit attention, for-loop AdamW), then per dtype both attention kernels
+    with fused AdamW (torch's fused CPU attention backward can be the slower one in bf16), and Muon (its
+    Newton-Schulz iterations cost time per step; they pay for it in loss per step)."""
+    step_kw = dict(steps=2, warmup=1) if args.quick else {}
+    rows = ["| shape | dtype | attention | optimizer | ms/step | chars/s | MFU | vs fp32 baseline |",
+            "|---|---|---|---|---|---|---|---|"]
+    for name, (cfg, batch) in shapes_for(args).items():
+        flops, chars = flops_per_step(cfg, batch), batch * cfg.block_size
+        base, _ = time_train_step(cfg, batch, device, torch.float32, "manual", "for-loop", **step_kw)
+        rows.append(f"| {name} | float32 | manual | AdamW for-loop | {base * 1e3:.1f} | {chars / base:,.0f} | "
+                    f"{flops / base / 1e9 / peaks[torch.float32]:.0%} | 1.00x (baseline) |")
+        if "train" not in parts:
+            continue
+        for dt in dtypes_for(device):  # the kernels --attention auto chooses from, each with AdamW; then Muon
+            for attention, optimizer in (("fused", "fused"), ("manual", "fused"), ("auto", "muon")):
+                t, _ = time_train_step(cfg, batch, device, dt, attention, optimizer, **step_kw)
+                label = "AdamW fused" if optimizer == "fused" else "Muon + AdamW"
+                rows.append(f"| {name} | {name_of(dt)} | {attention} | {label} | {t * 1e3:.1f} | {chars / t:,.0f} | "
+                            f"{flops / t / 1e9 / peaks[dt]:.0%} | {base / t:.2f}x |")
+    return rows + [""]
+
+
+def compile_rows(device, args):
+    """Eager against torch.compile per shape and dtype: the evidence behind --compile auto (runtime.pick_compile)."""
+    if args.quick:
+        return ["compile: skipped with --quick (compiling takes tens of seconds)", ""]
+    rows = ["| shape | dtype | eager ms/step | compiled ms/step | speed-up | compile time (first step) |",
+            "|---|---|---|---|---|---|"]
+    for name, (cfg, batch) in shapes_for(args).items():
+        for dt in dtypes_for(device):
+            eager, _ = time_train_step(cfg, batch, device, dt)
+            try:
+                compiled, first = time_train_step(cfg, batch, device, dt, compile=True)
+            except Exception as e:  # e.g. no C++ compiler for inductor's CPU backend
+                rows.append(f"| {name} | {name_of(dt)} | {eager * 1e3:.1f} | failed: {str(e).splitlines()[0][:60]} "
+                            f"| | |")
+                continue
+            rows.append(f"| {name} | {name_of(dt)} | {eager * 1e3:.1f} | {compiled * 1e3:.1f} | "
+                        f"{eager / compiled:.2f}x | {first:.1f} s |")
+    return rows + [""]
+
+
+def decode_rows(device, args):
+    """Cached decoding at batch 1 per precision (float32; bf16 where native; int8 on a CPU), against float32, and
+    with --checkpoint the validation loss of each (chargpt.evaluate, consecutive windows): what the speed costs."""
+    from .checkpoint import load_model
+    from .evaluate import evaluate
+    n = 20 if args.quick else 1000
+    if args.checkpoint:
+        base, _, _ = load_model(args.checkpoint, device)
+    else:
+        torch.manual_seed(0)
+        base = CharGPT(QUICK_SHAPE if args.quick else DECODE_SHAPE).to(device).eval()
+    cfg = base.config
+    shape = f"{cfg.n_layer}x{cfg.n_embd} ctx{cfg.block_size}"
+    choices = [("float32", None)]
+    if has_native_bf16(device):
+        choices.append(("bfloat16", None))
+    if device.type == "cpu":
+        choices.append(("float32", "int8"))
+    rows = [f"decode {n} chars, batch 1, {shape}" + (f" ({args.checkpoint})" if args.checkpoint else
+                                                      ", random weights (--checkpoint RUN adds val loss)"), "",
+            "| precision | cached chars/s | vs float32 | val loss | vs float32 |", "|---|---|---|---|---|"]
+    speed0 = loss0 = None
+    for dtype, quantize in choices:
+        model, torch_dtype, _ = inference_model(copy.deepcopy(base), device, dtype, quantize)
+        speed = decode_speed(model, device, torch_dtype, n)
+        speed0 = speed0 or speed
+        loss = ""
+        if args.checkpoint:
+            r = evaluate(args.checkpoint, args.data, stride=cfg.block_size, device=str(device), progress=False,
+                         dtype=dtype, quantize=quantize)
+            loss0 = loss0 if loss0 is not None else r["loss"]
+            loss = f"{r['loss']:.4f} | {r['loss'] - loss0:+.4f}"
+        label = "int8" if quantize else dtype
+        rows.append(f"| {label} | {speed:,.0f} | {speed / speed0:.2f}x | {loss or '- | -'} |")
+    uncached = decode_speed(inference_model(base, device, "float32")[0], device, torch.float32, n, use_cache=False)
+    rows += ["", f"uncached float32 reference: {uncached:,.0f} chars/s (cached float32 is {speed0 / uncached:.1f}x)"]
+    return rows + [""]
+
+
+def speed(parts, device, args):
+    rows = [f"machine: {machine()}", f"kind: {machine_kind(device)}", ""]
     peaks = {}
     if {"peak", "train", "baseline"} & parts:
-        for dt in dtypes:
-            peaks[dt] = matmul_peak(device, dt, **peak_kw)
-            rows.append(f"matmul peak {str(dt)[6:]}: {peaks[dt]:.0f} GFLOP/s")
-        rows.append("")
+        peaks, lines = peak_rows(device, args.quick)
+        rows += lines
     if {"train", "baseline"} & parts:
-        rows += ["| shape | dtype | attention | AdamW | ms/step | chars/s | MFU | vs fp32 baseline |",
-                 "|---|---|---|---|---|---|---|---|"]
-        for name, (cfg, batch) in shapes.items():
-            flops = flops_per_step(cfg, batch)
-            chars = batch * cfg.block_size
-            base = time_train_step(cfg, batch, device, torch.float32, "manual", fused_adam=False, **step_kw)
-            peak32 = peaks[torch.float32]
-            rows.append(f"| {name} | float32 | manual | for-loop | {base * 1e3:.1f} | {chars / base:,.0f} | "
-                        f"{flops / base / 1e9 / peak32:.0%} | 1.00x (baseline) |")
-            if "train" in parts:
-                for dt in dtypes:
-                    t = time_train_step(cfg, batch, device, dt, "auto", fused_adam=True, **step_kw)
-                    rows.append(f"| {name} | {str(dt)[6:]} | auto | fused | {t * 1e3:.1f} | {chars / t:,.0f} | "
-                                f"{flops / t / 1e9 / peaks[dt]:.0%} | {base / t:.2f}x |")
-        rows.append("")
+        rows += train_rows(parts, device, peaks, args)
+    if "compile" in parts:
+        rows += compile_rows(device, args)
     if "decode" in parts:
-        cached = decode_speed(device, decode_chars, use_cache=True, cfg=decode_cfg)
-        uncached = decode_speed(device, decode_chars, use_cache=False, cfg=decode_cfg)
-        shape = f"{decode_cfg.n_layer}x{decode_cfg.n_embd} ctx{decode_cfg.block_size}"
-        rows.append(f"decode {decode_chars} chars, batch 1, {shape}: cached {cached:,.0f} chars/s, uncached "
-                    f"{uncached:,.0f} chars/s, ratio {cached / uncached:.1f}x")
+        rows += decode_rows(device, args)
+    if args.nanogpt:
+        from .bench_nanogpt import side_by_side
+        rows += side_by_side(args.nanogpt, args.data, device, steps=20 if args.quick else args.steps)
+    return "\n".join(rows).rstrip()
+
+
+# --- profile ----------------------------------------------------------------------------------------------------
+def profile(args, device):
+    """torch.profiler over the real training loop (4x128 ctx64 b12 by default), after warm-up steps: time per
+    labelled phase of a step, then the top operators by self CPU time. Work that is not model math shows up as
+    its own phase or operator."""
+    from .training import Trainer
+    steps, warm = (20, 5) if args.quick else (args.steps, 20)
+    recipe = {**(QUICK_SHAPE_FLAGS if args.quick else PROFILE_RECIPE), **parse_sets(args.set)}
+    threads = {"threads": args.threads} if args.threads and device.type == "cpu" else {}
+    with tempfile.TemporaryDirectory(prefix="chargpt-profile-") as out:
+        trainer = Trainer({"data": args.data, "out_dir": out, "device": str(device), "max_iters": warm + steps,
+                           "eval_interval": 10**9, "eval_iters": 1, "sample_chars": 0, "warmup_iters": 0, **recipe,
+                           **threads},
+                          log=lambda msg: None)
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        schedule = torch.profiler.schedule(wait=0, warmup=warm, active=steps, repeat=1)
+        with torch.profiler.profile(activities=activities, schedule=schedule) as prof:
+            trainer.profiler = prof
+            trainer.run()
+    averages = prof.key_averages()
+    phases = sorted(e.key for e in averages if e.key[:1].isdigit() and " " in e.key)
+    by_key = {e.key: e for e in averages}
+    loop = sum(by_key[k].cpu_time_total for k in phases if k[1] == " ") or 1.0  # the top-level phases
+    recipe_text = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in recipe.items())
+    rows = [f"profile: {steps} training steps after {warm} of warm-up, {recipe_text}, device {device}, dtype "
+            f"{name_of(trainer.dtype)}, {torch.get_num_threads()} threads", "",
+            "| phase | ms per step | share of the loop |", "|---|---|---|"]
+    rows += [f"| {k} | {by_key[k].cpu_time_total / 1e3 / steps:.3f} | {by_key[k].cpu_time_total / loop:.1%} |"
+             for k in phases]
+    ops = sorted((e for e in averages if e.key not in phases), key=lambda e: e.self_cpu_time_total, reverse=True)
+    self_total = sum(e.self_cpu_time_total for e in ops) or 1.0
+    rows += ["", "| operator | calls per step | self CPU ms per step | share of self CPU time |", "|---|---|---|---|"]
+    rows += [f"| {e.key} | {e.count / steps:.1f} | {e.self_cpu_time_total / 1e3 / steps:.3f} | "
+             f"{e.self_cpu_time_total / self_total:.1%} |" for e in ops[:args.top]]
     return "\n".join(rows)
 
 
-def quality(args):
-    """Train with the defaults (plus any --set overrides) for --max-time seconds; report the full val loss."""
-    import tempfile
+QUICK_SHAPE_FLAGS = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, dropout=0.0)
 
-    from .training import train
-    overrides = {"data": args.data, "max_time": args.max_time, "sample_chars": 0, **set_overrides(args.set)}
-    out = args.out_dir or tempfile.mkdtemp(prefix="chargpt-quality-")
-    t0 = time.perf_counter()
-    summary = train(out_dir=out, **overrides)
-    wall = time.perf_counter() - t0
-    # consecutive windows (stride = context), as for the numbers already in benchmarks/RESULTS.md
+
+# --- quality ----------------------------------------------------------------------------------------------------
+def quality_run(args, sets):
+    """Train with the defaults plus `sets` ({flag: value}) for --max-time seconds -> (full val loss, summary)."""
     from .checkpoint import read_meta, resolve
     from .evaluate import evaluate
+    from .training import train
+    out = tempfile.mkdtemp(prefix="chargpt-quality-")
+    summary = train(out_dir=out, data=args.data, max_time=args.max_time, sample_chars=0, device=args.device,
+                    log=lambda msg: None, **sets)
+    # consecutive windows (stride = context), as for the numbers already in benchmarks/RESULTS.md
     block = read_meta(resolve(out))[0]["model_config"].block_size
     val = evaluate(out, stride=block, device=args.device, progress=False)["loss"]
-    sets = " ".join(f"--{k}" for k in args.set)
-    return (f"quality: --max-time {args.max_time:g} {sets}: full val loss {val:.4f} (loop estimate "
-            f"{summary['best_val_loss']:.4f}), {summary['step']} steps, {wall:.0f} s wall")
+    return val, summary
+
+
+def quality(args):
+    """Learning at a fixed budget: one run per candidate (the defaults, then each line of --candidates: NAME=VALUE
+    pairs over the defaults and --set), each the full validation loss of its best checkpoint."""
+    base = parse_sets(args.set)
+    candidates = [""] + (read_candidates(args.candidates) if args.candidates else [])
+    rows = [f"quality: --max-time {args.max_time:g} on {args.data or 'the built-in corpus'}"
+            + (f", over {' '.join(args.set)}" if args.set else ""), "",
+            "| settings | steps | full val loss | loop estimate |", "|---|---|---|---|"]
+    for line in candidates:
+        val, summary = quality_run(args, {**base, **parse_sets(line.split())})
+        rows.append(f"| {line or '(defaults)'} | {summary['step']} | {val:.4f} | {summary['best_val_loss']:.4f} |")
+        print(rows[-1], file=sys.stderr, flush=True)  # a long search shows each result as it comes
+    return "\n".join(rows)
+
+
+def read_candidates(path):
+    return [ln.split("#", 1)[0].strip() for ln in Path(path).read_text(encoding="utf-8").splitlines()
+            if ln.split("#", 1)[0].strip()]
+
+
+def parse_sets(items):
+    """['n-embd=192', 'optimizer=muon'] -> {'n_embd': 192, 'optimizer': 'muon'}, typed as the config fields."""
+    out = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        out[key.replace("-", "_")] = type_of(key.replace("-", "_"))(value)
+    return out
 
 
 # pairs: decoder-only against encoder-decoder at about the same size (a decoder block has 12 C^2 weights, an encoder
@@ -223,7 +403,7 @@ def pairs(args):
             "exact match |", "|---|---|---|---|---|---|---|"]
     for name, arch in PAIRS_ARCHS.items():
         out = work / name
-        overrides = {**PAIRS_SETTINGS, **arch, **set_overrides(args.set), "max_time": args.max_time}
+        overrides = {**PAIRS_SETTINGS, **arch, **parse_sets(args.set), "max_time": args.max_time}
         summary = train(data=str(work / "couplets.tsv"), out_dir=str(out), device=args.device, **overrides,
                         log=lambda m: print(m, file=sys.stderr))  # stdout: the table alone
         gen = load(out, device=args.device)  # its best checkpoint
@@ -241,15 +421,6 @@ def pairs(args):
                                  f"characters of the examples, source and target, per second of training)"])
 
 
-def set_overrides(items):
-    """--set NAME=VALUE items -> {name: typed value}."""
-    out = {}
-    for item in items:
-        key, _, value = item.partition("=")
-        out[key.replace("-", "_")] = type_of(key.replace("-", "_"))(value)
-    return out
-
-
 def type_of(name):
     for f in fields(ModelConfig) + fields(TrainConfig):
         if f.name == name:
@@ -258,36 +429,71 @@ def type_of(name):
     raise SystemExit(f"unknown setting {name}")
 
 
+# --- results file ---------------------------------------------------------------------------------------------
+def write_results(report, kind, title, path=RESULTS):
+    """Add the report to RESULTS.md at the end of this machine kind's section (made if missing): numbers are
+    compared within one kind of machine."""
+    text = path.read_text(encoding="utf-8") if path.exists() else "# Benchmark results\n"
+    heading = f"## Machine kind: {kind}"
+    entry = f"\n### {time.strftime('%Y-%m-%d %H:%M')} — {title}\n\n{report}\n"
+    if heading not in text:
+        text = text.rstrip("\n") + f"\n\n{heading}\n" + entry
+    else:
+        start = text.index(heading) + len(heading)
+        end = text.find("\n## ", start)
+        end = len(text) if end < 0 else end
+        text = text[:end].rstrip("\n") + "\n" + entry + text[end:]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
 def main(argv=None, prog=None):
     p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("mode", nargs="?", default="speed", choices=["speed", "quality", "pairs"])
-    p.add_argument("--only", nargs="*", default=["peak", "train", "baseline", "decode"],
-                   help="parts of the speed benchmark: peak train baseline decode")
+    p.add_argument("mode", nargs="?", default="speed", choices=["speed", "profile", "quality", "pairs"])
+    p.add_argument("--only", nargs="*", default=list(PARTS), choices=PARTS,
+                   help="parts of the speed benchmark: " + " ".join(PARTS))
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--data", default=None, help="corpus for the quality benchmark; the Tang poems for pairs")
+    p.add_argument("--batch", type=int, default=None, help="speed: batch size of every training shape (a GPU needs "
+                   "64 or more to be busy) [default: each shape's own]")
+    p.add_argument("--checkpoint", default=None, help="decode: measure this run's model, and its val loss per "
+                   "precision (on --data, or its own validation split)")
+    p.add_argument("--nanogpt", default=None, metavar="PATH", help="speed: also time nanoGPT's train.py from this "
+                   "checkout against ours, same recipe, same machine, steady state (on --data)")
+    p.add_argument("--steps", type=int, default=200, help="profile, nanogpt: training steps to time")
+    p.add_argument("--top", type=int, default=15, help="profile: operators to list")
+    p.add_argument("--data", default=None, help="corpus for quality, profile, nanogpt and decode's val loss "
+                   "[default: the built-in corpus; for decode, the run's validation split]")
     p.add_argument("--max-time", type=float, default=120.0, help="seconds of training (pairs: for each model)")
     p.add_argument("--eval-pairs", type=int, default=1000, help="pairs: validation pairs scored (val loss) and "
                    "translated (chrF, exact match)")
     p.add_argument("--out-dir", default=None)
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                   help="quality: override a training flag, e.g. --set n-embd=192 (repeatable)")
-    p.add_argument("--write", action="store_true", help="append the results to benchmarks/RESULTS.md")
-    p.add_argument("--quick", action="store_true", help="speed: every part on a tiny shape in seconds, to check "
-                   "that the benchmark runs (its numbers mean nothing)")
+                   help="quality, profile: override a training flag, e.g. --set n-embd=192 (repeatable)")
+    p.add_argument("--candidates", default=None, metavar="FILE", help="quality: one run per line of FILE, each "
+                   "line NAME=VALUE pairs over the defaults (# starts a comment)")
+    p.add_argument("--write", action="store_true", help="add the results to benchmarks/RESULTS.md, in this "
+                   "machine kind's section")
+    p.add_argument("--quick", action="store_true", help="speed, profile: every part on a tiny shape in seconds, to "
+                   "check that the benchmark runs (its numbers mean nothing)")
     args = p.parse_args(argv)
     device = pick_device(args.device)
     if device.type == "cpu":
         configure_threads(args.threads)
-    report = {"speed": lambda: speed(set(args.only), device, args.quick), "quality": lambda: quality(args),
-              "pairs": lambda: pairs(args)}[args.mode]()
+    if args.mode == "speed":
+        report = speed(set(args.only), device, args)
+    elif args.mode == "profile":
+        report = profile(args, device)
+    elif args.mode == "pairs":
+        report = pairs(args)
+    else:
+        report = quality(args)
     print(report)
     if args.write:
-        path = Path("benchmarks/RESULTS.md")
-        path.parent.mkdir(exist_ok=True)
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M')} — python -m chargpt.bench {args.mode}\n\n{report}\n")
+        shown = " ".join(argv if argv is not None else sys.argv[1:])
+        write_results(report, machine_kind(device), f"python -m chargpt.bench {shown}".strip())
 
 
 if __name__ == "__main__":
     main()
+

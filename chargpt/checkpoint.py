@@ -1,6 +1,6 @@
 """Save and load self-contained runs, with no pickle anywhere.
 
-A checkpoint is a safetensors file: weights (state.safetensors: also AdamW moments and random states) plus
+A checkpoint is a safetensors file: weights (state.safetensors: also optimizer state and random states) plus
 JSON metadata (config, vocabulary, step, losses). Where these files live, and how they are written safely,
 is rundir.py's business. Metadata is validated on load; tensor names and shapes are checked against the
 config before anything is read, so a crafted header cannot make the loader allocate more than the file holds.
@@ -32,6 +32,11 @@ FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Buffers rebuilt from the config rather than stored (sinusoidal positions: block_size x n_embd) may hold at most
 # this many elements, or 4x the elements the file stores: a crafted block_size cannot make a loader allocate more.
 FREE_BUFFER_ELEMENTS = 1 << 24
+# Tensors of state.safetensors besides the weights: optimizer state as '<optimizer>.<parameter index>.<key>' (AdamW's
+# under 'optim.', as before Muon existed; Muon's under 'muon.') and random-generator states under 'rng.'.
+OPTIMIZER_PREFIXES = ("optim.", "muon.")
+STATE_PREFIXES = (*OPTIMIZER_PREFIXES, "rng.")
+PARAM_SHAPED = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer")  # per-parameter optimizer state
 
 
 def unwrap(model):
@@ -97,13 +102,19 @@ def save_model(path, model, vocab, train_config=None, weights=None, **extra):
     write_safetensors(path, weights, meta)
 
 
+def optimizer_parts(optimizer):
+    """{name in the state file: torch optimizer}: an optim.Optimizers, or one optimizer (stored as AdamW's 'optim')."""
+    return getattr(optimizer, "parts", None) or {"optim": optimizer}
+
+
 def save_state(path, model, optimizer, rng, vocab, train_config, weights=None, **extra):
-    """Everything to resume exactly: weights, optimizer moments (by parameter index), RNG states."""
+    """Everything to resume exactly: weights, optimizer state (by optimizer and parameter index), RNG states."""
     weights = weights or model_tensors(model)
     tensors = {"model." + k: v for k, v in weights.items()}
-    for idx, state in optimizer.state_dict()["state"].items():
-        for key, value in state.items():
-            tensors[f"optim.{idx}.{key}"] = torch.as_tensor(value).detach().to("cpu").contiguous()
+    for name, part in optimizer_parts(optimizer).items():
+        for idx, state in part.state_dict()["state"].items():
+            for key, value in state.items():
+                tensors[f"{name}.{idx}.{key}"] = torch.as_tensor(value).detach().to("cpu").contiguous()
     for name, value in rng.items():
         tensors[f"rng.{name}"] = value.contiguous()
     meta = checkpoint_meta(model, vocab, train_config, checksum=tensor_checksum(tensors), **extra)
@@ -196,7 +207,7 @@ def _check_shapes(path, cfg, shapes, prefix):
                               f"the file is corrupted or was tampered with")
     want = expected_shapes(cfg, prefix)
     have = {k: v for k, v in shapes.items() if k.startswith(prefix)} if prefix else \
-        {k: v for k, v in shapes.items() if not k.startswith(("optim.", "rng."))}
+        {k: v for k, v in shapes.items() if not k.startswith(STATE_PREFIXES)}
     if want != have:
         wrong = sorted(set(want) ^ set(have)) or sorted(k for k in want if want[k] != have[k])
         raise CheckpointError(f"{path}: tensors do not match the model config stored with them ({wrong[:3]}); "
@@ -241,7 +252,7 @@ def load_model(path, device="cpu"):
     _check_shapes(path, cfg, shapes, prefix)
     model = build_model(cfg)
     tensors = _read_tensors(path, meta, shapes)  # all of them: the checksum covers the whole file
-    weights = [k for k in tensors if k.startswith(prefix) and not k.startswith(("optim.", "rng."))]
+    weights = [k for k in tensors if k.startswith(prefix) and not k.startswith(STATE_PREFIXES)]
     sd = {k[len(prefix):]: tensors[k] for k in weights}
     if cfg.tie_weights:
         sd["lm_head.weight"] = sd["wte.weight"]
@@ -251,32 +262,37 @@ def load_model(path, device="cpu"):
 
 
 def load_state(path, model, optimizer):
-    """Restore weights and optimizer moments from state.safetensors into model/optimizer (built from the same
-    config); -> (meta, rng dict). Every tensor's name and shape is checked before anything is read."""
+    """Restore weights and optimizer state from state.safetensors into model/optimizer (built from the same
+    config and optimizer choice); -> (meta, rng dict). Every tensor's name and shape is checked before anything
+    is read."""
     meta, shapes = read_meta(path)
     target = unwrap(model)
     _check_shapes(path, target.config, shapes, "model.")
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    optim = {}  # tensor name -> (parameter index, state key)
+    parts = optimizer_parts(optimizer)
+    params = {name: [p for g in part.param_groups for p in g["params"]] for name, part in parts.items()}
+    optim = {}  # tensor name -> (optimizer name, parameter index, state key)
     for k, shape in shapes.items():
-        if k.startswith("optim."):
-            _, idx, key = (k.split(".", 2) + ["", ""])[:3]
-            ok = idx.isdigit() and int(idx) < len(params) and (
-                shape == tuple(params[int(idx)].shape) if key in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
-                else key == "step" and shape in ((), (1,)))
+        if k.startswith(OPTIMIZER_PREFIXES):
+            name, idx, key = (k.split(".", 2) + ["", ""])[:3]
+            if name not in parts:
+                raise CheckpointError(f"{path}: holds {name} optimizer state, which this run's optimizer has not; "
+                                      f"resume with the optimizer the run was trained with (--optimizer)")
+            mine = params[name]
+            ok = idx.isdigit() and int(idx) < len(mine) and (
+                shape == tuple(mine[int(idx)].shape) if key in PARAM_SHAPED else key == "step" and shape in ((), (1,)))
             if not ok:
                 raise CheckpointError(f"{path}: optimizer state {k} {list(shape)} does not match the model; "
                                       f"the file is corrupted")
-            optim[k] = (int(idx), key)
+            optim[k] = (name, int(idx), key)
         elif k.startswith("rng.") and len(shape) != 1:
             raise CheckpointError(f"{path}: random-generator state {k} is malformed; the file is corrupted")
         elif not k.startswith(("model.", "rng.")):
             raise CheckpointError(f"{path}: unexpected tensor {k}; not a chargpt training state")
     tensors = _read_tensors(path, meta, shapes)
     sd = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
-    state = {}
-    for k, (idx, key) in optim.items():
-        state.setdefault(idx, {})[key] = tensors[k]
+    state = {name: {} for name in parts}
+    for k, (name, idx, key) in optim.items():
+        state[name].setdefault(idx, {})[key] = tensors[k]
     rng = {k[len("rng."):]: v for k, v in tensors.items() if k.startswith("rng.")}
     cpu_rng_bytes = torch.get_rng_state().numel()  # the CPU generators ("torch", "data") have this exact size
     if any(v.dtype != torch.uint8 or k.rsplit(".", 1)[-1] in ("torch", "data") and v.numel() != cpu_rng_bytes
@@ -285,7 +301,8 @@ def load_state(path, model, optimizer):
     if target.config.tie_weights:
         sd["lm_head.weight"] = sd["wte.weight"]
     target.load_state_dict(sd, strict=True)
-    opt_sd = optimizer.state_dict()
-    opt_sd["state"] = state
-    optimizer.load_state_dict(opt_sd)
+    for name, part in parts.items():
+        opt_sd = part.state_dict()
+        opt_sd["state"] = state[name]
+        part.load_state_dict(opt_sd)
     return meta, rng

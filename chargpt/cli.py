@@ -39,8 +39,28 @@ def spec_option(spec, default=None):
         return click.option(f"--{spec.name}/--no-{spec.name}", spec.dest, default=spec.default, show_default=True,
                             help=spec.help)
     ptype = click.Choice(spec.choices) if spec.choices else spec.type
+    if spec.switch:
+        return _switch_option(spec, ptype, default)
     return click.option(f"--{spec.name}", spec.dest, type=ptype, default=default, multiple=spec.multiple,
                         help=spec.help)
+
+
+def _switch_option(spec, ptype, default):
+    """`--NAME [VALUE]` (alone: the switch's first value) plus `--no-NAME` (its second), for a setting that grew
+    from an on/off switch into choices (--compile auto|on|off), so that the old spellings keep working."""
+    bare, negative = spec.switch
+
+    def negate(ctx, param, given):
+        if given:
+            ctx.params[spec.dest] = negative
+            ctx.set_parameter_source(spec.dest, ParameterSource.COMMANDLINE)
+
+    def decorate(fn):
+        fn = click.option(f"--no-{spec.name}", f"no_{spec.dest}", is_flag=True, expose_value=False, callback=negate,
+                          help=f"the same as --{spec.name} {negative}")(fn)
+        return click.option(f"--{spec.name}", spec.dest, type=ptype, default=default, is_flag=False,
+                            flag_value=bare, help=spec.help)(fn)
+    return decorate
 
 
 def config_options(cls):
@@ -279,9 +299,15 @@ def _tolerant_stdout():
 @click.option("--interactive", is_flag=True, help="a prompt loop that keeps the model loaded; /help lists its "
               "commands, Ctrl-C stops a sample, Ctrl-D exits")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N or mps")
+@click.option("--dtype", default="auto", show_default=True, type=click.Choice(["auto", "float32", "bfloat16"]),
+              help="precision of decoding: auto is bfloat16 where the device computes it natively (half the bytes "
+                   "read per character), else float32")
+@click.option("--quantize", default="none", show_default=True, type=click.Choice(["none", "int8"]),
+              help="int8: int8 weights for faster decoding on a CPU (torch's dynamic quantisation; `chargpt bench "
+                   "--only decode` measures its speed and its cost in loss)")
 @click.option("--no-cache", is_flag=True, help="decode without the KV cache (the slow reference path)")
 def sample_cli(checkpoint_path, prompt, prompt_file, num_samples, seed, unknown, output, as_json, interactive,
-               device, no_cache, **flags):
+               device, dtype, quantize, no_cache, **flags):
     """Write text in the style of a trained run. The text goes to stdout (with a separator line above each
     sample when there are several); everything else goes to stderr."""
     def main():
@@ -293,8 +319,8 @@ def sample_cli(checkpoint_path, prompt, prompt_file, num_samples, seed, unknown,
             _check_interactive(prompt, prompt_file, output, as_json, num_samples)
         text = _read_prompt(prompt, prompt_file)
         path = checkpoint_path or latest_run()
-        gen = load(path, device=device)
-        click.echo(f"loaded {path} ({_describe_run(gen)}) on {gen.device}", err=True)
+        gen = load(path, device=device, dtype=dtype, quantize=quantize)
+        click.echo(f"loaded {path} ({_describe_run(gen)}) on {gen.device}, {gen.precision}", err=True)
         _tolerant_stdout()
         if interactive:
             from .repl import repl

@@ -26,18 +26,22 @@ POS_EMBS = ("learned", "sinusoidal")
 NORMS = ("pre", "post")
 ACTIVATIONS = ("gelu", "relu")
 TASKS = ("text", "pairs")
-LR_SCHEDULES = ("cosine", "inverse-sqrt")
 # ModelConfig fields added after format 1 was released: a checkpoint without them gets the defaults (the GPT).
 ARCH_FIELDS = ("arch", "n_enc_layer", "pos_emb", "emb_scale", "norm", "activation")
 UNLIMITED = 10**12  # max_iters when only --max-time bounds a run
 FORMAT_VERSION = 1  # bump when the checkpoint layout changes incompatibly
 MAX_INT = 2**63 - 1  # torch's sizes and indices are signed 64-bit
 MAX_SEED = MAX_INT  # torch seeds are unsigned 64-bit; this leaves room for the per-stream offsets added to the seed
+OPTIMIZERS = ("adamw", "muon")
+LR_SCHEDULES = ("cosine", "wsd", "inverse-sqrt")
+SAVE_STATES = ("eval", "end")
+COMPILE_CHOICES = ("auto", "on", "off")
 THREADS_PER_CPU = 4  # --threads above this many per CPU is a typo: torch only slows down, and crashes near 100000
 
 
 def opt(default, help, **extra):
-    """A dataclass field carrying its --help line (and optionally click `choices`, `multiple`, or flag=False)."""
+    """A dataclass field carrying its --help line (and optionally click `choices`, `multiple`, flag=False, or
+    switch=(bare, negative): the flag alone means `bare`, and --no-<flag> means `negative`)."""
     return field(default=default, metadata={"help": help, **extra})
 
 
@@ -194,16 +198,25 @@ class TrainConfig:
                                        "--resume: more time); the learning-rate schedule is fitted to it and training "
                                        "stops (and saves) when it is spent [default: none]")
     learning_rate: float = opt(1e-3, "peak learning rate (AdamW)")
-    min_lr: float | None = opt(None, "final learning rate of the cosine decay [default: learning rate / 10]")
+    min_lr: float | None = opt(None, "final learning rate of the decay [default: learning rate / 10]")
     warmup_iters: int = opt(100, "steps of linear warmup")
-    lr_decay_iters: int | None = opt(None, "step at which the cosine decay reaches --min-lr [default: --max-iters]")
-    lr_schedule: str = opt("cosine", "cosine: warmup, then cosine decay to --min-lr over the budget; inverse-sqrt: "
-                                     "warmup, then learning rate x sqrt(--warmup-iters / step), as in the 2017 paper "
-                                     "(no end: --min-lr and --lr-decay-iters do not apply)", choices=LR_SCHEDULES)
+    lr_decay_iters: int | None = opt(None, "step at which the decay reaches --min-lr [default: --max-iters]")
     weight_decay: float = opt(0.1, "AdamW weight decay, on weight matrices and embeddings (not biases or norms)")
     beta1: float = opt(0.9, "AdamW beta1")
     beta2: float = opt(0.99, "AdamW beta2 (0.99 suits the small batches of character models)")
     grad_clip: float = opt(1.0, "clip the global gradient norm to this value (0 disables)")
+    optimizer: str = opt("adamw", "adamw: AdamW for every parameter; muon: Muon (Newton-Schulz-orthogonalised "
+                                  "momentum, as in modded-nanoGPT) for the 2-D weight matrices inside the blocks, "
+                                  "AdamW for embeddings, head, biases and norms", choices=OPTIMIZERS)
+    muon_lr: float = opt(0.02, "peak learning rate of the Muon matrices (--optimizer muon); the schedule scales it "
+                               "as it scales --learning-rate")
+    muon_momentum: float = opt(0.95, "Muon's (Nesterov) momentum")
+    lr_schedule: str = opt("cosine", "after the warmup: cosine decays to --min-lr over the budget; wsd "
+                                     "(warmup-stable-decay) stays at the peak, then decays linearly to --min-lr over "
+                                     "the last --decay-fraction of the budget; inverse-sqrt: learning rate x "
+                                     "sqrt(--warmup-iters / step), as in the 2017 paper (no end: --min-lr and "
+                                     "--lr-decay-iters do not apply)", choices=LR_SCHEDULES)
+    decay_fraction: float = opt(0.4, "--lr-schedule wsd: the share of the budget, at its end, spent decaying")
     skip_nonfinite: bool = opt(False, "skip steps whose loss is NaN/inf instead of stopping")
     # evaluation and logging
     eval_interval: int = opt(500, "steps between evaluations (and checkpoints)")
@@ -221,11 +234,17 @@ class TrainConfig:
                              "matplotlib installed; --no-curves for many short runs, where each costs a moment)")
     eval_pairs: int = opt(100, "with --task pairs: validation pairs translated greedily at each evaluation, for "
                                "exact match and chrF (0: none)")
+    save_state: str = opt("eval", "when state.safetensors and latest.safetensors are written: eval (at every "
+                                  "evaluation, so a crash loses at most one interval) or end (when training stops, "
+                                  "also on Ctrl-C; best.safetensors is still written whenever validation improves)",
+                          choices=SAVE_STATES)
     # hardware
     device: str = opt("auto", "auto (CUDA, then Apple MPS, then CPU), cpu, cuda, cuda:N or mps")
     dtype: str = opt("auto", "auto (bfloat16 where the hardware has it, else float32), float32, bfloat16, float16",
                      choices=("auto", "float32", "bfloat16", "float16"))
-    compile: bool = opt(False, "wrap the model in torch.compile (helps on CUDA; rarely on CPU)")
+    compile: str | bool = opt("auto", "torch.compile the model: auto where it measurably wins (CUDA: yes, CPU: no; "
+                                      "the rule is runtime.pick_compile, printed at start), on, off; --compile alone "
+                                      "means on, --no-compile off", choices=COMPILE_CHOICES, switch=("on", "off"))
     attention: str = opt("auto", "attention kernel: auto picks the fastest for the device; fused (torch SDPA) or "
                                  "manual (explicit masked softmax)", choices=("auto", "fused", "manual"))
     threads: int | None = opt(None, f"CPU threads for torch, at most {THREADS_PER_CPU} per CPU [default: one per "
@@ -236,6 +255,10 @@ class TrainConfig:
     label_smoothing: float = opt(0.0, "spread this much of each target's probability over the whole vocabulary "
                                       "in the training loss (0.1 in the 2017 paper; 0: plain cross-entropy); the "
                                       "losses reported are plain cross-entropy either way")
+
+    def __post_init__(self):
+        if isinstance(self.compile, bool):  # compile=True from Python, and checkpoints from before auto|on|off
+            self.compile = "on" if self.compile else "off"
 
     def validate(self):
         check_seed(self.seed)  # its own range, said more precisely than check_numbers would
@@ -268,11 +291,18 @@ class TrainConfig:
             raise ConfigError(f"{param('sample_every')} needs {param('sample_chars')} above 0 (the length of each "
                               f"sample); drop {param('sample_chars', 0)}")
         check_preset(self.preset)
-        if not 0.0 <= self.label_smoothing < 1.0:  # also catches NaN
-            raise ConfigError(f"{param('label_smoothing')} must be in [0, 1) (got {self.label_smoothing})")
-        for name, allowed in (("task", TASKS), ("lr_schedule", LR_SCHEDULES)):  # click checks flags; Python too
+        if not self.muon_lr > 0:
+            raise ConfigError(f"{param('muon_lr')} must be positive (got {self.muon_lr})")
+        if not 0 <= self.muon_momentum < 1:
+            raise ConfigError(f"{param('muon_momentum')} must be in [0, 1) (got {self.muon_momentum})")
+        if not 0 < self.decay_fraction <= 1:
+            raise ConfigError(f"{param('decay_fraction')} must be in (0, 1] (got {self.decay_fraction})")
+        for name, allowed in (("optimizer", OPTIMIZERS), ("lr_schedule", LR_SCHEDULES), ("save_state", SAVE_STATES),
+                              ("compile", COMPILE_CHOICES), ("task", TASKS)):  # the CLI checks these; Python too
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{param(name)} must be one of {', '.join(allowed)} (got {getattr(self, name)!r})")
+        if not 0.0 <= self.label_smoothing < 1.0:  # also catches NaN
+            raise ConfigError(f"{param('label_smoothing')} must be in [0, 1) (got {self.label_smoothing})")
         if self.target_data is not None and self.task != "pairs":
             raise ConfigError(f"{param('target_data')} is for sentence pairs; add {param('task', 'pairs')}")
         return self
@@ -406,7 +436,10 @@ def flag(name):
 
 
 def field_type(f):
-    """The type a field's flag parses to: bool, int, float or str (`int | None` -> int; a tuple of strings -> str)."""
+    """The type a field's flag parses to: bool, int, float or str (`int | None` -> int; a tuple of strings -> str;
+    a field with choices -> str)."""
+    if f.metadata.get("choices"):
+        return str
     for cand in (bool, int, float, str):
         if f.type is cand or cand in getattr(f.type, "__args__", ()):
             return cand
@@ -423,6 +456,7 @@ class FlagSpec:
     help: str  # the field's help line, with its default(s) appended
     choices: tuple | None = None
     multiple: bool = False
+    switch: tuple | None = None  # (value of the bare flag, value of --no-<flag>)
 
 
 def flag_specs(cls):
@@ -437,7 +471,7 @@ def flag_specs(cls):
         elif f.default is not None and typ is not bool and "[default" not in help_:
             help_ += f" [default: {f.default}]"
         specs.append(FlagSpec(f.name, flag(f.name), typ, f.default, help_, f.metadata.get("choices"),
-                              f.metadata.get("multiple", False)))
+                              f.metadata.get("multiple", False), f.metadata.get("switch")))
     return specs
 
 

@@ -36,6 +36,7 @@ from .checkpoint import load_model, resolve
 from .data import corpus_sources, encode_corpus, iter_text, split_sizes
 from .errors import ConfigError, DataError
 from .pairs import END, SEP, context_needed, encode_pairs, pair_stream, split_pairs
+from .quantize import check_precision, inference_model
 from .runtime import autocast, pick_device, pick_dtype
 from .tokenizer import codepoints
 
@@ -126,20 +127,28 @@ def validation_split(meta, vocab, block_size):
 
 
 def evaluate(checkpoint, data=None, *, encoding="utf-8", encoding_errors="strict", stride=None, batch_size=None,
-             device="auto", progress=True, target_data=None):
+             device="auto", progress=True, target_data=None, dtype=None, quantize=None):
     """Loss of a checkpoint (run directory or file) on a text file or folder; data=None scores the run's own
-    validation split. -> dict: loss (nats per character), bpc, characters, scored, unknown, stride, ...
+    validation split. dtype and quantize score the model as sample.py would decode with them (chargpt.quantize:
+    e.g. quantize='int8' gives what int8 weights cost); dtype=None is float32 on a CPU (exact and reproducible)
+    and the GPU's autocast dtype on a GPU. -> dict: loss (nats per character), bpc, characters, scored, ...
     A pairs run scores pairs instead (see evaluate_pairs); target_data is for it alone."""
     path = resolve(checkpoint)
     device = pick_device(device)
+    if dtype is None:  # on CPU float32 keeps the number exact and reproducible; on a GPU bf16 where it is native
+        dtype = "float32" if device.type == "cpu" else "auto"
+    check_precision(device, dtype, quantize)
     model, vocab, meta = load_model(path, device)
     if meta["task"] == "pairs":
         if stride is not None:
             raise ConfigError("--stride is for runs trained on text; a pairs run is scored pair by pair: drop it")
+        if quantize is not None or dtype not in (None, "float32", "auto"):
+            raise ConfigError("dtype and quantize are for runs trained on text; score a pairs run as it is")
         return evaluate_pairs(path, model, vocab, meta, data, target_data, encoding, encoding_errors, batch_size,
                               device)
     if target_data is not None:
         raise ConfigError("--target-data is for runs trained on sentence pairs; this one was trained on text")
+    model, torch_dtype, _ = inference_model(model, device, dtype, quantize)
     T = model.config.block_size
     stride = default_stride(T) if stride is None else stride
     if not 1 <= stride <= T:
@@ -156,9 +165,7 @@ def evaluate(checkpoint, data=None, *, encoding="utf-8", encoding_errors="strict
     if len(ids) < 2:
         raise DataError(f"{label} has {len(ids)} character(s); scoring needs at least 2 (each character is "
                         f"predicted from the ones before it)")
-    # on CPU float32 keeps the number exact and reproducible; on a GPU its fast mixed precision
-    dtype = torch.float32 if device.type != "cuda" else pick_dtype("auto", device)[0]
-    total, scored = score_ids(model, ids, known, stride, batch_size, dtype, progress)
+    total, scored = score_ids(model, ids, known, stride, batch_size, torch_dtype, progress)
     if scored == 0:
         raise DataError(f"none of the characters of {label} are in the model's vocabulary ({len(vocab)} "
                         f"characters), so nothing can be scored; evaluate a text in the corpus's alphabet")
@@ -166,7 +173,11 @@ def evaluate(checkpoint, data=None, *, encoding="utf-8", encoding_errors="strict
     return {"checkpoint": str(path), "data": label, "step": meta.get("step"), "characters": len(ids),
             "scored": scored, "unknown": sum(unknown.values()), "unknown_chars": dict(unknown.most_common(10)),
             "stand_in": vocab.replacement(), "loss": loss, "bpc": loss / math.log(2), "stride": stride,
-            "block_size": T, "device": str(device)}
+            "block_size": T, "device": str(device), "precision": _precision(torch_dtype, quantize)}
+
+
+def _precision(dtype, quantize):
+    return "int8" if quantize == "int8" else str(dtype).removeprefix("torch.")
 
 
 # --- pairs --------------------------------------------------------------------------------------------------

@@ -75,6 +75,42 @@ def pick_dtype(name, device):
     return dtype, f"{name} (requested)"
 
 
+def has_native_bf16(device):
+    """Whether bf16 matmuls run in hardware on this device (CUDA from Ampere on, CPUs with AVX512-BF16 or AMX)."""
+    if device.type == "cuda":
+        return cuda_has_native_bf16(device)
+    return device.type == "cpu" and cpu_has_native_bf16()
+
+
+def pick_decode_dtype(name, device):
+    """-> (torch dtype, reason) for sampling and scoring. 'auto' is bf16 where the device does bf16 natively: decoding
+    one character at a time reads every weight per character, so half the bytes per weight is what makes it
+    faster. Elsewhere float32, where cached decoding gives exactly the uncached reference's characters."""
+    if name == "auto":
+        if has_native_bf16(device):
+            return torch.bfloat16, f"bfloat16 ({device.type.upper()} has native bf16)"
+        return torch.float32, f"float32 (no native bfloat16 on this {device.type.upper()})"
+    if name not in ("float32", "bfloat16"):
+        raise ConfigError(f"--dtype for sampling must be auto, float32 or bfloat16 (got {name!r})")
+    return DTYPES[name], f"{name} (requested)"
+
+
+# torch.compile: where it wins. Inductor fuses the chains of small elementwise kernels (LayerNorm, GELU, residual
+# adds, dtype casts) that dominate small models; on CUDA that removes launch overhead and wins clearly, so auto
+# compiles there. On CPU, eager mode is kept: compiling costs tens of seconds up front and needs a C++ compiler,
+# and no CPU measurement here has shown a win yet (`python -m chargpt.bench --only compile` measures it per shape and
+# dtype; change this rule when it does).
+def pick_compile(setting, device):
+    """--compile auto|on|off -> (whether to compile, reason printed at start)."""
+    if setting == "on":
+        return True, "torch.compile (requested)"
+    if setting == "off":
+        return False, "eager (--compile off)"
+    if device.type == "cuda":
+        return True, "torch.compile (--compile auto: it wins on CUDA)"
+    return False, f"eager (--compile auto: torch.compile has not measured faster on {device.type.upper()})"
+
+
 def autocast(device, dtype):
     """Mixed-precision context for forward passes; a no-op in float32."""
     if dtype == torch.float32:

@@ -22,7 +22,7 @@ import torch
 from .config import SampleSettings, check_sample_options, param
 from .errors import ChargptError
 from .model import KVCache
-from .runtime import DTYPES, autocast
+from .runtime import autocast
 from .tokenizer import describe_chars
 
 
@@ -143,6 +143,7 @@ class Generator:
         self.model, self.vocab, self.device, self.dtype = unwrap(model).eval(), vocab, torch.device(device), dtype
         self.meta = meta or {}
         self.task = self.meta.get("task", "text")
+        self.precision = str(dtype).removeprefix("torch.")  # what the model computes in, in words (load says more)
 
     def start_text(self):
         """What an empty prompt conditions on: a newline (as if a new paragraph started), else a space."""
@@ -241,17 +242,17 @@ class Generator:
         return out
 
 
-def load(path, device="auto", dtype="auto"):
-    """Checkpoint file or run directory -> Generator."""
+def load(path, device="auto", dtype="auto", quantize=None):
+    """Checkpoint file or run directory -> Generator. dtype: auto (bf16 where the device computes it natively,
+    else float32: runtime.pick_decode_dtype), float32 or bfloat16; quantize='int8': int8 weights for decoding on
+    a CPU (chargpt.quantize)."""
     from .checkpoint import load_model
-    from .runtime import cuda_has_native_bf16, pick_device
+    from .quantize import check_precision, inference_model
+    from .runtime import pick_device
     device = pick_device(device)
-    # bf16 decoding only on CUDA: on CPU the per-step work is tiny and fp32 keeps results exact
-    if dtype == "auto":
-        cuda_bf16 = device.type == "cuda" and cuda_has_native_bf16(device)
-        dtype = "bfloat16" if cuda_bf16 else "float32"
-    if dtype not in ("float32", "bfloat16"):
-        raise ChargptError(f"--dtype for sampling must be auto, float32 or bfloat16 (got {dtype!r})")
-    torch_dtype = DTYPES[dtype]
+    check_precision(device, dtype, quantize)  # a bad choice fails before the checkpoint is read
     model, vocab, meta = load_model(path, device)
-    return Generator(model, vocab, device, torch_dtype, meta)
+    model, torch_dtype, precision = inference_model(model, device, dtype, quantize)
+    gen = Generator(model, vocab, device, torch_dtype, meta)
+    gen.precision = precision
+    return gen

@@ -41,6 +41,7 @@ from .config import (
 from .data import Batches, corpus_sources, encode_corpus, split_sizes
 from .errors import ChargptError, CheckpointError, ConfigError, Interrupted
 from .model import build_model
+from .optim import make_optimizer
 from .pairs import PairBatches, encode_pairs
 from .rundir import CONFIG, METRICS, SAMPLES, STATE
 from .runtime import (
@@ -50,6 +51,7 @@ from .runtime import (
     enable_fast_math,
     gather_to_main,
     init_distributed,
+    pick_compile,
     pick_device,
     pick_dtype,
     stream_seed,
@@ -110,6 +112,21 @@ def inverse_sqrt_lr(it, cfg: TrainConfig):
     return cfg.learning_rate * min(step / warmup, math.sqrt(warmup / step))
 
 
+def get_lr_wsd(it, frac, cfg: TrainConfig, start_lr=None):
+    """Warmup-stable-decay (as in MiniCPM and modded-nanoGPT), same arguments as get_lr: 1) linear warmup over
+    warmup_iters steps, 2) flat at learning_rate (or start_lr) until 1 - decay_fraction of the budget is done,
+    3) linear decay to min_lr over the rest, 4) min_lr after. Fitted to --max-time through `frac`, like cosine."""
+    min_lr = final_lr(cfg)
+    if start_lr is None and it < cfg.warmup_iters:
+        return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
+    peak = cfg.learning_rate if start_lr is None else start_lr
+    decayed = (frac - (1.0 - cfg.decay_fraction)) / cfg.decay_fraction  # < 0 while flat, 1 at the end
+    return peak - min(max(decayed, 0.0), 1.0) * (peak - min_lr)
+
+
+SCHEDULES = {"cosine": get_lr, "wsd": get_lr_wsd}  # --lr-schedule
+
+
 def run_fraction(it, elapsed, cfg: TrainConfig, s: RunState):
     """How much of the decay is done: by steps (from the end of warmup, or from where a resumed budget began
     decaying), or by training time with --max-time, whichever is further."""
@@ -122,9 +139,9 @@ def run_fraction(it, elapsed, cfg: TrainConfig, s: RunState):
 
 
 def lr_at(step, elapsed, cfg: TrainConfig, s: RunState):
-    if cfg.lr_schedule == "inverse-sqrt":
+    if cfg.lr_schedule == "inverse-sqrt":  # a function of the step alone: no budget, no end
         return inverse_sqrt_lr(step, cfg)
-    return get_lr(step, run_fraction(step, elapsed, cfg, s), cfg, s.budget_lr)
+    return SCHEDULES[cfg.lr_schedule](step, run_fraction(step, elapsed, cfg, s), cfg, s.budget_lr)
 
 
 def model_inputs(batch):
@@ -171,17 +188,6 @@ def fixed_sample(rows, n):
     return np.sort(np.random.default_rng(0).choice(rows, size=n, replace=False))
 
 
-def make_optimizer(model, cfg: TrainConfig, device):
-    """AdamW, fused where this torch supports it for the device (several times faster than the for-loop
-    implementation: 5 ms against 31 ms per step measured for 10.7M parameters on CPU)."""
-    groups = model.optimizer_groups(cfg.weight_decay)
-    betas = (cfg.beta1, cfg.beta2)
-    try:
-        return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=betas, fused=device.type in ("cuda", "cpu"))
-    except (RuntimeError, ValueError, TypeError):
-        return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=betas)
-
-
 # --- settings: flags, presets and checkpoints -> configs ---------------------------------------------------
 def _resume_settings(meta, settings: Settings):
     """The checkpoint's configs + the settings given now -> (model fields but the vocabulary size, TrainConfig).
@@ -202,6 +208,11 @@ def _resume_settings(meta, settings: Settings):
     if train_kw.get("task", meta["task"]) != meta["task"]:
         raise ConfigError(f"--resume: the run was trained with --task {meta['task']}, not {train_kw['task']}; drop "
                           f"--task to resume, or train a new run with another --out-dir")
+    saved_optimizer = saved_train.get("optimizer", "adamw")  # runs from before Muon used AdamW
+    if train_kw.get("optimizer", saved_optimizer) != saved_optimizer:
+        raise ConfigError(f"--resume: the run was trained with --optimizer {saved_optimizer}, whose state it "
+                          f"continues; drop --optimizer {train_kw['optimizer']}, or train a new run with another "
+                          f"--out-dir")
     if "max_iters" in train_kw and "max_time" not in train_kw:
         train_kw["max_time"] = None  # a step budget alone lifts the run's old time budget
     tcfg = TrainConfig(**{**saved_train, **train_kw, "resume": True}).validate()
@@ -248,6 +259,7 @@ class Trainer:
 
     def __init__(self, overrides, log=tqdm.write):
         self.log_fn, self.run_dir, self.notes, self.config_saved = log, None, [], False
+        self.profiler = None  # a torch.profiler.profile: the loop labels its phases and steps it (chargpt.bench)
         model_kw, train_kw = split_overrides(overrides)  # unknown names and wrong types fail before any work
         if "vocab_size" in model_kw:
             raise ConfigError("vocab_size is set from the corpus, not by a setting; drop it")
@@ -404,7 +416,8 @@ class Trainer:
 
     def _wrap_model(self):
         """What the loop calls: the model, compiled and/or wrapped for DDP; self.model stays the plain one."""
-        self.train_model = torch.compile(self.model) if self.cfg.compile else self.model
+        self.compiled, self.compile_reason = pick_compile(self.cfg.compile, self.device)
+        self.train_model = torch.compile(self.model) if self.compiled else self.model
         if self.dist.enabled:
             from torch.nn.parallel import DistributedDataParallel as DDP
             ids = [self.device.index] if self.device.type == "cuda" else None
@@ -419,9 +432,12 @@ class Trainer:
                  + (" (built-in default: the Python help topics from pydoc_data; pass --data FILE for your own "
                     "text)" if cfg.data is None else f" ({cfg.data})"))
         self.log(f"device: {self.device}, {self.dtype_reason}" + (f", {self.threads} threads" if self.threads else "")
-                 + (f", {self.dist.world_size} processes" if self.dist.enabled else ""))
+                 + (f", {self.dist.world_size} processes" if self.dist.enabled else "") + f"; {self.compile_reason}")
         for line in self.settings.describe():
             self.log(line)
+        if cfg.optimizer == "muon":
+            self.log(f"optimizer: Muon (lr {cfg.muon_lr:g}, momentum {cfg.muon_momentum:g}) for the block matrices, "
+                     f"AdamW (lr {cfg.learning_rate:g}) for the rest; {cfg.lr_schedule} schedule")
         if meta is None:
             self.log(f"model: {describe_model(mcfg)}, {self.model.num_params() / 1e6:.2f}M parameters")
         else:
@@ -509,11 +525,13 @@ class Trainer:
             for log in (METRICS, SAMPLES):
                 rundir.truncate_metrics(self.out_dir / log, self.state.step)
 
-    def save(self, val_loss=None, improved=False):
-        """Rank 0 writes state (resume), latest, and best when improved; each file atomically. Under DDP every
-        rank calls this: it gathers the ranks' random streams first."""
-        rng = self._rng_state()
-        if not self.dist.is_main:
+    def save(self, val_loss=None, improved=False, final=False):
+        """Rank 0 writes state (resume) and latest (at every save, or with --save-state end only when training
+        stops: `final`), and best when improved; each file atomically. Under DDP every rank calls this: it gathers
+        the ranks' random streams first."""
+        full = final or self.cfg.save_state == "eval"
+        rng = self._rng_state() if full else None
+        if not self.dist.is_main or not (full or improved):
             return
         s = self.state
         extra = dict(step=s.step, val_loss=val_loss, best_val_loss=s.best_val if s.best_val < float("inf") else None,
@@ -526,10 +544,11 @@ class Trainer:
             rundir.write_text_atomic(self.out_dir / CONFIG, config_toml(self.mcfg, self.cfg))
             self.config_saved = True
         weights = ckpt.model_tensors(self.model)  # one device-to-host copy serves all three files
-        ckpt.save_state(self.out_dir / STATE, self.model, self.optimizer, rng, self.corpus.vocab, train_cfg,
-                        weights=weights, **extra)
-        ckpt.save_model(self.out_dir / rundir.LATEST, self.model, self.corpus.vocab, train_cfg, weights=weights,
-                        **extra)
+        if full:
+            ckpt.save_state(self.out_dir / STATE, self.model, self.optimizer, rng, self.corpus.vocab, train_cfg,
+                            weights=weights, **extra)
+            ckpt.save_model(self.out_dir / rundir.LATEST, self.model, self.corpus.vocab, train_cfg, weights=weights,
+                            **extra)
         if improved:
             ckpt.save_model(self.out_dir / rundir.BEST, self.model, self.corpus.vocab, train_cfg, weights=weights,
                             **extra)
@@ -546,22 +565,33 @@ class Trainer:
                     lr = lr_at(s.step, s.elapsed, self.cfg, s)
                     reason = self._finished(s)
                     if (s.step % self.cfg.eval_interval == 0 or reason) and not s.evaluated:
-                        self._evaluate_and_save(lr)  # 1. evaluate and checkpoint, at the interval and at the end
+                        with self._phase("1 evaluate and save"):  # at the interval and at the end
+                            self._evaluate_and_save(lr, final=bool(reason))
                         reason = self._finished(s)  # --patience: this evaluation may end the run
                     if reason:
                         break
-                    loss = self._forward_backward()  # 2. gradients, accumulated over micro-batches
-                    bad_step, signum = self._agree(loss, lr)  # 3. across ranks: loss finite? stop? clock?
-                    self._step(bad_step, lr)  # 4. update the weights (or drop a non-finite step)
-                    self._log_progress(loss, lr)  # 5. progress bar
+                    with self._phase("2 forward and backward"):  # accumulated over micro-batches
+                        loss = self._forward_backward()
+                    with self._phase("3 agree"):  # across ranks: loss finite? stop? clock?
+                        bad_step, signum = self._agree(loss, lr)
+                    with self._phase("4 optimizer step"):  # or drop a non-finite step
+                        self._step(bad_step, lr)
+                    with self._phase("5 progress"):
+                        self._log_progress(loss, lr)
                     if self.cfg.sample_every and s.step % self.cfg.sample_every == 0:
                         self._show_sample()  # 6. now and then, a sample: the model learning, in its own words
+                    if self.profiler is not None:
+                        self.profiler.step()
                     if signum:
                         reason = "signal"
                         break
             return self._finish(reason, signum)
         finally:
             self.close()
+
+    def _phase(self, name):
+        """A labelled span for torch.profiler (`python -m chargpt.bench profile` sets self.profiler); else nothing."""
+        return torch.profiler.record_function(name) if self.profiler is not None else nullcontext()
 
     def _start_clocks(self):
         s = self.state
@@ -577,6 +607,7 @@ class Trainer:
         self.lrs = {}  # step -> learning rate, since the last sync (to name the rate of a bad step)
         self.last_val = None
         self.last_scores = {}  # exact match and chrF of the last evaluation (pairs)
+        self.first_step_s = None  # wall time of this session's first step: torch.compile compiles during it
 
     def _finished(self, s: RunState):
         """Why the run stops now ('max_iters', 'max_time' or 'patience'), or None while it goes on."""
@@ -589,18 +620,30 @@ class Trainer:
         return None
 
     def _forward_backward(self):
-        """Gradients of one optimizer step over grad_accum micro-batches; -> their mean loss (on the device)."""
+        """Gradients of one optimizer step over grad_accum micro-batches; -> their mean loss (on the device).
+        With one micro-batch no averaging op is issued: small models are bound by per-op overhead."""
         cfg, model = self.cfg, self.train_model
-        loss_sum = torch.zeros((), device=self.device)
+        t0, loss_sum = time.perf_counter() if self.first_step_s is None else None, None
         for micro in range(cfg.grad_accum):
-            batch = model_inputs(self.batches.get("train", self.data_gen))
+            with self._phase("2a batch"):
+                batch = model_inputs(self.batches.get("train", self.data_gen))
             last = micro == cfg.grad_accum - 1  # DDP: all-reduce gradients on the last micro-batch only
             with model.no_sync() if self.dist.enabled and not last else nullcontext():  # enter once
                 with autocast(self.device, self.dtype):
                     _, loss = model(**batch, label_smoothing=cfg.label_smoothing)
-                self.scaler.scale(loss / cfg.grad_accum).backward()
-            loss_sum += loss.detach()
-        return loss_sum / cfg.grad_accum
+                self.scaler.scale(loss / cfg.grad_accum if cfg.grad_accum > 1 else loss).backward()
+            loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+        if t0 is not None:
+            self._first_step(t0)
+        return loss_sum / cfg.grad_accum if cfg.grad_accum > 1 else loss_sum
+
+    def _first_step(self, t0):
+        """Time the session's first forward and backward: with torch.compile that is the compilation."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.first_step_s = time.perf_counter() - t0
+        if self.compiled:
+            self.log(f"torch.compile: the first step took {self.first_step_s:.1f} s (compiling)")
 
     def _agree(self, loss, lr):
         """-> (first step whose loss was not finite, or None; signal number or 0), agreed by all ranks.
@@ -610,15 +653,25 @@ class Trainer:
         act only on the all-reduced clock, so they never disagree about stopping; a signal to any rank stops
         all, and the highest signal number is every rank's exit status."""
         s = self.state
-        fresh = ~torch.isfinite(loss) & (self.first_bad == NO_BAD_STEP)
-        self.first_bad = torch.where(fresh, s.step, self.first_bad)
-        self.bad_loss = torch.where(fresh, loss, self.bad_loss)
         self.lrs[s.step] = lr
-        ahead = s.step + 1
-        if s.step % self.sync_every and ahead % self.cfg.eval_interval and ahead < self.cfg.max_iters:
-            return None, 0
-        first_bad = self.first_bad.item()  # note: the host sync
+        if self.sync_every == 1:  # read every step (free on a CPU): no device-side bookkeeping needed
+            value = loss.item()
+            first_bad, self.bad_value = (s.step, value) if not math.isfinite(value) else (NO_BAD_STEP, None)
+        else:
+            fresh = ~torch.isfinite(loss) & (self.first_bad == NO_BAD_STEP)
+            self.first_bad = torch.where(fresh, s.step, self.first_bad)
+            self.bad_loss = torch.where(fresh, loss, self.bad_loss)
+            ahead = s.step + 1
+            if s.step % self.sync_every and ahead % self.cfg.eval_interval and ahead < self.cfg.max_iters:
+                return None, 0
+            first_bad = self.first_bad.item()  # note: the host sync
+            self.bad_value = None
         elapsed = self.elapsed_before + time.perf_counter() - self.session_start
+        if not self.dist.enabled:  # nothing to agree on: no tensor round trip
+            s.elapsed = elapsed
+            if first_bad != NO_BAD_STEP and self.bad_value is None:
+                self.bad_value = self.bad_loss.item()
+            return (None if first_bad == NO_BAD_STEP else first_bad), int(self.signals.signum or 0)
         # all MAX-reduced: -(first bad step) so that the earliest wins; -inf when every loss was finite
         flags = torch.tensor([-first_bad if first_bad != NO_BAD_STEP else -math.inf,
                               float(self.signals.signum or 0), elapsed], dtype=torch.float64)
@@ -628,7 +681,10 @@ class Trainer:
             flags = flags.cpu()
         s.elapsed = float(flags[2])
         bad = None if flags[0] == -math.inf else int(-flags[0])
-        self.bad_value = self.bad_loss.item() if bad == first_bad else "non-finite"  # another rank's value
+        if bad != first_bad:
+            self.bad_value = "non-finite"  # another rank's value
+        elif self.bad_value is None:
+            self.bad_value = self.bad_loss.item()
         return bad, int(flags[1])
 
     def _step(self, bad_step, lr):
@@ -645,12 +701,15 @@ class Trainer:
             self.first_bad.fill_(NO_BAD_STEP)
             self.log(f"step {s.step}: non-finite loss, step skipped ({s.skipped} so far)")
         else:
+            parts = self.optimizer.parts.values()  # AdamW, and Muon with --optimizer muon
             for group in self.optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr * group["lr_scale"]  # one schedule for all: Muon's peak is --muon-lr
             if cfg.grad_clip > 0:
-                self.scaler.unscale_(self.optimizer)
+                for part in parts:
+                    self.scaler.unscale_(part)
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-            self.scaler.step(self.optimizer)
+            for part in parts:
+                self.scaler.step(part)
             self.scaler.update()
             self.optimizer.zero_grad(set_to_none=True)
         if s.step % self.sync_every == 0:
@@ -674,7 +733,7 @@ class Trainer:
             self.bar.set_postfix(post, refresh=False)
         self.bar.update(1)
 
-    def _evaluate_and_save(self, lr):
+    def _evaluate_and_save(self, lr, final=False):
         t0 = time.perf_counter()
         # the plain module: no DDP sync is needed under no_grad, and torch.compile would recompile for eval mode
         losses = estimate_loss(self.model, self.batches, self.cfg, self.device, self.dtype, self.dist)
@@ -698,7 +757,7 @@ class Trainer:
         if self.dist.is_main:
             rundir.append_jsonl(self.out_dir / METRICS, record)
         s.eval_time += time.perf_counter() - t0
-        self.save(losses["val"], improved)
+        self.save(losses["val"], improved, final)
         self.log(f"step {s.step:>6}: train {losses['train']:.4f} nats ({losses['train'] / LN2:.3f} bpc), "
                  f"val {losses['val']:.4f} nats ({losses['val'] / LN2:.3f} bpc)" + (" *" if improved else "")
                  + (f"; exact match {scores['exact_match']:.1%}" if scores else "")
@@ -754,10 +813,12 @@ class Trainer:
         training_s = time.perf_counter() - self.session_start - self.pauses  # this session, evaluations left out
         speed = (s.step - self.session_step) * self.chars_per_step / max(training_s, 1e-9)
         if reason == "signal":
-            self.save(None, False)
+            self.save(None, False, final=True)
         if reason == "patience":
             self.log(f"stopped early at step {s.step}: no improvement in {self.cfg.patience} evaluations (best val "
                      f"loss {s.best_val:.4f})")
+            if self.cfg.save_state == "end":  # the evaluation that ended the run did not know it was the last
+                self.save(self.last_val, False, final=True)
         if self.dist.is_main and self.cfg.curves:
             from .plot import maybe_write_curves
             maybe_write_curves(self.out_dir, self.log)
@@ -773,7 +834,7 @@ class Trainer:
         return {"out_dir": str(self.out_dir), "step": s.step, "best_val_loss": s.best_val, "val_loss": self.last_val,
                 "elapsed_s": s.elapsed, "eval_fraction": s.eval_time / max(s.elapsed, 1e-9), "stopped_by": reason,
                 "stopped_early": reason == "patience", "chars_per_step": self.chars_per_step, "chars_per_s": speed,
-                **self.last_scores}
+                "first_step_s": self.first_step_s, "compiled": self.compiled, **self.last_scores}
 
     def closing_sample(self):
         """What training shows when it ends: a sample of text, or for pairs a few greedy validation translations."""

@@ -1,17 +1,15 @@
 #!/usr/bin/env bash
-# The search behind the CPU defaults (config.PRESETS["cpu"]): train on tiny Shakespeare for a fixed wall-clock
-# budget with each candidate setting and print the full validation loss; lines are appended to
-# benchmarks/sweep_cpu.log. Candidates come on stdin, one per line, as NAME=VALUE pairs over the defaults:
+# The searches behind the CPU defaults (config.PRESETS["cpu"]): train on tiny Shakespeare for a fixed wall-clock
+# budget with each candidate setting and print the full validation loss as a Markdown table, added to
+# benchmarks/RESULTS.md under this machine's kind. Candidates come on stdin, one per line, as NAME=VALUE pairs over
+# the defaults; the first row is always the defaults themselves:
 #   printf 'n-embd=192 n-head=6\nbatch-size=16\n' | bash scripts/sweep_cpu.sh 120
-# Run it on an otherwise idle machine: the budget is wall-clock time.
-set -uo pipefail
+#   bash scripts/sweep_cpu.sh 120 < scripts/search_muon.txt
+# Run it on an otherwise idle machine: the budget is wall-clock time. (Same as python -m chargpt.bench quality
+# --candidates FILE.)
+set -euo pipefail
 cd "$(dirname "$0")/.."
 T=${1:-120}
-DATA=${2:-../shared/data/tinyshakespeare.txt}
-mkdir -p benchmarks
-while read -r settings; do
-  args=()
-  for s in $settings; do args+=(--set "$s"); done
-  python -m chargpt.bench quality --data "$DATA" --max-time "$T" "${args[@]}" 2>/dev/null | tail -1 \
-    | tee -a benchmarks/sweep_cpu.log
-done
+DATA=${2:-data/tinyshakespeare.txt}
+[ -f "$DATA" ] || python -m chargpt data get tinyshakespeare
+python -m chargpt.bench quality --data "$DATA" --max-time "$T" --candidates /dev/stdin --write

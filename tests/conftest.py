@@ -13,11 +13,20 @@ from chargpt.config import ModelConfig
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cuda: runs on a CUDA GPU (tests/test_cuda.py); other tests run on the CPU")
+
+
 @pytest.fixture(autouse=True)
-def hermetic(tmp_path, monkeypatch):
-    """Encoded-corpus cache and the default checkpoints/ folder go under tmp_path; one torch thread."""
+def hermetic(tmp_path, monkeypatch, request):
+    """Encoded-corpus cache and the default checkpoints/ folder go under tmp_path; one torch thread. A test runs on
+    the CPU unless marked `cuda`: --device auto finds no GPU, in this process or in the ones it starts, so every
+    test checks the same thing on a machine with a GPU (where a GPU changes presets, dtypes and timing)."""
     monkeypatch.setenv("CHARGPT_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
+    if request.node.get_closest_marker("cuda") is None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     torch.set_num_threads(1)
     yield
 

@@ -23,8 +23,8 @@ from chargpt.cli import train_cli
 from chargpt.errors import ChargptError
 from chargpt.model import CharGPT
 
-TINY_KW = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0, threads=1,
-               sample_chars=0, dtype="float32", warmup_iters=0)
+TINY_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
+               threads=1, sample_chars=0, dtype="float32", warmup_iters=0)
 
 
 def quiet_train(**kw):
@@ -222,7 +222,7 @@ def test_gpu_style_periodic_check_names_the_first_nonfinite_step(tmp_path, corpu
         return logits, loss
 
     monkeypatch.setattr(CharGPT, "forward", nan_from_step_3)
-    trainer = Trainer({"data": "corpus.txt", "out_dir": "run", "device": "cpu", **TINY_KW, "max_iters": 30,
+    trainer = Trainer({"data": "corpus.txt", "out_dir": "run", **TINY_KW, "max_iters": 30,
                        "eval_interval": 100, "learning_rate": 1e-2}, log=lambda msg: None)
     trainer.sync_every = 10  # what a GPU does; the CPU default is every step
     lr_3 = 1e-3 + 0.5 * (1 + math.cos(math.pi * 3 / 30)) * 9e-3  # the rate of step 3 (step 10's is 7.75e-03)

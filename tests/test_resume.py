@@ -93,7 +93,7 @@ def test_resume_takes_hardware_settings_from_the_command_and_says_what_changed(t
     train(out_dir="run", max_iters=2, eval_interval=2)  # threads 1, float32
     logs = []
     trainer = Trainer({"out_dir": "run", "resume": True, "max_iters": 4, "threads": 2}, log=logs.append)
-    assert (trainer.cfg.dtype, trainer.cfg.threads, trainer.cfg.compile) == ("auto", 2, False)  # not the checkpoint's
+    assert (trainer.cfg.dtype, trainer.cfg.threads, trainer.cfg.compile) == ("auto", 2, "auto")  # not the checkpoint's
     trainer.run()
     auto = str(pick_dtype("auto", torch.device("cpu"))[0]).removeprefix("torch.")
     changed = [line for line in logs if line.startswith("hardware as this command sets it: ")]

@@ -172,7 +172,7 @@ def test_help_shows_every_sampling_flag_with_its_default():
     shown = " ".join(cli("--help").stdout.split())  # click wraps lines
     for flag, default in [("--max-new-tokens", "500"), ("--temperature", "0.8"), ("--top-k", "off"),
                           ("--top-p", "off"), ("--stop", "none"), ("--num-samples", "1"), ("--unknown", "error"),
-                          ("--device", "auto")]:
+                          ("--device", "auto"), ("--dtype", "auto"), ("--quantize", "none")]:
         assert re.search(rf"{flag} \S+ .*?\[default: {default}\]", shown), flag
     for flag in ("--checkpoint", "--prompt", "--prompt-file", "--seed", "--output", "--json", "--interactive",
                  "--no-cache"):
@@ -180,7 +180,7 @@ def test_help_shows_every_sampling_flag_with_its_default():
 
 
 def test_unknown_flag_is_a_usage_error():
-    r = cli("--dtype", "float32")
+    r = cli("--n-layer", "2")  # a training flag
     assert r.exit_code == 2 and "No such option" in r.stderr and "Traceback" not in r.stderr
 
 

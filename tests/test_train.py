@@ -92,7 +92,9 @@ def test_help_lists_every_flag_with_help():
     for name in ["--data", "--out-dir", "--n-layer", "--n-head", "--n-embd", "--block-size", "--dropout",
                  "--bias / --no-bias", "--batch-size", "--grad-accum", "--max-iters", "--learning-rate", "--min-lr",
                  "--warmup-iters", "--weight-decay", "--beta1", "--beta2", "--grad-clip", "--eval-interval",
-                 "--eval-iters", "--device", "--dtype", "--compile / --no-compile", "--seed", "--resume",
+                 "--eval-iters", "--device", "--dtype", "--compile [auto|on|off]", "--no-compile", "--seed", "--resume",
+                 "--optimizer [adamw|muon]", "--muon-lr", "--muon-momentum", "--lr-schedule [cosine|wsd]",
+                 "--decay-fraction", "--save-state [eval|end]",
                  "--max-time", "--threads"]:
         assert name in r.stdout, name
 

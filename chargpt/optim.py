@@ -1,0 +1,114 @@
+"""Optimizers: AdamW for everything (the default), or Muon for the weight matrices and AdamW for the rest.
+
+    --optimizer adamw    AdamW on every parameter (decay on matrices and embeddings, not biases or norms)
+    --optimizer muon     Muon on the 2-D weight matrices inside the blocks (attention and MLP), AdamW on the
+                         embeddings, the head, biases and norms; as in modded-nanoGPT and nanochat
+
+Muon (Keller Jordan, 2024; torch.optim.Muon since torch 2.9) keeps a Nesterov momentum of each matrix's gradient
+and replaces it by the nearest semi-orthogonal matrix (five Newton-Schulz iterations) before stepping, so every
+direction of the matrix moves at the same rate. Embeddings and the head are lookups rather than transformations of
+the residual stream, so they stay with AdamW.
+
+Both optimizers step together as one Optimizers object; each parameter group carries an `lr_scale`, so one
+schedule drives them all (group lr = schedule's lr x lr_scale; Muon's scale is --muon-lr / --learning-rate).
+"""
+
+import math
+
+import torch
+
+from .config import TrainConfig
+from .runtime import has_native_bf16
+
+
+class Optimizers:
+    """Several optimizers over disjoint parameters, stepped together. `parts` maps each one's name in
+    state.safetensors ('optim' for AdamW, as before Muon existed, so old states still resume; 'muon') to it."""
+
+    def __init__(self, parts):
+        self.parts = parts
+
+    @property
+    def param_groups(self):
+        return [g for opt in self.parts.values() for g in opt.param_groups]
+
+    def zero_grad(self, set_to_none=True):
+        for opt in self.parts.values():
+            opt.zero_grad(set_to_none=set_to_none)
+
+
+def is_muon_matrix(name, p):
+    """Whether a parameter is one of the 2-D weight matrices inside the blocks (h.* decoder, enc.* encoder)."""
+    return p.dim() == 2 and name.startswith(("h.", "enc."))
+
+
+def split_params(model, weight_decay):
+    """-> (Muon's matrices, AdamW's groups: decayed matrices and embeddings; biases and norms without decay).
+    Every trainable parameter is in exactly one of them (a tied head is the embedding, counted once)."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # tied weights appear once
+    muon = [p for n, p in named if is_muon_matrix(n, p)]
+    rest = [p for n, p in named if not is_muon_matrix(n, p)]
+    adamw = [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": weight_decay},
+             {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0}]
+    return muon, adamw
+
+
+def adamw(groups, cfg: TrainConfig, device):
+    """AdamW, fused where this torch supports it for the device (several times faster than the for-loop
+    implementation: 5 ms against 31 ms per step measured for 10.7M parameters on CPU)."""
+    betas = (cfg.beta1, cfg.beta2)
+    groups = [dict(g, lr_scale=1.0) for g in groups if g["params"]]
+    try:
+        return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=betas, fused=device.type in ("cuda", "cpu"))
+    except (RuntimeError, ValueError, TypeError):
+        return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=betas)
+
+
+def make_optimizer(model, cfg: TrainConfig, device):
+    """-> Optimizers: AdamW alone, or Muon for the matrices + AdamW for the rest (cfg.optimizer)."""
+    if cfg.optimizer == "adamw":
+        return Optimizers({"optim": adamw(model.optimizer_groups(cfg.weight_decay), cfg, device)})
+    matrices, rest = split_params(model, cfg.weight_decay)
+    muon = Muon([{"params": matrices, "lr_scale": cfg.muon_lr / cfg.learning_rate}], lr=cfg.muon_lr,
+                weight_decay=cfg.weight_decay, momentum=cfg.muon_momentum,
+                ns_dtype=torch.bfloat16 if has_native_bf16(device) else torch.float32)
+    return Optimizers({"optim": adamw(rest, cfg, device), "muon": muon})
+
+
+def orthogonalize(g, coefficients, steps, eps, dtype):
+    """The Newton-Schulz iteration of torch.optim.Muon (a quintic that pushes every singular value of g towards 1),
+    computed in `dtype`: g (A, B) -> about U V^T where g = U S V^T."""
+    a, b, c = coefficients
+    x = g.to(dtype, copy=True)
+    if g.size(0) > g.size(1):
+        x = x.T  # (small, large): the Gram matrix below is the small one
+    x.div_(x.norm().clamp(min=eps))  # spectral norm <= Frobenius norm <= 1
+    for _ in range(steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if g.size(0) > g.size(1) else x
+
+
+class Muon(torch.optim.Muon):
+    """torch.optim.Muon (same hyperparameters, state and update) with the Newton-Schulz iteration in `ns_dtype`.
+    torch runs it in bf16, which is right where bf16 is native, but a CPU without it emulates bf16 matmuls at
+    about 1 GFLOP/s, 100x slower than fp32: there the iteration runs in float32."""
+
+    def __init__(self, params, ns_dtype=torch.bfloat16, **kw):
+        super().__init__(params, **kw)
+        self.ns_dtype = ns_dtype
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            params, grads, bufs = [], [], []
+            self._init_group(group, params, grads, bufs)
+            lr, decay, momentum = group["lr"], group["weight_decay"], group["momentum"]
+            for p, grad, buf in zip(params, grads, bufs):
+                buf.lerp_(grad, 1 - momentum)
+                update = grad.lerp(buf, momentum) if group["nesterov"] else buf
+                update = orthogonalize(update, group["ns_coefficients"], group["ns_steps"], group["eps"],
+                                       self.ns_dtype)
+                p.mul_(1 - lr * decay)
+                p.add_(update, alpha=-lr * math.sqrt(max(1, p.size(0) / p.size(1))))  # Keller's shape scaling
+        return None

@@ -1,0 +1,243 @@
+"""Muon for the block matrices, AdamW for the rest: the split, learning, torch.optim.Muon as the reference,
+the state in state.safetensors and exact resume; the warmup-stable-decay schedule; --compile auto|on|off;
+--save-state end."""
+
+import math
+
+import pytest
+import torch
+from click.testing import CliRunner
+from conftest import TINY
+from safetensors.torch import load_file
+
+import chargpt
+from chargpt import checkpoint as ckpt
+from chargpt import training
+from chargpt.cli import train_cli
+from chargpt.config import ModelConfig, TrainConfig
+from chargpt.errors import CheckpointError, ConfigError
+from chargpt.model import CharGPT, EncoderDecoder
+from chargpt.optim import Muon, make_optimizer, split_params
+from chargpt.runtime import pick_compile
+from chargpt.tokenizer import Vocab
+from chargpt.training import RunState, get_lr_wsd, lr_at
+
+TINY_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
+               threads=1, sample_chars=0, dtype="float32", warmup_iters=0)
+CPU = torch.device("cpu")
+
+
+def quiet_train(**kw):
+    return chargpt.train(log=lambda msg: None, **{"data": "corpus.txt", **TINY_KW, **kw})
+
+
+# --- the parameter split --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ["decoder", "encoder-decoder"])
+def test_every_parameter_is_in_exactly_one_optimizer_and_block_matrices_are_muons(tiny_config, arch):
+    cfg = ModelConfig(**{**vars(tiny_config), "arch": arch})
+    model = CharGPT(cfg) if arch == "decoder" else EncoderDecoder(cfg)
+    matrices, rest = split_params(model, 0.1)
+    names = {id(p): n for n, p in model.named_parameters()}  # the tied head is the embedding: listed once
+    muon = [names[id(p)] for p in matrices]
+    adamw = [names[id(p)] for g in rest for p in g["params"]]
+    assert sorted(muon + adamw) == sorted(names.values())  # each exactly once
+    assert all(p.dim() == 2 for p in matrices)
+    want = {n for n, p in model.named_parameters() if p.dim() == 2 and ".ln" not in n and n.split(".")[0] in
+            ("h", "enc")}
+    assert set(muon) == want and "h.0.attn.c_attn.weight" in muon and "h.0.mlp.c_proj.weight" in muon
+    assert {"wte.weight", "h.0.attn.c_attn.bias", "h.0.ln_1.weight", "ln_f.weight"} <= set(adamw)
+    assert rest[0]["weight_decay"] == 0.1 and rest[1]["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in rest[0]["params"]) and all(p.dim() < 2 for p in rest[1]["params"])
+
+
+def test_make_optimizer_gives_muon_its_own_rate_through_lr_scale(tiny_config):
+    model = CharGPT(tiny_config)
+    cfg = TrainConfig(optimizer="muon", learning_rate=4e-3, muon_lr=0.02, muon_momentum=0.9)
+    opt = make_optimizer(model, cfg, CPU)
+    assert set(opt.parts) == {"optim", "muon"}
+    (group,) = opt.parts["muon"].param_groups
+    assert group["lr_scale"] == pytest.approx(5.0) and group["momentum"] == 0.9
+    assert all(g["lr_scale"] == 1.0 for g in opt.parts["optim"].param_groups)
+    assert set(make_optimizer(model, TrainConfig(), CPU).parts) == {"optim"}  # AdamW alone, as before
+
+
+# --- the update --------------------------------------------------------------------------------------------------
+def test_muon_matches_torch_muon_bit_for_bit_in_bf16_and_closely_in_fp32():
+    torch.manual_seed(0)
+    shapes = [(48, 16), (16, 40), (24, 24)]
+    ref = [torch.nn.Parameter(torch.randn(s)) for s in shapes]
+    ours = {dt: [torch.nn.Parameter(p.detach().clone()) for p in ref] for dt in (torch.bfloat16, torch.float32)}
+    opts = [torch.optim.Muon(ref, lr=0.02, weight_decay=0.1)]
+    opts += [Muon(ps, lr=0.02, weight_decay=0.1, ns_dtype=dt) for dt, ps in ours.items()]
+    for _ in range(3):
+        grads = [torch.randn(s) for s in shapes]
+        for ps in (ref, *ours.values()):
+            for p, g in zip(ps, grads):
+                p.grad = g.clone()
+        for opt in opts:
+            opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(ref, ours[torch.bfloat16]))
+    assert all(torch.allclose(a, b, atol=0.02) for a, b in zip(ref, ours[torch.float32]))
+
+
+def test_a_few_muon_steps_reduce_the_loss_of_a_tiny_model(tiny_config):
+    torch.manual_seed(0)
+    model = CharGPT(tiny_config)
+    opt = make_optimizer(model, TrainConfig(optimizer="muon", learning_rate=1e-2, muon_lr=0.05), CPU)
+    before = model.h[0].mlp.c_fc.weight.detach().clone()
+    x = torch.arange(4 * tiny_config.block_size).view(4, -1) % 7  # a pattern a model can learn quickly
+    losses = []
+    for _ in range(15):
+        _, loss = model(x[:, :-1], x[:, 1:])
+        loss.backward()
+        for part in opt.parts.values():
+            part.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0], losses
+    assert not torch.equal(before, model.h[0].mlp.c_fc.weight)  # Muon moved the matrices
+
+
+# --- checkpoints and resume ---------------------------------------------------------------------------------------
+def test_state_file_round_trips_both_optimizers(tmp_path, tiny_config):
+    torch.manual_seed(0)
+    model = CharGPT(tiny_config)
+    cfg = TrainConfig(optimizer="muon")
+    opt = make_optimizer(model, cfg, CPU)
+    x = torch.randint(0, tiny_config.vocab_size, (2, 9))
+    model(x[:, :-1], x[:, 1:])[1].backward()
+    for part in opt.parts.values():
+        part.step()
+    vocab = Vocab("\nabcdefghij")
+    ckpt.save_state(tmp_path / "state.safetensors", model, opt, {"torch": torch.get_rng_state()}, vocab, None)
+    names = set(load_file(tmp_path / "state.safetensors"))
+    assert any(n.startswith("muon.") and n.endswith(".momentum_buffer") for n in names)
+    assert any(n.startswith("optim.") and n.endswith(".exp_avg") for n in names)
+
+    fresh = CharGPT(tiny_config)
+    fresh_opt = make_optimizer(fresh, cfg, CPU)
+    ckpt.load_state(tmp_path / "state.safetensors", fresh, fresh_opt)
+    for name, part in opt.parts.items():
+        a, b = part.state_dict()["state"], fresh_opt.parts[name].state_dict()["state"]
+        assert a.keys() == b.keys()
+        assert all(torch.equal(torch.as_tensor(a[i][k]), torch.as_tensor(b[i][k])) for i in a for k in a[i])
+    adamw_only = make_optimizer(CharGPT(tiny_config), TrainConfig(), CPU)  # a run's optimizer cannot change
+    with pytest.raises(CheckpointError, match=r"holds muon optimizer state.*--optimizer"):
+        ckpt.load_state(tmp_path / "state.safetensors", CharGPT(tiny_config), adamw_only)
+
+
+def test_exact_resume_with_muon(tmp_path, corpus):
+    """N steps, then resume for N more == 2N steps in one go, bit for bit, with both optimizers' state."""
+    n = 5
+    kw = dict(optimizer="muon", eval_interval=5, lr_decay_iters=2 * n, warmup_iters=2, lr_schedule="wsd")
+    quiet_train(out_dir="whole", max_iters=2 * n, **kw)
+    quiet_train(out_dir="split", max_iters=n, **kw)
+    quiet_train(out_dir="split", resume=True, max_iters=2 * n, **kw)
+    whole, split = load_file("whole/" + ckpt.STATE), load_file("split/" + ckpt.STATE)
+    assert whole.keys() == split.keys() and any(k.startswith("muon.") for k in whole)
+    for name in whole:
+        assert torch.equal(whole[name], split[name]), name
+
+
+def test_resume_refuses_another_optimizer(tmp_path, corpus):
+    quiet_train(out_dir="run", max_iters=2, eval_interval=2)
+    with pytest.raises(ConfigError, match=r"trained with --optimizer adamw.*drop --optimizer muon"):
+        quiet_train(out_dir="run", resume=True, max_iters=4, optimizer="muon")
+
+
+# --- the warmup-stable-decay schedule --------------------------------------------------------------------------
+def test_wsd_warms_up_stays_flat_then_decays_linearly_over_the_last_fraction():
+    cfg = TrainConfig(learning_rate=1e-2, min_lr=1e-3, warmup_iters=10, max_iters=110, lr_schedule="wsd",
+                      decay_fraction=0.4)
+    s = RunState()
+    lrs = [lr_at(step, 0.0, cfg, s) for step in range(121)]
+    assert lrs[0] < lrs[5] < lrs[9] < 1e-2  # warmup
+    assert all(lr == pytest.approx(1e-2) for lr in lrs[10:71])  # flat for the first 60% after warmup
+    assert lrs[90] == pytest.approx(1e-2 - 0.5 * 9e-3)  # halfway through the decay
+    assert all(a > b for a, b in zip(lrs[70:110], lrs[71:111]))  # decreasing
+    assert all(lr == pytest.approx(1e-3) for lr in lrs[110:])  # at min_lr from the end of the budget on
+    assert get_lr_wsd(50, 0.9, cfg, start_lr=5e-3) == pytest.approx(5e-3 - 0.75 * 4e-3)  # a resumed budget
+
+
+def test_wsd_is_fitted_to_a_time_budget():
+    """With --max-time the fraction done is by time, as for cosine: flat until 60% of the time, then decaying."""
+    cfg = TrainConfig(learning_rate=1e-2, min_lr=1e-3, warmup_iters=0, max_iters=10**12, max_time=100.0,
+                      lr_schedule="wsd")
+    s = RunState()
+    assert lr_at(5, 59.0, cfg, s) == pytest.approx(1e-2)
+    assert lr_at(5, 80.0, cfg, s) == pytest.approx(1e-2 - 0.5 * 9e-3)
+    assert lr_at(5, 100.0, cfg, s) == pytest.approx(1e-3)
+
+
+def test_wsd_trains_and_logs_its_rates(tmp_path, corpus):
+    summary = quiet_train(out_dir="run", max_iters=10, eval_interval=2, learning_rate=1e-2, min_lr=1e-3,
+                          lr_schedule="wsd", decay_fraction=0.5)
+    assert summary["step"] == 10
+    lrs = [m["lr"] for m in chargpt.rundir.read_metrics(tmp_path / "run" / chargpt.rundir.METRICS)]
+    assert lrs[:3] == pytest.approx([1e-2] * 3) and lrs[3] < 1e-2 and lrs[-1] == pytest.approx(1e-3)
+
+
+# --- --compile auto|on|off ------------------------------------------------------------------------------------
+def test_compile_auto_uses_torch_compile_on_cuda_only_and_says_so(tmp_path, corpus):
+    assert pick_compile("auto", torch.device("cuda", 0))[0] is True
+    assert pick_compile("auto", CPU)[0] is False
+    assert pick_compile("on", CPU) == (True, "torch.compile (requested)")
+    logs = []
+    chargpt.train(log=logs.append, data="corpus.txt", out_dir="run", max_iters=2, eval_interval=2, **TINY_KW)
+    device_line = next(line for line in logs if line.startswith("device: cpu"))
+    assert device_line.endswith("; eager (--compile auto: torch.compile has not measured faster on CPU)")
+
+
+@pytest.mark.parametrize("args,want", [([], None), (["--compile"], "on"), (["--no-compile"], "off"),
+                                       (["--compile", "auto"], "auto"), (["--compile", "off"], "off")])
+def test_compile_flag_keeps_its_old_spellings(monkeypatch, args, want):
+    seen = {}
+    monkeypatch.setattr(training, "train", lambda log, **kw: seen.update(kw) or {"out_dir": "run"})
+    result = CliRunner().invoke(train_cli, [*args, "--max-iters", "3"])
+    assert result.exit_code == 0, result.output
+    assert seen.get("compile") == want and seen["max_iters"] == 3
+
+
+def test_compile_true_from_python_and_old_checkpoints_mean_on():
+    assert TrainConfig(compile=True).compile == "on" and TrainConfig(compile=False).compile == "off"
+    with pytest.raises(ConfigError, match=r"compile must be one of auto, on, off"):
+        TrainConfig(compile="always").validate()
+
+
+# --- --save-state end ----------------------------------------------------------------------------------------
+def test_save_state_end_writes_state_once_and_best_when_improved(tmp_path, corpus, monkeypatch):
+    calls = {"state": 0, "model": []}
+    save_state, save_model = ckpt.save_state, ckpt.save_model
+
+    def count_state(*a, **k):
+        calls["state"] += 1
+        return save_state(*a, **k)
+
+    def count_model(path, *a, **k):
+        calls["model"].append(path.name)
+        return save_model(path, *a, **k)
+
+    monkeypatch.setattr(ckpt, "save_state", count_state)
+    monkeypatch.setattr(ckpt, "save_model", count_model)
+    summary = quiet_train(out_dir="run", max_iters=8, eval_interval=2, learning_rate=1e-2, save_state="end")
+    assert calls["state"] == 1 and calls["model"].count(ckpt.LATEST) == 1  # at the end only
+    assert calls["model"].count(ckpt.BEST) >= 2  # whenever validation improved (it does early on)
+    assert ckpt.read_meta(tmp_path / "run" / ckpt.STATE)[0]["step"] == summary["step"] == 8
+    resumed = quiet_train(out_dir="run", resume=True, max_iters=10)  # the end state resumes as usual
+    assert resumed["step"] == 10
+
+
+def test_cli_flags_for_the_new_settings(tmp_path, corpus):
+    from conftest import run_cli
+    r = run_cli("train.py", "--data", "corpus.txt", "--out-dir", "run", *TINY, "--max-iters", "4",
+                "--eval-interval", "2", "--optimizer", "muon", "--muon-lr", "0.01", "--lr-schedule", "wsd",
+                "--save-state", "end")
+    assert r.returncode == 0, r.stderr
+    assert "optimizer: Muon (lr 0.01, momentum 0.95) for the block matrices, AdamW" in r.stderr
+    meta = ckpt.read_meta(tmp_path / "run" / ckpt.STATE)[0]["train_config"]
+    assert (meta["optimizer"], meta["muon_lr"], meta["lr_schedule"], meta["save_state"]) == ("muon", 0.01, "wsd",
+                                                                                          "end")
+    bad = run_cli("train.py", "--data", "corpus.txt", *TINY, "--muon-momentum", "1.5")
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1] == \
+        "error: --muon-momentum must be in [0, 1) (got 1.5)"
+    assert math.isfinite(meta["muon_momentum"])

@@ -1,0 +1,92 @@
+"""Inference precision: int8 weights (sample.py --quantize int8, load(quantize='int8')) and bf16 decoding, against
+the float32 model: the same greedy text where the model is sure, a small cost in loss, clear errors."""
+
+import pytest
+import torch
+from conftest import run_cli
+
+import chargpt
+from chargpt import runtime
+from chargpt.errors import ConfigError
+from chargpt.evaluate import evaluate
+from chargpt.runtime import pick_decode_dtype
+
+PROMPT = "To be, or not"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny model trained until it is sure of this corpus's continuations (a few seconds)."""
+    root = tmp_path_factory.mktemp("quantize")
+    corpus = root / "corpus.txt"
+    corpus.write_text("".join(f"To be, or not to be: that is the question {i % 10}.\nROMEO: O, she doth teach the "
+                              f"torches.\n" for i in range(80)), encoding="utf-8")
+    chargpt.train(data=str(corpus), out_dir=str(root / "run"), cache_dir=str(root / "cache"), max_iters=300,
+                  eval_interval=300, device="cpu", n_layer=1, n_head=2, n_embd=32, block_size=48, batch_size=8,
+                  eval_iters=2, dropout=0.0, threads=1, sample_chars=0, dtype="float32", learning_rate=1e-2,
+                  warmup_iters=10, log=lambda *a: None)
+    return root / "run"
+
+
+def greedy_margins(gen, prompt, n):
+    """The float32 model's greedy continuation and, at each step, its top-1 minus top-2 logit."""
+    ids = torch.tensor([gen.vocab.encode(prompt)])
+    margins = []
+    with torch.no_grad():
+        for _ in range(n):
+            logits = gen.model(ids)[0][0, -1]
+            top = logits.topk(2).values
+            margins.append(float(top[0] - top[1]))
+            ids = torch.cat([ids, logits.argmax()[None, None]], dim=1)
+    return gen.vocab.decode(ids[0, len(prompt):].tolist()), margins
+
+
+def test_int8_and_bf16_write_the_float32_text_where_the_model_is_sure(trained):
+    exact = chargpt.load(trained, device="cpu", dtype="float32")
+    text, margins = greedy_margins(exact, PROMPT, 24)
+    assert min(margins) > 1.0, margins  # the premise: no near-ties that rounding could flip
+    assert exact.generate(PROMPT, max_new_tokens=24, temperature=0) == [text]
+    int8 = chargpt.load(trained, device="cpu", quantize="int8")
+    bf16 = chargpt.load(trained, device="cpu", dtype="bfloat16")
+    assert int8.generate(PROMPT, max_new_tokens=24, temperature=0) == [text]
+    assert bf16.generate(PROMPT, max_new_tokens=24, temperature=0) == [text]
+    # what each one runs: int8 Linear layers; bf16 weights (on a CPU the weights themselves are converted)
+    assert int8.precision.startswith("int8") and int8.model.h[0].mlp.c_fc.weight().dtype == torch.qint8
+    assert next(bf16.model.parameters()).dtype == torch.bfloat16 and bf16.dtype == torch.bfloat16
+    assert next(exact.model.parameters()).dtype == torch.float32
+    # sampling (not only greedy) runs on the int8 model and is reproducible by seed
+    assert int8.generate("RO", max_new_tokens=30, seed=3) == int8.generate("RO", max_new_tokens=30, seed=3)
+
+
+def test_int8_costs_little_loss_and_evaluate_reports_it(trained):
+    full = evaluate(trained, device="cpu", progress=False)
+    int8 = evaluate(trained, device="cpu", progress=False, quantize="int8")
+    bf16 = evaluate(trained, device="cpu", progress=False, dtype="bfloat16")
+    assert (full["precision"], int8["precision"], bf16["precision"]) == ("float32", "int8", "bfloat16")
+    assert int8["loss"] != full["loss"] and abs(int8["loss"] - full["loss"]) < 0.05
+    assert abs(bf16["loss"] - full["loss"]) < 0.05
+
+
+def test_sample_cli_quantize_int8(trained):
+    r = run_cli("sample.py", "--checkpoint", trained, "--prompt", PROMPT, "--max-new-tokens", "10",
+                "--temperature", "0", "--device", "cpu", "--quantize", "int8")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(PROMPT) and "int8 weights" in r.stderr and "Warning" not in r.stderr
+    bad = run_cli("sample.py", "--checkpoint", trained, "--device", "cpu", "--quantize", "int8", "--dtype",
+                  "bfloat16")
+    assert bad.returncode == 1 and bad.stderr.strip() == ("error: --quantize int8 computes in float32 around its "
+                                                          "int8 weights; drop --dtype bfloat16")
+
+
+def test_bad_precision_choices_are_refused_before_loading(tmp_path):
+    with pytest.raises(ConfigError, match=r"--quantize must be none or int8 \(got 'int4'\)"):
+        chargpt.load(tmp_path / "missing", device="cpu", quantize="int4")  # refused before the missing file
+    with pytest.raises(ConfigError, match=r"must be auto, float32 or bfloat16 \(got 'float16'\)"):
+        chargpt.load(tmp_path / "missing", device="cpu", dtype="float16")
+
+
+@pytest.mark.parametrize("native,want", [(True, torch.bfloat16), (False, torch.float32)])
+def test_decoding_on_cpu_uses_bf16_only_where_the_cpu_has_it_natively(monkeypatch, native, want):
+    monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda: native)
+    assert pick_decode_dtype("auto", torch.device("cpu"))[0] == want
+    assert pick_decode_dtype("float32", torch.device("cpu"))[0] == torch.float32
