@@ -273,7 +273,7 @@ def test_transformer_small_preset_trains(tmp_path):
     (dict(target_data="t.txt"), "target_data is for sentence pairs; add task='pairs'"),
     (dict(task="pairs", data=None), "sentence pairs need --data"),
     (dict(task="pairs", target_data=""), "target_data is an empty path"),
-    (dict(lr_schedule="linear"), "lr_schedule must be one of cosine, inverse-sqrt"),
+    (dict(lr_schedule="linear"), "lr_schedule must be one of cosine, wsd, inverse-sqrt"),
     (dict(task="pairs", eval_pairs=-1), "eval_pairs must be non-negative"),
     (dict(task="pairs", block_size=4), "no train pair fits the context of 4 characters"),
 ])

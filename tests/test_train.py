@@ -93,7 +93,7 @@ def test_help_lists_every_flag_with_help():
                  "--bias / --no-bias", "--batch-size", "--grad-accum", "--max-iters", "--learning-rate", "--min-lr",
                  "--warmup-iters", "--weight-decay", "--beta1", "--beta2", "--grad-clip", "--eval-interval",
                  "--eval-iters", "--device", "--dtype", "--compile [auto|on|off]", "--no-compile", "--seed", "--resume",
-                 "--optimizer [adamw|muon]", "--muon-lr", "--muon-momentum", "--lr-schedule [cosine|wsd]",
+                 "--optimizer [adamw|muon]", "--muon-lr", "--muon-momentum", "--lr-schedule [cosine|wsd|inverse-sqrt]",
                  "--decay-fraction", "--save-state [eval|end]",
                  "--max-time", "--threads"]:
         assert name in r.stdout, name
