@@ -132,6 +132,22 @@ class StopFilter:
         return out
 
 
+def _through_filters(filters, steps):
+    """steps: per decoding step, the (sample index, characters) it produced -> (sample index, text) pieces, each
+    sample's cut at its first stop string; ends as soon as every sample has stopped."""
+    for chosen in steps:
+        for i, chars in chosen:
+            piece = filters[i].feed(chars)
+            if piece:
+                yield i, piece
+        if all(f.done for f in filters):
+            return
+    for i, f in enumerate(filters):
+        piece = f.flush()
+        if piece:
+            yield i, piece
+
+
 class Generator:
     """A loaded model and its vocabulary, ready to write text. Build it with chargpt.load(path).
 
@@ -187,17 +203,9 @@ class Generator:
         ids = self.vocab.encode(prompt_seen or self.start_text())
         ctx = torch.tensor([ids] * num_samples, dtype=torch.long, device=self.device)  # (B, T)
         filters = [StopFilter(prompt_seen, settings.stop) for _ in range(num_samples)]
-        for nxt in decode(self.model, ctx, settings, generator, use_cache=use_cache, dtype=self.dtype):
-            for i, c in enumerate(nxt.tolist()):
-                piece = filters[i].feed(self.vocab.chars[c])
-                if piece:
-                    yield i, piece
-            if all(f.done for f in filters):
-                return
-        for i, f in enumerate(filters):
-            piece = f.flush()
-            if piece:
-                yield i, piece
+        steps = decode(self.model, ctx, settings, generator, use_cache=use_cache, dtype=self.dtype)
+        yield from _through_filters(filters, ([(i, self.vocab.chars[c]) for i, c in enumerate(nxt.tolist())]
+                                              for nxt in steps))
 
     def _stream_pairs(self, source, settings, num_samples, generator, use_cache):
         """A pairs model continues `source SEP` (or encodes the source) and stops at the end marker: the pieces are
@@ -213,17 +221,8 @@ class Generator:
         filters = [StopFilter("", settings.stop) for _ in range(num_samples)]
         found = iter_sample_search(step, num_samples, self.vocab.stoi[END], min(room, settings.max_new_tokens),
                                    generator, settings.temperature, settings.top_k, settings.top_p)
-        for chosen in found if settings.max_new_tokens else ():
-            for i, tok in chosen:
-                piece = filters[i].feed(self.vocab.chars[tok].replace(SEP, ""))
-                if piece:
-                    yield i, piece
-            if all(f.done for f in filters):
-                return
-        for i, f in enumerate(filters):
-            piece = f.flush()
-            if piece:
-                yield i, piece
+        yield from _through_filters(filters, ([(i, self.vocab.chars[tok].replace(SEP, "")) for i, tok in chosen]
+                                              for chosen in (found if settings.max_new_tokens else ())))
 
     def translate(self, sources, **options):
         """Source strings -> their translations, for a pairs model; options as chargpt.translate.translate
