@@ -83,12 +83,16 @@ def has_native_bf16(device):
 
 
 def pick_decode_dtype(name, device):
-    """-> (torch dtype, reason) for sampling and scoring. 'auto' is bf16 where the device does bf16 natively: decoding
-    one character at a time reads every weight per character, so half the bytes per weight is what makes it
-    faster. Elsewhere float32, where cached decoding gives exactly the uncached reference's characters."""
+    """-> (torch dtype, reason) for sampling and scoring. 'auto' is bf16 on a GPU that does bf16 natively: decoding
+    one character at a time reads every weight per character, and half the bytes per weight makes it faster there.
+    On a CPU 'auto' stays float32, even with native bf16: measured on a 2-core Xeon with AMX, cached bf16 decoding
+    at batch 1 on 6x384 ran 0.81x float32's speed (python -m chargpt.bench --only decode; benchmarks/RESULTS.md),
+    and float32 gives exactly the uncached reference's characters. Ask for bfloat16 by name to try it."""
     if name == "auto":
-        if has_native_bf16(device):
+        if device.type != "cpu" and has_native_bf16(device):
             return torch.bfloat16, f"bfloat16 ({device.type.upper()} has native bf16)"
+        if device.type == "cpu":
+            return torch.float32, "float32 (on a CPU bf16 decoding measured slower, even where it is native)"
         return torch.float32, f"float32 (no native bfloat16 on this {device.type.upper()})"
     if name not in ("float32", "bfloat16"):
         raise ConfigError(f"--dtype for sampling must be auto, float32 or bfloat16 (got {name!r})")

@@ -85,8 +85,12 @@ def test_bad_precision_choices_are_refused_before_loading(tmp_path):
         chargpt.load(tmp_path / "missing", device="cpu", dtype="float16")
 
 
-@pytest.mark.parametrize("native,want", [(True, torch.bfloat16), (False, torch.float32)])
-def test_decoding_on_cpu_uses_bf16_only_where_the_cpu_has_it_natively(monkeypatch, native, want):
+@pytest.mark.parametrize("native", [True, False])
+def test_decoding_on_cpu_is_float32_unless_bf16_is_asked_for(monkeypatch, native):
+    """bf16 decoding measured slower than float32 on a CPU with native bf16 (benchmarks/RESULTS.md): auto keeps
+    float32, which also gives exactly the uncached reference's characters; bf16 by name is honoured."""
     monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda: native)
-    assert pick_decode_dtype("auto", torch.device("cpu"))[0] == want
+    assert pick_decode_dtype("auto", torch.device("cpu"))[0] == torch.float32
     assert pick_decode_dtype("float32", torch.device("cpu"))[0] == torch.float32
+    if native:
+        assert pick_decode_dtype("bfloat16", torch.device("cpu"))[0] == torch.bfloat16
