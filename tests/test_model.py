@@ -107,13 +107,18 @@ def test_weight_decay_only_on_matrices(tiny_config):
     assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
 
 
-@pytest.mark.parametrize("dropout,training,fused", [(0.0, True, True), (0.1, True, False), (0.1, False, True)])
-def test_attention_auto_on_cpu_avoids_the_slow_fused_dropout_path(tiny_config, dropout, training, fused):
+@pytest.mark.parametrize("dropout,training,dtype,fused", [(0.0, True, torch.float32, True),
+                                                           (0.1, True, torch.float32, False),
+                                                           (0.1, False, torch.float32, True),
+                                                           (0.0, True, torch.bfloat16, False),
+                                                           (0.0, False, torch.bfloat16, False)])
+def test_attention_auto_on_cpu_avoids_the_slow_fused_paths(tiny_config, dropout, training, dtype, fused):
     """--attention auto: torch's fused kernel on CPU unless attention dropout is active (training with dropout),
-    where its generic fallback is slower than the explicit softmax; both give the same function."""
+    where its generic fallback is slower than the explicit softmax, or the queries are bf16, where its backward
+    is the slower one; both give the same function."""
     model = CharGPT(ModelConfig(**{**vars(tiny_config), "dropout": dropout})).train(training)
     model.set_attention("auto")
-    x = torch.zeros(1, 4, tiny_config.n_embd)
+    x = torch.zeros(1, 4, tiny_config.n_embd, dtype=dtype)
     assert all(block.attn.use_fused(x) is fused for block in model.h)
     for kernel, want in (("fused", True), ("manual", False)):  # an explicit choice always wins
         model.set_attention(kernel)

@@ -17,7 +17,7 @@ from chargpt.cli import train_cli
 from chargpt.config import ModelConfig, TrainConfig
 from chargpt.errors import CheckpointError, ConfigError
 from chargpt.model import CharGPT, EncoderDecoder
-from chargpt.optim import Muon, make_optimizer, split_params
+from chargpt.optim import Muon, make_optimizer, orthogonalize, orthogonalize_all, split_params
 from chargpt.runtime import pick_compile
 from chargpt.tokenizer import Vocab
 from chargpt.training import RunState, get_lr_wsd, lr_at
@@ -78,6 +78,22 @@ def test_muon_matches_torch_muon_bit_for_bit_in_bf16_and_closely_in_fp32():
             opt.step()
     assert all(torch.equal(a, b) for a, b in zip(ref, ours[torch.bfloat16]))
     assert all(torch.allclose(a, b, atol=0.02) for a, b in zip(ref, ours[torch.float32]))
+
+
+def test_matrices_of_one_shape_are_orthogonalised_together_as_each_alone():
+    """Muon batches the Newton-Schulz iteration over matrices of one shape (a model's layers repeat a few shapes);
+    each result is the one its matrix gets alone, in both precisions, tall and wide, in the order given."""
+    torch.manual_seed(0)
+    updates = [torch.randn(s) for s in [(32, 8), (8, 24), (32, 8), (8, 24), (12, 12), (32, 8)]]
+    coefficients = torch.optim.Muon([torch.nn.Parameter(torch.zeros(2, 2))]).defaults["ns_coefficients"]
+    for dtype in (torch.float32, torch.bfloat16):
+        together = orthogonalize_all(updates, coefficients, 5, 1e-7, dtype)
+        alone = [orthogonalize(u, coefficients, 5, 1e-7, dtype) for u in updates]
+        assert [t.shape for t in together] == [u.shape for u in updates]
+        assert all(torch.allclose(t.float(), a.float(), atol=1e-2 if dtype == torch.bfloat16 else 1e-6)
+                   for t, a in zip(together, alone))
+        x = together[0].float()  # (32, 8): nearly orthonormal columns
+        assert torch.allclose(x.T @ x, torch.eye(8), atol=0.35)
 
 
 def test_a_few_muon_steps_reduce_the_loss_of_a_tiny_model(tiny_config):
