@@ -43,7 +43,8 @@ SHAPES = {  # name: (model config, batch size)
 }
 DECODE_SHAPE = SHAPES["6x384 ctx256 b8"][0]
 QUICK_SHAPE = ModelConfig(vocab_size=65, block_size=16, n_layer=1, n_head=2, n_embd=16, dropout=0.0)  # --quick
-PROFILE_RECIPE = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, dropout=0.0)  # nanoGPT's CPU
+PROFILE_RECIPE = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, dropout=0.0,  # nanoGPT's CPU
+                      optimizer="adamw", lr_schedule="cosine")  # recipe, with its optimizer and schedule
 RESULTS = Path("benchmarks/RESULTS.md")
 PARTS = ("peak", "train", "baseline", "compile", "decode")
 

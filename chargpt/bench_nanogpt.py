@@ -35,7 +35,8 @@ RECIPES = {  # nanoGPT flags over config/train_shakespeare_char.py, per device t
     "cuda": dict(device="cuda"),
 }
 GPU_CONFIG = dict(block_size=256, batch_size=64, n_layer=6, n_head=6, n_embd=384, dropout=0.2)  # that config's model
-SHARED = dict(learning_rate=1e-3, min_lr=1e-4, beta2=0.99, warmup_iters=100, weight_decay=0.1)  # and optimizer
+SHARED = dict(learning_rate=1e-3, min_lr=1e-4, beta2=0.99, warmup_iters=100, weight_decay=0.1,  # and optimizer:
+              optimizer="adamw", lr_schedule="cosine")  # AdamW and cosine, as nanoGPT (chargpt's CPU default is Muon)
 
 
 def prepare_data(text, data_dir):

@@ -83,9 +83,10 @@ TRANSFORMER = dict(task="pairs", arch="encoder-decoder", pos_emb="sinusoidal", e
 PRESETS = {
     "tiny": dict(n_layer=2, n_head=2, n_embd=64, block_size=32, dropout=0.0, batch_size=16, learning_rate=3e-3,
                  max_iters=300, warmup_iters=20, eval_interval=100, eval_iters=10, sample_chars=200),
-    # the setting that learned most in a fixed two minutes in a search on a 2-core CPU (benchmarks/RESULTS.md)
-    "cpu": dict(n_layer=2, n_head=4, n_embd=128, block_size=64, dropout=0.0, batch_size=16, learning_rate=4e-3,
-                eval_interval=250, eval_iters=20),
+    # the setting that learned most in a fixed two minutes in searches on 2-core CPUs (benchmarks/RESULTS.md):
+    # Muon for the block matrices at 0.01 and AdamW at 4e-3 for the rest, warmup-stable-decay, context 128
+    "cpu": dict(n_layer=2, n_head=4, n_embd=128, block_size=128, dropout=0.0, batch_size=16, learning_rate=4e-3,
+                optimizer="muon", muon_lr=0.01, lr_schedule="wsd", max_iters=3000, eval_interval=250, eval_iters=20),
     "shakespeare-char": {},
     # GPT-2 small's shape and optimiser (AdamW at 6e-4 decaying to 6e-5, beta2 0.95, 2000 warmup steps, as in
     # nanoGPT's GPT-2 config) over characters at context 1024. 32 x 1024 characters per step; dropout 0.1 against
@@ -103,8 +104,8 @@ PRESETS = {
 }
 PRESET_ABOUT = {
     "tiny": "tests and demos: 300 steps, seconds on any CPU; writes word-like text, not sense",
-    "cpu": "the default without a GPU: learned most in two minutes in a search on a 2-core CPU; 5000 steps of "
-           "16 x 64 characters",
+    "cpu": "the default without a GPU: learned most in two minutes in a search on a 2-core CPU; Muon (0.01) and "
+           "AdamW (4e-3), warmup-stable-decay; 3000 steps of 16 x 128 characters",
     "shakespeare-char": "the default on a CUDA GPU: nanoGPT's classic shakespeare-char recipe, dropout 0.2; 5000 "
                         "steps of 64 x 256 characters",
     "gpt2-small-char": "GPT-2 small's shape and optimiser (learning rate 6e-4 to 6e-5, beta2 0.95, 2000 warmup "

@@ -32,7 +32,7 @@ def train_pairs(data, out_dir, arch="decoder", steps=None, cache_dir=None, **kw)
     """The real trainer on a pairs file with a tiny model (2 layers x 64, context 16): a few seconds on one thread."""
     settings = dict(task="pairs", arch=arch, max_iters=steps or STEPS[arch], eval_interval=100, device="cpu",
                     n_layer=2, n_head=4, n_embd=64, block_size=16, batch_size=32, eval_iters=2, dropout=0.0,
-                    threads=1, dtype="float32", learning_rate=3e-3, warmup_iters=50, eval_pairs=50, sample_chars=0,
-                    log=lambda *a: None)
+                    threads=1, dtype="float32", learning_rate=3e-3, optimizer="adamw", lr_schedule="cosine",
+                    warmup_iters=50, eval_pairs=50, sample_chars=0, log=lambda *a: None)
     return chargpt.train(data=str(data), out_dir=str(out_dir), cache_dir=str(cache_dir) if cache_dir else None,
                          **{**settings, **kw})

@@ -156,7 +156,7 @@ def test_exact_resume_with_muon(tmp_path, corpus):
 
 
 def test_resume_refuses_another_optimizer(tmp_path, corpus):
-    quiet_train(out_dir="run", max_iters=2, eval_interval=2)
+    quiet_train(out_dir="run", max_iters=2, eval_interval=2, optimizer="adamw")
     with pytest.raises(ConfigError, match=r"trained with --optimizer adamw.*drop --optimizer muon"):
         quiet_train(out_dir="run", resume=True, max_iters=4, optimizer="muon")
 

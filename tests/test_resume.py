@@ -19,7 +19,7 @@ from chargpt.training import Trainer
 
 TINY_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
                threads=1, sample_chars=0, dtype="float32")
-SCHEDULE = dict(learning_rate=1e-2, min_lr=1e-3, warmup_iters=0, eval_interval=2)
+SCHEDULE = dict(learning_rate=1e-2, min_lr=1e-3, warmup_iters=0, eval_interval=2, lr_schedule="cosine")
 
 
 def train(logs=None, **kw):
