@@ -101,7 +101,7 @@ def orthogonalize_all(updates, coefficients, steps, eps, dtype):
         by_shape.setdefault(tuple(u.shape), []).append(i)
     out = [None] * len(updates)
     for idx in by_shape.values():
-        if len(idx) == 1:
+        if len(idx) == 1:  # alone: the very operations of torch.optim.Muon, so its results match bit for bit
             out[idx[0]] = orthogonalize(updates[idx[0]], coefficients, steps, eps, dtype)
             continue
         for i, o in zip(idx, orthogonalize(torch.stack([updates[i] for i in idx]), coefficients, steps, eps, dtype)):
