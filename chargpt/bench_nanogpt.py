@@ -8,16 +8,15 @@ context 64, batch 12, dropout 0, fp32, no compile); on a GPU, config/train_shake
 context 256, batch 64, dropout 0.2, bf16, compiled). chargpt trains the same model (no bias, as nanoGPT's
 default), the same batch and learning-rate settings.
 
-nanoGPT runs unchanged from a temporary copy of the checkout (its .git left behind), with the corpus prepared as
-its data/shakespeare_char/prepare.py would: train.bin/val.bin (uint16 ids, the first 90% / last 10%) and
-meta.pkl, the one pickle here: nanoGPT reads its vocabulary size from it, and it is written for nanoGPT only,
-never read by chargpt. Steady state: nanoGPT prints each iteration's time (log_interval=1), and the median after
+nanoGPT runs unchanged from a temporary copy of the checkout (its .git left behind), its data prepared there by its
+own data/shakespeare_char/prepare.py with our corpus as its input.txt (so it downloads nothing): train.bin/val.bin
+(uint16 ids, the first 90% / last 10%) and its vocabulary in meta.pkl, written and read by nanoGPT's code alone.
+Steady state: nanoGPT prints each iteration's time (log_interval=1), and the median after
 the first 10 is taken; for chargpt, the training time of a run of 2N steps minus that of a run of N steps, over N
 (evaluation excluded), so start-up and warm-up cancel out.
 """
 
 import os
-import pickle
 import re
 import shutil
 import statistics
@@ -26,7 +25,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
 
 RECIPES = {  # nanoGPT flags over config/train_shakespeare_char.py, per device type
@@ -39,19 +37,18 @@ SHARED = dict(learning_rate=1e-3, min_lr=1e-4, beta2=0.99, warmup_iters=100, wei
               optimizer="adamw", lr_schedule="cosine")  # AdamW and cosine, as nanoGPT (chargpt's CPU default is Muon)
 
 
-def prepare_data(text, data_dir):
-    """nanoGPT's data/shakespeare_char/prepare.py, from our corpus text: train.bin, val.bin and meta.pkl."""
-    chars = sorted(set(text))
-    if len(chars) > 65535:
+def prepare_data(checkout, copy, text):
+    """The corpus as nanoGPT reads it, made by the copy's own data/shakespeare_char/prepare.py from `text`."""
+    if len(set(text)) > 65535:
         raise SystemExit("nanoGPT stores ids as uint16: the corpus has more than 65,535 distinct characters")
-    stoi = {c: i for i, c in enumerate(chars)}
-    ids = np.array([stoi[c] for c in text], dtype=np.uint16)
-    n = int(0.9 * len(ids))
+    data_dir = copy / "data" / "shakespeare_char"
     data_dir.mkdir(parents=True, exist_ok=True)
-    ids[:n].tofile(data_dir / "train.bin")
-    ids[n:].tofile(data_dir / "val.bin")
-    with open(data_dir / "meta.pkl", "wb") as f:  # nanoGPT's format; written for it, never read here
-        pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": stoi}, f)
+    (data_dir / "input.txt").write_text(text, encoding="utf-8")  # present, so prepare.py downloads nothing
+    r = subprocess.run([sys.executable, "prepare.py"], cwd=data_dir, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONUTF8": "1"})  # it opens input.txt in the locale's encoding
+    if r.returncode != 0:
+        tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise SystemExit(f"nanoGPT's data/shakespeare_char/prepare.py failed in {checkout}: {tail[0][:200]}")
 
 
 def nanogpt_step_ms(checkout, text, device, steps, threads):
@@ -59,7 +56,7 @@ def nanogpt_step_ms(checkout, text, device, steps, threads):
     with tempfile.TemporaryDirectory(prefix="chargpt-nanogpt-") as tmp:
         copy = Path(tmp) / "nanoGPT"
         shutil.copytree(checkout, copy, ignore=shutil.ignore_patterns(".git", "out*"))
-        prepare_data(text, copy / "data" / "shakespeare_char")
+        prepare_data(checkout, copy, text)
         flags = {**RECIPES[device.type], "max_iters": steps, "lr_decay_iters": steps, "eval_interval": 10**9,
                  "log_interval": 1, "out_dir": str(Path(tmp) / "out")}
         args = [f"--{k}={v}" for k, v in flags.items()]

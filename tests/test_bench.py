@@ -79,6 +79,15 @@ def test_side_by_side_with_nanogpt_prepares_its_data_and_reads_its_step_times(tm
     fake = tmp_path / "nanoGPT"
     (fake / "config").mkdir(parents=True)
     (fake / "config" / "train_shakespeare_char.py").write_text("dataset = 'shakespeare_char'\n")
+    (fake / "data" / "shakespeare_char").mkdir(parents=True)
+    (fake / "data" / "shakespeare_char" / "prepare.py").write_text(textwrap.dedent("""
+        # as nanoGPT's: reads input.txt beside it (downloading it only if missing), writes the three files
+        import os
+        assert os.path.exists("input.txt"), "would download"
+        text = open("input.txt").read()
+        for name in ("train.bin", "val.bin", "meta.pkl"):
+            open(name, "w").write(text)
+    """))
     (fake / "train.py").write_text(textwrap.dedent("""
         import os, sys
         data = os.path.join("data", "shakespeare_char")
@@ -92,7 +101,7 @@ def test_side_by_side_with_nanogpt_prepares_its_data_and_reads_its_step_times(tm
     assert "against nanoGPT's train.py" in out and "4x128 ctx64 b12, 20 steps" in out
     assert "| nanoGPT train.py | float32 | 50.0 | 1.00x |" in out
     assert "| chargpt train.py | float32 | " in out and "| chargpt train.py | auto | " in out
-    assert not (fake / "data").exists()  # nanoGPT's data went into a temporary copy
+    assert sorted(os.listdir(fake / "data" / "shakespeare_char")) == ["prepare.py"]  # prepared in a temporary copy
 
 
 POEMS = ("帝京篇十首 一\n太宗皇帝\n秦川雄帝宅，函谷壯皇居。\n綺殿千尋起，離宮百雉餘。\n\n"
