@@ -33,6 +33,7 @@ except ImportError:  # Windows: no flock; runs are not locked there
 LATEST, BEST, STATE, METRICS, LOCK = ("latest.safetensors", "best.safetensors", "state.safetensors",
                                       "metrics.jsonl", ".lock")
 CONFIG, SAMPLES = "config.toml", "samples.jsonl"
+LOSSES = "train_loss.jsonl"  # the running training loss, every few steps: the dense curve between evaluations
 RUN_FILES = (STATE, LATEST, BEST)
 DEFAULT_ROOT = Path("checkpoints")
 
@@ -271,13 +272,15 @@ def _alive(pid):
 
 
 # --- metrics.jsonl ----------------------------------------------------------------------------------------
-def append_jsonl(path, record):
-    """One line, flushed to disk: the line is written before the state it describes (see Trainer)."""
+def append_jsonl(path, record, sync=True):
+    """One line, flushed to disk: the line is written before the state it describes (see Trainer). sync=False
+    leaves the disk write to the OS: for lines written often that no state depends on (LOSSES)."""
     try:
         with open(path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
     except OSError as e:
         raise CheckpointError(f"could not append to {path} ({e.strerror}); free disk space or choose a "
                               f"writable --out-dir") from None

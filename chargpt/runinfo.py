@@ -16,6 +16,7 @@ from safetensors import safe_open
 
 from .checkpoint import read_meta
 from .config import ModelConfig, describe_model
+from .data import run_val_split
 from .rundir import LATEST, METRICS, read_metrics, resolve
 
 PREVIEW_CHARS = 80
@@ -95,6 +96,16 @@ def _duration(seconds):
         f"{seconds:.1f} s"
 
 
+def _validates(t):
+    """Which text validated, as the run split it (runs from before --val-split: the tail)."""
+    fraction = t.get("val_fraction", 0.1)
+    if t.get("task") == "pairs":
+        return f"{fraction:g} of the pairs, at random, validate"
+    if run_val_split(t) == "tail":
+        return f"last {fraction:g} validates"
+    return f"{fraction:g} validates, in blocks spread through it"
+
+
 def format_info(info):
     """The dict of run_info() -> aligned lines for people."""
     m, t = info["model_config"], info["train_config"] or {}
@@ -107,7 +118,8 @@ def format_info(info):
     if info["training_time_s"] and info["eval_time_s"] is not None:
         training += f" ({info['eval_time_s'] / max(info['training_time_s'], 1e-9):.0%} of it evaluating)"
     if info["characters_seen"] is not None:
-        procs = f"on {info['processes']} processes" if info["processes"] else "one process assumed"
+        n = info["processes"]
+        procs = f"on {n} process{'' if n == 1 else 'es'}" if n else "one process assumed"
         training += f"; {info['characters_seen']:,} characters seen ({info['characters_per_step']:,} per step, {procs})"
     best = "none yet" if info["best_val_loss"] is None else \
         f"{info['best_val_loss']:.4f} nats ({info['best_val_bpc']:.3f} bits/char)"
@@ -121,7 +133,7 @@ def format_info(info):
             ("training", training),
             ("best val loss", best + (f", {info['evaluations']} evaluations" if info["evaluations"] else "")),
             ("corpus", f"{info['corpus'] or '?'} ({t.get('data') or 'built-in'}, {t.get('encoding', 'utf-8')}, "
-                       f"last {t.get('val_fraction', 0.1):g} validates)" if t else info["corpus"] or "unknown"),
+                       f"{_validates(t)})" if t else info["corpus"] or "unknown"),
             ("saved", info["saved_at"] or "unknown"),
             ("files", ", ".join(f"{name} {_size(n)}" for name, n in info["files"].items()))]
     width = max(len(k) for k, _ in rows + [("training config", "")])

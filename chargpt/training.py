@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from . import checkpoint as ckpt
 from . import errors, rundir
+from .cadence import EVALS_PER_BUDGET, RunningLoss, eval_period, time_to_evaluate
 from .config import (
     UNLIMITED,
     ModelConfig,
@@ -38,12 +39,21 @@ from .config import (
     split_overrides,
     typed_fields,
 )
-from .data import Batches, corpus_sources, encode_corpus, split_sizes
+from .data import (
+    Batches,
+    corpus_sources,
+    encode_corpus,
+    run_val_split,
+    split_of,
+    split_sizes,
+    unseen_in_training,
+    val_snippet,
+)
 from .errors import ChargptError, CheckpointError, ConfigError, Interrupted
 from .model import build_model
 from .optim import make_optimizer
 from .pairs import PairBatches, encode_pairs
-from .rundir import CONFIG, METRICS, SAMPLES, STATE
+from .rundir import CONFIG, LOSSES, METRICS, SAMPLES, STATE
 from .runtime import (
     autocast,
     broadcast_str,
@@ -196,6 +206,7 @@ def _resume_settings(meta, settings: Settings):
     From a config file or a named preset only what differs from the run counts as given."""
     saved_model: ModelConfig = meta["model_config"]
     saved_train = {k: v for k, v in (meta.get("train_config") or {}).items() if k not in HARDWARE}
+    saved_train["val_split"] = run_val_split(meta.get("train_config"))  # runs from before --val-split: the tail
     settings.pick_preset(None, current=saved_train.get("preset"))  # only another preset named now
     settings.keep_changes({**asdict(saved_model), **saved_train})
     model_kw, train_kw = split_overrides(settings.merged())
@@ -212,6 +223,10 @@ def _resume_settings(meta, settings: Settings):
     if train_kw.get("optimizer", saved_optimizer) != saved_optimizer:
         raise ConfigError(f"--resume: the run was trained with --optimizer {saved_optimizer}, whose state it "
                           f"continues; drop --optimizer {train_kw['optimizer']}, or train a new run with another "
+                          f"--out-dir")
+    if train_kw.get("val_split", saved_train["val_split"]) != saved_train["val_split"]:
+        raise ConfigError(f"--resume: the run was trained with --val-split {saved_train['val_split']}; another split "
+                          f"would train on its validation text; drop --val-split, or train a new run with another "
                           f"--out-dir")
     if "max_iters" in train_kw and "max_time" not in train_kw:
         train_kw["max_time"] = None  # a step budget alone lifts the run's old time budget
@@ -374,8 +389,9 @@ class Trainer:
             corpus = encode_pairs(cfg.data, cfg.target_data, cfg.encoding, cfg.encoding_errors, cfg.cache_dir,
                                   log=self.log)
         else:
+            tail = cfg.val_split == "tail"  # a blocks split is checked once the ids are there (make_split)
             corpus = encode_corpus(cfg.data, cfg.encoding, cfg.encoding_errors, cfg.cache_dir, log=self.log,
-                                   check_length=lambda n: split_sizes(n, cfg.val_fraction, block_size))
+                                   check_length=lambda n: split_sizes(n, cfg.val_fraction, block_size) if tail else 0)
         if self.dist.enabled and encoder:
             torch.distributed.barrier()
         return corpus
@@ -385,7 +401,10 @@ class Trainer:
         a step sees (for pairs, on average); the fixed validation pairs translated at each evaluation."""
         cfg, mcfg, processes = self.cfg, self.mcfg, self.dist.world_size
         if cfg.task == "text":
-            self.batches = Batches(self.corpus.ids(), cfg.val_fraction, mcfg.block_size, cfg.batch_size, self.device)
+            ids = self.corpus.ids()
+            self.split = split_of(ids, self.corpus.vocab, cfg.val_fraction, mcfg.block_size, cfg.val_split)
+            self.batches = Batches(ids, cfg.val_fraction, mcfg.block_size, cfg.batch_size, self.device, self.split)
+            self.closing_prompt = cfg.sample_prompt or val_snippet(ids, self.split, self.corpus.vocab)
             self.chars_per_example = mcfg.block_size
         else:
             self.batches = PairBatches(self.corpus, cfg.val_fraction, mcfg.block_size, cfg.batch_size, self.device,
@@ -448,12 +467,33 @@ class Trainer:
         global_batch = cfg.batch_size * cfg.grad_accum * self.dist.world_size
         what = f"sequences of {mcfg.block_size} chars" if cfg.task == "text" else \
             f"pairs (of at most {mcfg.block_size} chars a side, {self.chars_per_example:.0f} on average)"
+        if cfg.task == "text":
+            self._log_split()
         self.log(f"global batch: {cfg.batch_size} x {cfg.grad_accum} accum x {self.dist.world_size} proc = "
                  f"{global_batch} {what} = {self.chars_per_step:,.0f} chars/step; run dir: {self.out_dir}")
         if not any(note.startswith("new budget") for note in self.notes):
             self.log(f"budget: {_describe_budget(cfg, self.state)}")
+        self.eval_period = eval_period(cfg, self.settings.source("eval_interval"))  # None: by steps alone
+        if self.eval_period:
+            self.log(f"evaluating every {self.eval_period:.3g} s of training (1/{EVALS_PER_BUDGET} of --max-time)"
+                     f" and every {cfg.eval_interval:,} steps; --eval-interval N for steps alone")
         for note in self.notes:
             self.log(note)
+
+    def _log_split(self):
+        """Which text validates, and a warning when validation holds characters training never shows the model."""
+        if not self.dist.is_main:
+            return
+        ids, vocab = self.corpus.ids(), self.corpus.vocab
+        self.log(self.split.describe(self.corpus.length))
+        unseen = [vocab.chars[int(i)] for i in unseen_in_training(ids, self.split, len(vocab))]
+        if unseen:
+            shown = " ".join(repr(c) for c in unseen[:12]) + (f" and {len(unseen) - 12} more" if len(unseen) > 12
+                                                              else "")
+            self.log(f"warning: the validation text holds {len(unseen)} character(s) the training text lacks ({shown})"
+                     f": the model cannot learn them, and the validation loss counts them; "
+                     + ("--val-split blocks spreads validation through the corpus" if self.split.how == "tail" else
+                        f"a larger corpus or a smaller {param('val_fraction')} makes this rarer"))
 
     def _changes_since(self, meta):
         """Lines saying how this session differs from the checkpoint: hardware, and dropout."""
@@ -522,7 +562,7 @@ class Trainer:
                     from None
         if self.dist.is_main:
             rundir.remove_stale_temps(self.out_dir)  # left by a run that was killed while saving
-            for log in (METRICS, SAMPLES):
+            for log in (METRICS, SAMPLES, LOSSES):
                 rundir.truncate_metrics(self.out_dir / log, self.state.step)
 
     def save(self, val_loss=None, improved=False, final=False):
@@ -536,7 +576,8 @@ class Trainer:
         s = self.state
         extra = dict(step=s.step, val_loss=val_loss, best_val_loss=s.best_val if s.best_val < float("inf") else None,
                      corpus=self.corpus.name, run_state=asdict(s), hardware=self._hardware(),
-                     world_size=self.dist.world_size, chars_per_step=self.chars_per_step)
+                     world_size=self.dist.world_size, chars_per_step=self.chars_per_step,
+                     closing_prompt=getattr(self, "closing_prompt", None))
         if self.scaler.is_enabled():  # fp16 loss scale: part of exact resume
             extra["scaler"] = self.scaler.state_dict()
         train_cfg = asdict(self.cfg)
@@ -564,7 +605,9 @@ class Trainer:
                 while True:
                     lr = lr_at(s.step, s.elapsed, self.cfg, s)
                     reason = self._finished(s)
-                    if (s.step % self.cfg.eval_interval == 0 or reason) and not s.evaluated:
+                    due = s.step % self.cfg.eval_interval == 0 or time_to_evaluate(s.elapsed, self.last_eval_at,
+                                                                                   self.eval_period)
+                    if (due or reason) and not s.evaluated:
                         with self._phase("1 evaluate and save"):  # at the interval and at the end
                             self._evaluate_and_save(lr, final=bool(reason))
                         reason = self._finished(s)  # --patience: this evaluation may end the run
@@ -606,6 +649,8 @@ class Trainer:
         self.bad_loss = torch.zeros((), device=self.device)  # its loss
         self.lrs = {}  # step -> learning rate, since the last sync (to name the rate of a bad step)
         self.last_val = None
+        self.running = RunningLoss()  # the training loss since the last progress update (cadence.py)
+        self.last_eval_at = s.elapsed
         self.last_scores = {}  # exact match and chrF of the last evaluation (pairs)
         self.first_step_s = None  # wall time of this session's first step: torch.compile compiles during it
 
@@ -721,13 +766,19 @@ class Trainer:
         """Every LOG_EVERY steps: loss, last validation loss, learning rate, speed (evaluation time excluded, as
         in the bar's own steps/s: see _evaluate_and_save) and time left."""
         s, cfg = self.state, self.cfg
+        self.running.add(loss)
         if (s.step - 1) % LOG_EVERY == 0:
+            value = self.running.read()  # the mean since the last read: the progress bar's one host sync
+            if value is not None and self.dist.is_main:
+                rundir.append_jsonl(self.out_dir / LOSSES, {"step": s.step, "train_loss": round(value, 6), "lr": lr,
+                                                            "elapsed_s": round(s.elapsed, 2)}, sync=False)
             now = time.perf_counter()
             t0, pauses0, step0 = self.window
             speed = (s.step - step0) * self.chars_per_step / max(now - t0 - (self.pauses - pauses0), 1e-9)
             self.window = (now, self.pauses, s.step)
-            post = {"loss": f"{loss.item():.4f}", "val": f"{self.last_val:.4f}" if self.last_val else "-",
-                    "lr": f"{lr:.2e}", "chars/s": f"{speed:,.0f}"}
+            post = {"loss": f"{value:.4f}" if value is not None else "nan",
+                    "val": f"{self.last_val:.4f}" if self.last_val else "-", "lr": f"{lr:.2e}",
+                    "chars/s": f"{speed:,.0f}"}
             if cfg.max_time:
                 post["left"] = f"{max(0, cfg.max_time - (s.elapsed - s.budget_elapsed)):.0f}s"
             self.bar.set_postfix(post, refresh=False)
@@ -757,6 +808,7 @@ class Trainer:
         if self.dist.is_main:
             rundir.append_jsonl(self.out_dir / METRICS, record)
         s.eval_time += time.perf_counter() - t0
+        self.last_eval_at = s.elapsed
         self.save(losses["val"], improved, final)
         self.log(f"step {s.step:>6}: train {losses['train']:.4f} nats ({losses['train'] / LN2:.3f} bpc), "
                  f"val {losses['val']:.4f} nats ({losses['val'] / LN2:.3f} bpc)" + (" *" if improved else "")
@@ -766,14 +818,15 @@ class Trainer:
         self.last_val = losses["val"]
         self._pause_speed(time.perf_counter() - t0)
 
-    def sample(self, chars):
+    def sample(self, chars, prompt=None):
         """A sample of the model as it is now: from --sample-prompt (else a newline), at temperature 0.8, with the
         run's seed, so that successive samples differ only by what the model learned. -> the text after the
         prompt. Decoding has its own random generator and no dropout: training's random streams are untouched."""
         from .sampling import Generator
         gen = Generator(self.model, self.corpus.vocab, self.device)  # puts the model in eval mode
         try:
-            return gen.generate(self.cfg.sample_prompt or "", max_new_tokens=chars, seed=self.cfg.seed)[0]
+            prompt = (self.cfg.sample_prompt or "") if prompt is None else prompt
+            return gen.generate(prompt, max_new_tokens=chars, seed=self.cfg.seed)[0]
         finally:
             self.model.train()
 
@@ -847,9 +900,12 @@ class Trainer:
                      for src, hyp, ref in zip(sources, hyps, refs)]
             return (f"\n--- greedy translations of {len(rows)} validation pairs by {self.out_dir} ---\n"
                     + "\n".join(lines) + f"\n---\nmore with: chargpt translate --checkpoint {self.out_dir} \"...\"")
-        text = self.sample(self.cfg.sample_chars)
-        return (f"\n--- sample from {self.out_dir} ({self.cfg.sample_chars} characters, temperature 0.8) "
-                f"---\n{self.cfg.sample_prompt or ''}{text}\n---\nmore with: python sample.py --checkpoint "
+        prompt = self.closing_prompt
+        text = self.sample(self.cfg.sample_chars, prompt)
+        what = "" if self.cfg.sample_prompt or not prompt else \
+            f", prompted with the start of a validation line, {prompt!r}"
+        return (f"\n--- sample from {self.out_dir} ({self.cfg.sample_chars} characters, temperature 0.8{what}) "
+                f"---\n{prompt}{text}\n---\nmore with: python sample.py --checkpoint "
                 f"{self.out_dir} --prompt \"...\"")
 
 
