@@ -328,7 +328,7 @@ def split_sizes(length, val_fraction, block_size):
 # the rest: validation from all through the file measures what the model learned of the whole, not how unlike its
 # end is. --val-split tail: the last val_fraction, as tiny Shakespeare's published numbers (nanoGPT's) use.
 SPLIT_CHARS = 4096
-MIN_SPLIT_BLOCKS = 50  # a smaller corpus gets smaller blocks (at least two windows each), so it still has some
+MIN_SPLIT_BLOCKS = 100  # a smaller corpus gets smaller blocks (at least two windows each), so it still has some
 PARTS = 10**6  # val_fraction in millionths: which blocks validate is exact integer arithmetic, on any machine
 
 

@@ -147,7 +147,7 @@ class GlobalBatches:
 
     def __init__(self, trainer, global_batch):
         t = trainer
-        self.full = Batches(t.corpus.ids(), t.cfg.val_fraction, t.mcfg.block_size, global_batch, t.device)
+        self.full = Batches(t.corpus.ids(), t.cfg.val_fraction, t.mcfg.block_size, global_batch, t.device, t.split)
         self.gens = {split: torch.Generator().manual_seed(i) for i, split in enumerate(("train", "val"))}
         self.rank, self.world = t.dist.rank, t.dist.world_size
 
