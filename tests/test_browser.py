@@ -149,20 +149,26 @@ def test_runs_view_draws_curves_that_follow_a_run_still_training(page, site, tmp
     page.wait_for_selector("#chart[data-curves='2']")  # train and val of the one run
     val = page.locator("#chart path.curve.val")
     assert val.get_attribute("d").count("L") == 3  # evaluations at steps 0, 10, 20, 30
+    assert page.locator("#chart path.curve.running").get_attribute("d").count("L") == 2  # steps 1, 11, 21
+    assert page.inner_text("#chart-title").startswith("tiny: corpus browser")  # the run, its corpus, its model
+    assert "1 layer × 16, 2 heads, context 16" in page.inner_text("#chart-title")
     assert page.locator("#runs-table tbody tr").count() == 1
     page.screenshot(path=tmp_path / "runs.png", full_page=True)
     page.check("input[name=unit][value=nats]")
-    assert page.locator("#chart path.curve").count() == 2
+    assert page.locator("#chart path.curve").count() == 3
     # training goes on: a new evaluation appears without reloading the page
     with open(site[1] / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"step": 40, "train_loss": 2.9, "val_loss": 3.0, "train_bpc": 4.18, "val_bpc": 4.33}) + "\n")
     points = "() => document.querySelector('#chart path.curve.val').getAttribute('d').split('L').length"
     page.wait_for_function(f"{points} === 5")
-    # and its sample: what training prints at the end, from the same seed
+    # and its sample: what training prints at the end, from the same validation line and seed
+    prompt = chargpt.load(site[1], device="cpu").meta["closing_prompt"]
+    assert prompt and prompt in page.inner_text("#run-detail")
     page.click("#run-detail button")
-    page.wait_for_function("() => document.querySelector('#run-detail pre').textContent.length === 300")
-    expected = chargpt.load(site[1], device="cpu").generate("", max_new_tokens=300, temperature=0.8, seed=1337)[0]
-    assert page.text_content("#run-detail pre") == expected
+    want = len(prompt) + 300
+    page.wait_for_function(f"() => document.querySelector('#run-detail pre').textContent.length === {want}")
+    expected = chargpt.load(site[1], device="cpu").generate(prompt, max_new_tokens=300, temperature=0.8, seed=1337)[0]
+    assert page.text_content("#run-detail pre") == prompt + expected
 
 
 def test_runs_view_lists_the_samples_written_while_training(page, site):
