@@ -595,13 +595,20 @@ function settingText(key, v) {
   return String(v);
 }
 
-function vocabSummary(chars, total) {
-  // "5,053 characters: 4,981 Han, 52 Latin, 10 digits, ..." and the first VOCAB_SHOWN, the rest behind "show all"
+function visibleChar(c) {
+  // as the vocabulary preview always showed it: newline and tab as \n and \t, other invisible characters as \uXXXX
+  if (c === "\n") return "\\n";
+  if (c === "\t") return "\\t";
+  return /\p{C}/u.test(c) ? `\\u${c.codePointAt(0).toString(16).padStart(4, "0")}` : c;
+}
+
+function vocabSummary(list, total) {
+  // "5,053 characters (4,981 Han, 52 Latin, ...)", the first VOCAB_SHOWN, and the rest behind "show all"
   const kinds = [["Han", /\p{Script=Han}/u], ["kana", /[\p{Script=Hiragana}\p{Script=Katakana}]/u],
                  ["Hangul", /\p{Script=Hangul}/u], ["Latin", /\p{Script=Latin}/u], ["Cyrillic", /\p{Script=Cyrillic}/u],
-                 ["Greek", /\p{Script=Greek}/u], ["digits", /\p{N}/u], ["punctuation", /\p{P}/u],
-                 ["whitespace", /\s|\\[ntr]/u]];
-  const list = Array.from(chars), counts = new Map();
+                 ["Greek", /\p{Script=Greek}/u], ["digits", /\p{N}/u], ["punctuation", /[\p{P}\p{S}]/u],
+                 ["whitespace", /\s/u]];
+  const counts = new Map();
   for (const c of list) {
     const kind = (kinds.find(([, re]) => re.test(c)) || ["other"])[0];
     counts.set(kind, (counts.get(kind) || 0) + 1);
@@ -609,11 +616,12 @@ function vocabSummary(chars, total) {
   const parts = [...counts].sort((a, b) => b[1] - a[1]).map(([k, n]) => `${n.toLocaleString("en")} ${k}`);
   const head = `vocabulary: ${Number(total).toLocaleString("en")} characters` +
     (list.length > VOCAB_SHOWN ? ` (${parts.join(", ")})` : "");
+  const text = (chars) => chars.map(visibleChar).join("");
   const box = el("div", {class: "vocab-box"}, el("p", {class: "hint", text: head}));
-  if (list.length <= VOCAB_SHOWN) { box.append(el("p", {class: "vocab", text: chars})); return box; }
-  box.append(el("p", {class: "vocab", text: list.slice(0, VOCAB_SHOWN).join("") + " …"}),
+  if (list.length <= VOCAB_SHOWN) { box.append(el("p", {class: "vocab", text: text(list)})); return box; }
+  box.append(el("p", {class: "vocab", text: text(list.slice(0, VOCAB_SHOWN)) + " …"}),
              el("details", {class: "vocab-all"}, el("summary", {text: `show all ${list.length.toLocaleString("en")}`}),
-                el("p", {class: "vocab", text: chars})));
+                el("p", {class: "vocab", text: text(list)})));
   return box;
 }
 
@@ -760,7 +768,7 @@ async function showRunDetail() {
   });
   box.replaceChildren(el("h2", {text: `${r.name}`}),
     el("p", {class: "hint", id: "run-saved", text: `saved ${r.saved_at || "?"} · corpus ${r.corpus}`}),
-    vocabSummary(r.vocab_chars ?? r.vocab_preview, r.vocab_size),
+    vocabSummary(Array.isArray(r.vocab_chars) ? r.vocab_chars : Array.from(r.vocab_preview || ""), r.vocab_size),
     el("h3", {text: "Sample"}), note, button, el("div", {class: "sample"}, out),
     el("div", {id: "run-samples"}, ...duringTraining(r)),
     el("div", {class: "config"}, table("Model", r.model_config), table("Training", tc), table("Files", files)));
