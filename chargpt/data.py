@@ -367,7 +367,7 @@ def make_split(ids, val_fraction, block_size, how="blocks", newline=None):
         return Split("tail", np.array([[0, n_train]]), np.array([[n_train, length]]))
     if how != "blocks":
         raise DataError(f"{param('val_split')} must be blocks or tail (got {how!r})")
-    chars = max(min(SPLIT_CHARS, length // MIN_SPLIT_BLOCKS), 2 * (block_size + 1))
+    chars = check_blocks_length(length, val_fraction, block_size)
     n_blocks = math.ceil(length / chars)
     i = np.arange(n_blocks, dtype=np.int64)
     parts = round(val_fraction * PARTS)
@@ -380,6 +380,26 @@ def make_split(ids, val_fraction, block_size, how="blocks", newline=None):
     split = Split("blocks", runs[~labels], runs[labels], chars)
     _check_windows(split, length, val_fraction, block_size)
     return split
+
+
+def check_blocks_length(length, val_fraction, block_size):
+    """A corpus of `length` characters must hold a validation block and a training block, each at least two
+    windows long; -> the block length: SPLIT_CHARS, or less where that leaves fewer than MIN_SPLIT_BLOCKS blocks
+    (or ten validation blocks). Raises the error that says what to change (before anything is cached)."""
+    parts = max(1, round(val_fraction * PARTS))
+    first_val = -(-PARTS // parts)  # blocks up to and including the first validation block (10 for 0.1)
+    least = 2 * (block_size + 1)
+    chars = max(min(SPLIT_CHARS, length // max(MIN_SPLIT_BLOCKS, 10 * first_val)), least)
+    blocks = max(first_val, 2)
+    if length >= blocks * chars:
+        return chars
+    fits = length // (2 * blocks) - 1
+    hint = f"use {param('block_size', fits)} or less, " if fits >= 1 else ""
+    raise DataError(f"the validation split is empty: a corpus of {length:,} characters is too short for "
+                    f"{param('block_size', block_size)} with {param('val_fraction', val_fraction)} and "
+                    f"{param('val_split', 'blocks')} (1 block in {first_val:,} validates, each block at least two "
+                    f"windows of {block_size + 1:,} characters): {hint}give at least {blocks * least:,} characters, "
+                    f"or use {param('val_split', 'tail')} (the last part validates)")
 
 
 def _after_line_end(ids, pos, newline, reach):

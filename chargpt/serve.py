@@ -182,7 +182,8 @@ class Runs:
                     files[p.name] = p.stat().st_size
         samples = self._file(run, SAMPLES)  # read_metrics reads any of a run's step-keyed JSON lines
         return {**summary, "model_config": vars(meta["model_config"]), "train_config": finite(meta.get("train_config")),
-                "saved_at": meta.get("saved_at"), "vocab_preview": chars[:300], "vocab_chars": meta["vocab"].chars[:MAX_VOCAB_SENT],
+                "saved_at": meta.get("saved_at"), "vocab_preview": chars[:300],
+                "vocab_chars": meta["vocab"].chars[:MAX_VOCAB_SENT],
                 "closing_prompt": meta.get("closing_prompt") if isinstance(meta.get("closing_prompt"), str) else None,
                 "files": files, "samples": read_metrics(samples)[-MAX_SAMPLE_ROWS:] if samples else []}
 

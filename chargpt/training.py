@@ -41,6 +41,7 @@ from .config import (
 )
 from .data import (
     Batches,
+    check_blocks_length,
     corpus_sources,
     encode_corpus,
     run_val_split,
@@ -389,9 +390,9 @@ class Trainer:
             corpus = encode_pairs(cfg.data, cfg.target_data, cfg.encoding, cfg.encoding_errors, cfg.cache_dir,
                                   log=self.log)
         else:
-            tail = cfg.val_split == "tail"  # a blocks split is checked once the ids are there (make_split)
+            fits = split_sizes if cfg.val_split == "tail" else check_blocks_length  # before anything is cached
             corpus = encode_corpus(cfg.data, cfg.encoding, cfg.encoding_errors, cfg.cache_dir, log=self.log,
-                                   check_length=lambda n: split_sizes(n, cfg.val_fraction, block_size) if tail else 0)
+                                   check_length=lambda n: fits(n, cfg.val_fraction, block_size))
         if self.dist.enabled and encoder:
             torch.distributed.barrier()
         return corpus

@@ -84,8 +84,10 @@ def test_the_tail_split_is_the_classic_last_fraction():
 
 def test_a_corpus_too_small_for_blocks_says_what_to_do():
     ids, vocab = encoded("ab\n" * 30)
-    with pytest.raises(DataError, match=r"validation split .* empty .*smaller block_size, or val_split='tail'"):
+    with pytest.raises(DataError, match=r"validation split is empty: .* use block_size=3 or less, give at least 820 "
+                                        r"characters, or use val_split='tail'"):
         split_of(ids, vocab, 0.1, 40, "blocks")
+    assert len(split_of(ids, vocab, 0.1, 3, "blocks").val)  # the hint is true
 
 
 def test_val_split_is_checked():
