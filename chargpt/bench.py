@@ -384,9 +384,9 @@ def pairs(args):
     chrF and exact match (greedy) on the same --eval-pairs validation pairs, and training chars/s."""
     import tempfile
 
+    from .engine import load
     from .evaluate import score_pairs
     from .pairs import encode_pairs, split_pairs
-    from .sampling import load
     from .training import train
     from .translate import chrf, exact_match
     if not args.data:

@@ -32,9 +32,9 @@ import torch
 from .bench import machine
 from .checkpoint import save_model
 from .config import PRESETS, ModelConfig, device_preset
+from .engine import load
 from .model import CharGPT
 from .runtime import configure_threads, pick_device
-from .sampling import load
 from .tokenizer import Vocab
 
 PROMPT = "The "

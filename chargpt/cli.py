@@ -311,8 +311,8 @@ def sample_cli(checkpoint_path, prompt, prompt_file, num_samples, seed, unknown,
     """Write text in the style of a trained run. The text goes to stdout (with a separator line above each
     sample when there are several); everything else goes to stderr."""
     def main():
+        from .engine import load
         from .rundir import latest_run
-        from .sampling import load
         settings = _sample_settings(flags)
         check_sample_options(num_samples, seed)
         if interactive:
@@ -519,8 +519,8 @@ def translate_cli(checkpoint_path, sources, input_path, output, beam, alpha, tem
     or stdin, one translation per line on stdout (or --output). Greedy by default; --beam N searches, and
     --temperature above 0 samples. Blank lines stay blank."""
     def run():
+        from .engine import load
         from .rundir import latest_run
-        from .sampling import load
         settings = _sample_settings({"temperature": temperature, "top_k": top_k, "top_p": top_p})
         check_sample_options(1, seed)
         _check_translate_options(beam, alpha, settings["temperature"], batch_size)

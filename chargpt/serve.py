@@ -216,7 +216,7 @@ class Models:
         self.lock = threading.Lock()
 
     def get(self, path):
-        from .sampling import load
+        from .engine import load
         try:
             key = (str(path), path.stat().st_mtime_ns)
         except OSError:

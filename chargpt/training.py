@@ -770,7 +770,7 @@ class Trainer:
         """A sample of the model as it is now: from --sample-prompt (else a newline), at temperature 0.8, with the
         run's seed, so that successive samples differ only by what the model learned. -> the text after the
         prompt. Decoding has its own random generator and no dropout: training's random streams are untouched."""
-        from .sampling import Generator
+        from .engine import Generator
         gen = Generator(self.model, self.corpus.vocab, self.device)  # puts the model in eval mode
         try:
             return gen.generate(self.cfg.sample_prompt or "", max_new_tokens=chars, seed=self.cfg.seed)[0]
