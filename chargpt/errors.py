@@ -5,6 +5,9 @@ with a one-line message that names the problem and the fix. The CLIs print that 
 Python callers can catch the type. Anything else escaping is a bug in chargpt and keeps its traceback.
 """
 
+import re
+import sys
+
 
 class ChargptError(Exception):
     """A problem with the user's input or environment, explained in one line."""
@@ -28,3 +31,22 @@ class Interrupted(ChargptError):
     def __init__(self, message, signum):
         super().__init__(message)
         self.signum = signum
+
+
+def out_of_memory(e):
+    """Whether `e` is a failed allocation. By type where there is one: torch.OutOfMemoryError (CUDA, MPS) and
+    MemoryError (Python, numpy). Torch's CPU allocator raises a plain RuntimeError (checked with torch 2.13 under
+    `ulimit -v`), recognised by the allocator's fixed message."""
+    torch = sys.modules.get("torch")
+    if isinstance(e, MemoryError) or (torch is not None and isinstance(e, torch.cuda.OutOfMemoryError)):
+        return True
+    return isinstance(e, RuntimeError) and ("can't allocate memory" in str(e) or "out of memory" in str(e).lower())
+
+
+def requested_memory(e):
+    """' (2.0 GB requested)' from an allocator's message, or ''."""
+    m = re.search(r"allocate (\d+) bytes", str(e))
+    if m:
+        return f" ({int(m[1]) / 1e9:,.1f} GB requested)"
+    m = re.search(r"allocate ([\d.]+ [KMGT]iB)", str(e))  # CUDA: "Tried to allocate 2.00 GiB"
+    return f" ({m[1]} requested)" if m else ""

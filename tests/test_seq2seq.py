@@ -193,7 +193,7 @@ def test_playground_translates_and_look_inside_refuses_encoder_decoders(runs):
     need("httpx2" if sys.version_info >= (3, 11) else "httpx")
     from starlette.testclient import TestClient
 
-    from chargpt import serve
+    from chargpt.web import server as serve
     client = TestClient(serve.create_app(runs["decoder"].parent, device="cpu"), base_url="http://127.0.0.1")
     listed = {r["name"]: r for r in client.get("/api/runs").json()["runs"]}
     assert {n: (r["task"], r["arch"]) for n, r in listed.items()} == {a: ("pairs", a) for a in ARCHS}
