@@ -296,7 +296,7 @@ def test_every_run_ends_with_its_curves_and_records_its_processes(tmp_path, corp
 
 
 def test_the_chargpt_group_serves_the_playground():
-    from chargpt.web import server as serve
-    assert main.get_command(None, "serve") is serve.main
+    from chargpt import serve
+    assert main.get_command(None, "serve") is serve.main  # python -m chargpt.serve is the same command
     r = CliRunner().invoke(main, ["serve", "--help"])
     assert r.exit_code == 0 and "--checkpoints" in r.stdout and "web playground" in r.stdout
