@@ -82,7 +82,7 @@ def run_guarded(fn, memory_hint="lower the batch or model size"):
         with cli_names():
             return fn()
     except Interrupted as e:
-        say(str(e))
+        say(str(e) + resume_hint(e))
         sys.exit(128 + (e.signum or 2))
     except ChargptError as e:
         say(f"error: {e}")
@@ -99,6 +99,21 @@ def run_guarded(fn, memory_hint="lower the batch or model size"):
         # every rank that fails says so
         click.echo(f"error: out of memory{requested_memory(e)}; {memory_hint}", err=True)
         sys.exit(1)
+
+
+def resume_hint(e: Interrupted):
+    """'. Resume with: python train.py --out-dir RUN --resume' for a training that was interrupted after saving."""
+    if e.out_dir is None:
+        return ""
+    how = "the same torchrun command (any number of processes) plus" if e.distributed else "python train.py"
+    return f". Resume with: {how} --out-dir {e.out_dir} --resume"
+
+
+def next_step_hint(summary):
+    """The command that uses a run training just saved: sample from it, or translate with it."""
+    if summary.get("task") == "pairs":
+        return f"more with: chargpt translate --checkpoint {summary['out_dir']} \"...\""
+    return f"more with: python sample.py --checkpoint {summary['out_dir']} --prompt \"...\""
 
 
 def _log(message):
@@ -134,6 +149,7 @@ def train_cli(**kwargs):
     from .training import train
     summary = run_guarded(lambda: train(log=_log, **overrides), TRAIN_MEMORY_HINT)
     if int(os.environ.get("RANK", 0)) == 0:
+        _log(next_step_hint(summary))
         click.echo(summary["out_dir"])
 
 

@@ -26,11 +26,12 @@ class CheckpointError(ChargptError):
 
 
 class Interrupted(ChargptError):
-    """Training stopped by SIGINT/SIGTERM after saving; `signum` gives the conventional exit status."""
+    """Training stopped by SIGINT/SIGTERM after saving; `signum` gives the conventional exit status, `out_dir` the
+    run saved (the CLI says how to resume it) and `distributed` whether it ran under torchrun."""
 
-    def __init__(self, message, signum):
+    def __init__(self, message, signum, out_dir=None, distributed=False):
         super().__init__(message)
-        self.signum = signum
+        self.signum, self.out_dir, self.distributed = signum, out_dir, distributed
 
 
 def out_of_memory(e):

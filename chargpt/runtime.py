@@ -229,3 +229,34 @@ def gather_to_main(tensor, d: Dist):
     parts = [torch.empty_like(local) for _ in range(d.world_size)] if d.is_main else None
     dist.gather(local, parts, dst=0)
     return [p.cpu() for p in parts] if d.is_main else None
+
+
+# --- random streams, saved and restored (exact resume) -------------------------------------------------------------
+def gather_rng_state(data_gen, device, d: Dist):
+    """Every rank's random streams, gathered to rank 0 (None elsewhere): rank 0's under the names a single process
+    uses (torch, data, cuda), rank r's as rank{r}.torch ... A collective under DDP."""
+    local = {"torch": torch.get_rng_state(), "data": data_gen.get_state()}
+    if device.type == "cuda":
+        local["cuda"] = torch.cuda.get_rng_state(device)
+    names, sizes = list(local), [v.numel() for v in local.values()]
+    gathered = gather_to_main(torch.cat(list(local.values())), d)  # (bytes,) per rank, same size
+    if gathered is None:
+        return None
+    rng = dict(local)
+    for r, flat in enumerate(gathered[1:], start=1):
+        rng.update({f"rank{r}.{n}": part.clone() for n, part in zip(names, flat.split(sizes))})
+    return rng
+
+
+def restore_rng_state(rng, data_gen, device, d: Dist, seed):
+    """Continue this rank's streams exactly where they stopped. A rank the checkpoint has none for (it was written
+    by fewer processes) starts new streams, reproducibly, from `seed` (the run's seed plus its step) and its rank."""
+    prefix = "" if d.is_main else f"rank{d.rank}."
+    if prefix + "torch" in rng and prefix + "data" in rng:
+        torch.set_rng_state(rng[prefix + "torch"])
+        data_gen.set_state(rng[prefix + "data"])
+        if prefix + "cuda" in rng and device.type == "cuda":
+            torch.cuda.set_rng_state(rng[prefix + "cuda"], device)
+    else:
+        torch.manual_seed(stream_seed(seed, "dropout", d.rank))
+        data_gen.manual_seed(stream_seed(seed, "data", d.rank))

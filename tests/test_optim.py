@@ -19,8 +19,9 @@ from chargpt.errors import CheckpointError, ConfigError
 from chargpt.model import CharGPT, EncoderDecoder
 from chargpt.optim import Muon, make_optimizer, orthogonalize, orthogonalize_all, split_params
 from chargpt.runtime import pick_compile
+from chargpt.schedules import get_lr_wsd, lr_at
+from chargpt.settings import RunState
 from chargpt.tokenizer import Vocab
-from chargpt.training import RunState, get_lr_wsd, lr_at
 
 TINY_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
                threads=1, sample_chars=0, dtype="float32", warmup_iters=0)

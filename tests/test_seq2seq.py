@@ -25,7 +25,7 @@ from chargpt.evaluate import evaluate
 from chargpt.model import CharGPT, EncoderDecoder, build_model
 from chargpt.pairs import encode_pairs, split_pairs
 from chargpt.runinfo import format_info, run_info
-from chargpt.training import inverse_sqrt_lr
+from chargpt.schedules import inverse_sqrt_lr
 from chargpt.translate import exact_match
 
 ARCHS = ["decoder", "encoder-decoder"]
