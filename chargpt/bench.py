@@ -312,8 +312,9 @@ QUICK_SHAPE_FLAGS = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, batch_si
 # --- quality ----------------------------------------------------------------------------------------------------
 def quality_run(args, sets):
     """Train with the defaults plus `sets` ({flag: value}) for --max-time seconds -> (full val loss, summary)."""
-    from .checkpoint import read_meta, resolve
+    from .checkpoint import read_meta
     from .evaluate import evaluate
+    from .rundir import resolve
     from .training import train
     out = tempfile.mkdtemp(prefix="chargpt-quality-")
     summary = train(out_dir=out, data=args.data, max_time=args.max_time, sample_chars=0, device=args.device,

@@ -286,8 +286,6 @@ class TrainConfig:
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"{param(name)} must be in [0, 1) (got {getattr(self, name)})")
-        if self.threads is not None:
-            check_threads(self.threads)
         if self.sample_every and not self.sample_chars:
             raise ConfigError(f"{param('sample_every')} needs {param('sample_chars')} above 0 (the length of each "
                               f"sample); drop {param('sample_chars', 0)}")
@@ -384,22 +382,6 @@ def check_preset(name):
         close = difflib.get_close_matches(str(name), PRESETS, n=1)
         raise ConfigError(f"{param('preset')} {name!r:.40} is not a preset; "
                           + (f"did you mean {close[0]!r}? " if close else "") + f"the presets: {', '.join(PRESETS)}")
-
-
-def cpu_count():
-    """CPUs this process may run on: its affinity mask, which containers and taskset narrow, else all of them."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
-
-
-def check_threads(threads):
-    most = THREADS_PER_CPU * cpu_count()
-    if not 1 <= threads <= most:
-        raise ConfigError(f"{param('threads')} must be between 1 and {most} ({THREADS_PER_CPU} per CPU; this machine "
-                          f"has {cpu_count()}), got {threads}; more threads than CPUs only slow torch down, so "
-                          f"leave it out to use one per CPU")
 
 
 def describe_model(cfg: ModelConfig):

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import check_threads, cpu_count
+from .config import THREADS_PER_CPU, param
 from .errors import ConfigError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -120,6 +120,22 @@ def autocast(device, dtype):
     if dtype == torch.float32:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def cpu_count():
+    """CPUs this process may run on: its affinity mask, which containers and taskset narrow, else all of them."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def check_threads(threads):
+    most = THREADS_PER_CPU * cpu_count()
+    if not 1 <= threads <= most:
+        raise ConfigError(f"{param('threads')} must be between 1 and {most} ({THREADS_PER_CPU} per CPU; this machine "
+                          f"has {cpu_count()}), got {threads}; more threads than CPUs only slow torch down, so "
+                          f"leave it out to use one per CPU")
 
 
 def configure_threads(threads=None, local_world_size=1):

@@ -17,13 +17,14 @@ from conftest import TINY, run_chargpt, run_cli
 from pairsutil import STEPS, cipher, train_pairs, write_cipher
 
 import chargpt
-from chargpt.checkpoint import BEST, LATEST, STATE, load_model, read_meta, write_safetensors
+from chargpt.checkpoint import load_model, read_meta, write_safetensors
 from chargpt.cli import eval_cli, sample_cli, train_cli, translate_cli
 from chargpt.config import ARCH_FIELDS, PRESETS, ModelConfig, TrainConfig
 from chargpt.errors import ChargptError, CheckpointError, ConfigError
 from chargpt.evaluate import evaluate
 from chargpt.model import CharGPT, EncoderDecoder, build_model
 from chargpt.pairs import encode_pairs, split_pairs
+from chargpt.rundir import BEST, LATEST, STATE
 from chargpt.runinfo import format_info, run_info
 from chargpt.schedules import inverse_sqrt_lr
 from chargpt.translate import exact_match
