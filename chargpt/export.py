@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from . import __version__
-from .checkpoint import load_model
+from .checkpoint import load_model, read_meta
 from .config import EXPORT_FORMATS, ExportSettings, SampleSettings, describe_model, param
 from .errors import ChargptError, ConfigError
 from .pairs import END, SEP
@@ -149,6 +149,8 @@ def model_card(meta, model, name, transformers_version):
     corpus, chars = meta.get("corpus"), meta.get("corpus_chars")  # untrusted: checked before use
     corpus = corpus[:200] if isinstance(corpus, str) and corpus else "an unnamed corpus"
     size = f"{chars:,} characters" if isinstance(chars, int) and not isinstance(chars, bool) else "size not recorded"
+    held = (meta.get("train_config") or {}).get("val_fraction")
+    size += f", the last {held:.0%} held out for validation" if isinstance(held, float) and 0 < held < 1 else ""
     loss = meta.get("val_loss")
     loss = f"{loss:.4f} nats per character ({loss / math.log(2):.4f} bits per character)" \
         if isinstance(loss, (int, float)) else "not measured"
@@ -168,8 +170,8 @@ def model_card(meta, model, name, transformers_version):
     else:
         prompt = next(p for p in ("ROMEO:", "The", "\n", vocab.chars[0]) if all(c in vocab.stoi for c in p))
         usage = (f"ids = tok({prompt!r}, return_tensors=\"pt\").input_ids\n"
-                 f"out = model.generate(ids, max_new_tokens={min(100, cfg.block_size - len(prompt))})  # samples at "
-                 f"temperature 0.8, as chargpt does\nprint(tok.decode(out[0]))")
+                 f"out = model.generate(ids)  # samples at temperature 0.8, as chargpt does, up to {cfg.block_size} "
+                 f"characters in all\nprint(tok.decode(out[0]))")
         what = "writes text in the style of its corpus"
     steps = meta.get("step", 0)
     return f"""---
@@ -315,12 +317,13 @@ def export(checkpoint, to=None, format="hf", force=False, log=print):
         raise ConfigError(f"{param('to')} is required: the folder to write the export to")
     if settings.format not in EXPORT_FORMATS:
         raise ConfigError(f"{param('format')} must be one of {', '.join(EXPORT_FORMATS)} (got {settings.format!r})")
-    require_libraries()  # before anything is read
     target = Path(settings.to).expanduser()
     path = resolve(checkpoint)
     check_target(target, path, settings.force)
+    header, _ = read_meta(path)  # the header alone: what cannot be exported is refused before anything heavy
+    check_exportable(header["model_config"], header["task"])
+    require_libraries()
     model, vocab, meta = load_model(path, "cpu")
-    check_exportable(model.config, meta["task"])
     model.float().eval()
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.export", dir=target.parent))
