@@ -81,6 +81,7 @@ def gpt2_config(model, task, end_id=None):
     cfg = model.config
     return dict(
         vocab_size=cfg.vocab_size, n_positions=cfg.block_size, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
+        n_ctx=cfg.block_size,  # not read by transformers, but by llama.cpp's converter (OpenAI's GPT-2 config has it)
         n_head=cfg.n_head, n_inner=4 * cfg.n_embd,
         activation_function=cfg.activation,  # "gelu" is torch's exact erf GELU, as chargpt's nn.GELU(); not gelu_new
         layer_norm_epsilon=model.h[0].ln_1.eps, tie_word_embeddings=cfg.tie_weights,

@@ -63,7 +63,7 @@ def test_exported_logits_equal_chargpts(tmp_path, options):
     hf = AutoModelForCausalLM.from_pretrained(folder).eval()  # no trust_remote_code
     assert type(hf).__name__ == "GPT2LMHeadModel" and hf.dtype == torch.float32
     assert hf.config.activation_function == options.get("activation", "gelu")  # exact erf GELU, not gelu_new
-    assert hf.config.n_positions == 32 and hf.config.layer_norm_epsilon == model.h[0].ln_1.eps
+    assert hf.config.n_positions == hf.config.n_ctx == 32 and hf.config.layer_norm_epsilon == model.h[0].ln_1.eps
     assert hf.config.tie_word_embeddings == model.config.tie_weights
     ids = torch.randint(len(VOCAB), (3, 32), generator=torch.Generator().manual_seed(1))  # (B, T): every position
     assert (hf(ids).logits - model(ids)[0]).abs().max().item() <= 1e-5
