@@ -42,10 +42,11 @@ from .rundir import resolve
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 PROBE_SEED = 0  # the ids the export-time check feeds both models
 # export-time check: largest |logit difference| allowed, relative to the largest |logit| (at least 1). Both compute
-# in float32; only the order of additions differs (measured differences are about 1e-6).
+# in float32 and differ at most in the order of additions: with torch 2.13 on a CPU the logits came out bitwise equal,
+# from 2 layers x 16 to 6 x 384; the margin is for other kernels and devices.
 LOGITS_TOLERANCE = 1e-4
 FILES = ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-         "README.md")
+         "README.md")  # what an export folder holds
 
 
 def require_libraries():
@@ -60,7 +61,7 @@ def require_libraries():
 
 
 # --- what GPT-2 can express ------------------------------------------------------------------------------------
-def check_exportable(cfg, task="text"):
+def check_exportable(cfg):
     """Refuse, naming the option, a model that GPT2LMHeadModel cannot compute exactly."""
     if cfg.arch != "decoder":
         raise ConfigError(f"{param('arch', cfg.arch)} cannot be exported as GPT-2, which is decoder-only (no "
@@ -72,8 +73,6 @@ def check_exportable(cfg, task="text"):
         raise ConfigError(f"{param('emb_scale')} with tied embeddings cannot be exported as GPT-2: it would have to "
                           f"scale the token embedding by sqrt({cfg.n_embd}) but not the output head that shares it "
                           f"(an untied --emb-scale run exports, the scale folded into its embedding)")
-    if task not in ("text", "pairs"):
-        raise ConfigError(f"a run of task {task!r} cannot be exported")
 
 
 def gpt2_config(model, task, end_id=None):
@@ -322,7 +321,7 @@ def export(checkpoint, to=None, format="hf", force=False, log=print):
     path = resolve(checkpoint)
     check_target(target, path, settings.force)
     header, _ = read_meta(path)  # the header alone: what cannot be exported is refused before anything heavy
-    check_exportable(header["model_config"], header["task"])
+    check_exportable(header["model_config"])
     require_libraries()
     model, vocab, meta = load_model(path, "cpu")
     model.float().eval()

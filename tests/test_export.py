@@ -18,7 +18,7 @@ from safetensors import safe_open
 from chargpt.checkpoint import read_meta, save_model
 from chargpt.config import ModelConfig
 from chargpt.errors import ChargptError
-from chargpt.export import export
+from chargpt.export import FILES, export
 from chargpt.model import build_model
 from chargpt.pairs import END, SEP
 from chargpt.sampling import Generator
@@ -78,8 +78,7 @@ def test_weights_file_is_plain_gpt2(tmp_path):
     assert not [k for k in names if k.endswith((".attn.bias", ".attn.masked_bias"))]
     assert "lm_head.weight" not in names and "transformer.wte.weight" in names
     assert len(biases) == 2 * 6 + 1 and all((t == 0).all() for t in biases.values())  # 6 per block, and ln_f
-    assert {p.name for p in folder.iterdir()} == {"config.json", "model.safetensors", "generation_config.json",
-                                                  "tokenizer.json", "tokenizer_config.json", "README.md"}
+    assert {p.name for p in folder.iterdir()} == set(FILES)
 
 
 def test_greedy_generation_continues_as_chargpt(tmp_path):
