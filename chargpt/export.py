@@ -65,14 +65,14 @@ def check_exportable(cfg):
     """Refuse, naming the option, a model that GPT2LMHeadModel cannot compute exactly."""
     if cfg.arch != "decoder":
         raise ConfigError(f"{param('arch', cfg.arch)} cannot be exported as GPT-2, which is decoder-only (no "
-                          f"encoder, no cross-attention); only --arch decoder runs export")
+                          f"encoder, no cross-attention); only {param('arch', 'decoder')} runs export")
     if cfg.norm != "pre":
         raise ConfigError(f"{param('norm', cfg.norm)} cannot be exported as GPT-2, which puts each LayerNorm before "
-                          f"its block (pre-LN) and has a final one; only --norm pre runs export")
+                          f"its block (pre-LN) and has a final one; only {param('norm', 'pre')} runs export")
     if cfg.emb_scale and cfg.tie_weights:
         raise ConfigError(f"{param('emb_scale')} with tied embeddings cannot be exported as GPT-2: it would have to "
                           f"scale the token embedding by sqrt({cfg.n_embd}) but not the output head that shares it "
-                          f"(an untied --emb-scale run exports, the scale folded into its embedding)")
+                          f"(a run trained with untied embeddings exports, the scale folded into its embedding)")
 
 
 def gpt2_config(model, task, end_id=None):
