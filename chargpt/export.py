@@ -30,6 +30,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from . import __version__
 from .checkpoint import load_model, read_meta
@@ -310,6 +311,28 @@ def _swap_in(tmp, target):
     shutil.rmtree(old, ignore_errors=True)
 
 
+def write_folder(target, fill):
+    """`fill(folder)` writes a temporary folder beside target, which is flushed to disk and renamed to target;
+    -> what fill returned. On any failure, Ctrl-C included, the temporary folder is removed and target is as it
+    was; a failed write (disk full, no permission) is a one-line error."""
+    tmp = None
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.export", dir=target.parent))
+        os.chmod(tmp, _dir_mode())  # mkdtemp makes it private; an export is meant to be shared
+        result = fill(tmp)
+        _sync_folder(tmp)
+        _swap_in(tmp, target)
+        return result
+    except (OSError, SafetensorError) as e:
+        reason = getattr(e, "strerror", None) or str(e).splitlines()[0][:200]
+        raise ChargptError(f"could not write {target} ({reason}); nothing was changed there; free disk space or "
+                           f"choose another --to") from None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 def export(checkpoint, to=None, format="hf", force=False, log=print):
     """Checkpoint file or run directory -> the folder `to`, as `format` (hf: transformers); -> its Path."""
     settings = ExportSettings(to=to, format=format, force=force)
@@ -322,23 +345,16 @@ def export(checkpoint, to=None, format="hf", force=False, log=print):
     check_target(target, path, settings.force)
     header, _ = read_meta(path)  # the header alone: what cannot be exported is refused before anything heavy
     check_exportable(header["model_config"])
-    require_libraries()
+    transformers, _ = require_libraries()
     model, vocab, meta = load_model(path, "cpu")
     model.float().eval()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.export", dir=target.parent))
-    try:
-        os.chmod(tmp, _dir_mode())  # mkdtemp makes it private; an export is meant to be shared
-        with quiet(require_libraries()[0]):
-            write_hf(model, vocab, meta, tmp, target.name)
-            diff = verify(tmp, model, vocab)
-        _sync_folder(tmp)
-        _swap_in(tmp, target)
-    except OSError as e:
-        raise ChargptError(f"could not write {target} ({e.strerror or e}); nothing was changed there; free disk "
-                           f"space or choose another --to") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    def fill(folder):
+        write_hf(model, vocab, meta, folder, target.name)
+        return verify(folder, model, vocab)
+
+    with quiet(transformers):
+        diff = write_folder(target, fill)
     log(f"exported {path} ({describe_model(model.config)}, {len(vocab)} characters) to {target}; transformers "
         f"reproduces its logits (largest difference {diff:.1g})")
     return target

@@ -15,6 +15,7 @@ import torch
 from conftest import ROOT, run_chargpt
 from safetensors import safe_open
 
+import chargpt.export as export_module
 from chargpt.checkpoint import read_meta, save_model
 from chargpt.config import ModelConfig
 from chargpt.errors import ChargptError
@@ -172,6 +173,22 @@ def test_force_replaces_an_earlier_export(tmp_path):
     export(ckpt, first, force=True, log=lambda m: None)
     assert not (first / "stale.txt").exists() and (first / "model.safetensors").is_file()
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_a_failed_write_changes_nothing(tmp_path, monkeypatch):
+    """A full disk half-way through: the earlier export is intact and no temporary folder is left."""
+    first = exported(tmp_path, random_model(seed=1))
+    before = {p.name: p.read_bytes() for p in first.iterdir()}
+
+    def full_disk(model, vocab, meta, folder, name):
+        (folder / "config.json").write_text("{")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(export_module, "write_hf", full_disk)
+    with pytest.raises(ChargptError, match=r"could not write .*No space left on device.*nothing was changed"):
+        export(tmp_path / "hf.safetensors", first, force=True, log=lambda m: None)
+    assert {p.name: p.read_bytes() for p in first.iterdir()} == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
 def test_missing_transformers_is_one_line(tmp_path, monkeypatch):
