@@ -18,11 +18,11 @@ from safetensors import safe_open
 import chargpt.export as export_module
 from chargpt.checkpoint import read_meta, save_model
 from chargpt.config import ModelConfig
+from chargpt.engine import Generator
 from chargpt.errors import ChargptError
 from chargpt.export import FILES, export
 from chargpt.model import build_model
 from chargpt.pairs import END, SEP
-from chargpt.sampling import Generator
 from chargpt.tokenizer import Vocab
 
 transformers = pytest.importorskip("transformers")  # the export extra, which the test extra installs
