@@ -297,6 +297,7 @@ def _field_option(cls, name, default=_NOT_GIVEN):
 
 
 from . import __version__  # noqa: E402  (this block is kept apart from the imports above for easy merging)
+from .config import ExportSettings  # noqa: E402
 from .corpora import DATA_DIR  # noqa: E402
 
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="print one JSON object (for scripts)")
@@ -422,6 +423,22 @@ def _warn_unknown(gen, lines, unknown):
                    f"{describe_chars(gen.vocab.unknown(lines[affected[0]]))})", err=True)
 
 
+@_with(_param(sample_cli, "checkpoint_path"))
+@click.command("export", context_settings=CONTEXT)
+@_field_option(ExportSettings, "to")
+@_field_option(ExportSettings, "format")
+@_field_option(ExportSettings, "force")
+def export_cli(checkpoint_path, to, format, force):
+    """Write a run as a Hugging Face transformers folder (a GPT-2 model, its character tokenizer, a model card) that
+    AutoModelForCausalLM and AutoTokenizer load without custom code; the folder is checked against chargpt's logits
+    before it appears. Needs transformers: pip install -e ".[export]". Prints the folder on stdout."""
+    def run():
+        from .export import export
+        from .rundir import latest_run
+        click.echo(export(checkpoint_path or latest_run(), to, format, force=force, log=say))
+    run_guarded(run)
+
+
 @click.command("plot", context_settings=CONTEXT)
 @click.argument("runs", nargs=-1)
 @click.option("-o", "--output", default="curves.png", show_default=True, help="PNG file to write")
@@ -506,6 +523,7 @@ def main():
       chargpt eval --data new_text.txt
       chargpt info
       chargpt plot -o curves.png
+      chargpt export --to my-model-hf
       chargpt serve
 
     `chargpt COMMAND --help` lists a command's flags.
@@ -514,5 +532,5 @@ def main():
 
 for _name, _command in {"train": train_cli, "sample": sample_cli, "translate": translate_cli, "eval": eval_cli,
                         "info": info_cli, "plot": plot_cli, "bench": bench_command, "data": data_cli,
-                        "serve": serve_cli}.items():
+                        "serve": serve_cli, "export": export_cli}.items():
     main.add_command(_command, _name)

@@ -340,6 +340,21 @@ class SampleSettings:
         return self
 
 
+EXPORT_FORMATS = ("hf",)
+
+
+@dataclass
+class ExportSettings:
+    """What `chargpt export` writes, and where (chargpt/export.py)."""
+    to: str | None = opt(None, "folder to write the export to; created, and it must not exist or be empty, unless "
+                               "--force [required]")
+    format: str = opt("hf", "hf: a Hugging Face transformers folder (GPT2LMHeadModel, tokenizer.json, "
+                            "generation_config.json, README.md model card) that AutoModelForCausalLM.from_pretrained "
+                            "loads without custom code", choices=EXPORT_FORMATS)
+    force: bool = opt(False, "replace a --to folder that is not empty (the new folder is written and checked in full "
+                             "first, then swapped in)")
+
+
 def check_numbers(config):
     """Every number in a config must be one torch can take. NaN never compares, so it would slip past every range
     check after this (a NaN --max-time never stops, a NaN --grad-clip disables clipping), and inf means nothing

@@ -316,7 +316,8 @@ class Trainer:
         s = self.state
         extra = dict(step=s.step, val_loss=val_loss, best_val_loss=s.best_val if s.best_val < float("inf") else None,
                      corpus=self.corpus.name, run_state=asdict(s), hardware=self._hardware(),
-                     world_size=self.dist.world_size, chars_per_step=self.chars_per_step)
+                     world_size=self.dist.world_size, chars_per_step=self.chars_per_step,
+                     corpus_chars=self.corpus.length)  # for model cards (chargpt export)
         if self.scaler.is_enabled():  # fp16 loss scale: part of exact resume
             extra["scaler"] = self.scaler.state_dict()
         train_cfg = asdict(self.cfg)
