@@ -43,7 +43,8 @@ def write_results(report, kind, title, path=RESULTS):
 
 def main(argv=None, prog=None):
     from .speed import PARTS, machine_kind, profile, speed
-    p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog=prog or "python -m chargpt.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("mode", nargs="?", default="speed", choices=["speed", "profile", "quality", "pairs"])
     p.add_argument("--only", nargs="*", default=list(PARTS), choices=PARTS,
                    help="parts of the speed benchmark: " + " ".join(PARTS))
