@@ -52,7 +52,7 @@ def _tang():
                          "") for n, size, sha in tang.PARTS)
     return Corpus("tang", "tang_poems.txt", tang.PAGE, tang.SHA256, tang.SIZE,
                   "the Complete Tang Poems (全唐诗, 4.7M characters, 9,728 distinct; traditional characters), built "
-                  "from chinese-poetry/chinese-poetry's 58 JSON files", parts, tang.poems_text)
+                  "from chinese-poetry/chinese-poetry's 58 JSON files (25.6 MB to download)", parts, tang.poems_text)
 
 
 CORPORA = {c.name: c for c in [

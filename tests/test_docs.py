@@ -311,7 +311,7 @@ def check_bench(args, world, monkeypatch):
     from chargpt.bench import main
     check_argparse(main, args, monkeypatch)
     for flag, value in flag_values(args, INPUT_FLAGS):
-        world.need(value.replace("~/", "~/"), flag)
+        world.need(value, flag)
 
 
 def walk(path, world, monkeypatch):
@@ -360,14 +360,17 @@ def test_guide_commands_name_real_commands_flags_and_files(guide, monkeypatch):
 
 def test_the_checks_catch_what_fails():
     """The checker itself: an unknown flag, subcommand, corpus or file is an error, not a pass."""
-    world = World()
+    world = World(runs=["checkpoints/notes"], made={"checkpoints/notes"})
     for bad in (["python", "train.py", "--data", "data/shakespeare.txt"],  # the README's old mistake
                 ["python", "train.py", "--no-such-flag"],
                 ["chargpt", "data", "get", "shakespeare"],
                 ["chargpt", "frobnicate"],
                 ["python", "sample.py", "--prompt-file", "start.txt"],
                 ["python", "-m", "chargpt.bench", "pairs", "--data", "../shared/data/tang_poems.txt"],
-                ["pip", "install", "-e", ".[nosuchextra]"]):
+                ["pip", "install", "-e", ".[nosuchextra]"],
+                ["python", "-m", "chargpt.nosuchmodule"],
+                ["python", "-m", "chargpt.bench", "--only", "nosuchpart"],
+                ["chargpt", "info", "checkpoints/shakespeare"]):
         with pytest.raises(AssertionError):
             check_command(bad, world, pytest.MonkeyPatch())
     assert simple_commands('run=$(python train.py --data notes.txt) && python sample.py --checkpoint "$run"') == \

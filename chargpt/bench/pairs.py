@@ -47,7 +47,7 @@ def pairs(args):
     from ..training import train
     from ..translate import chrf, exact_match
     if not args.data:
-        raise SystemExit("pairs needs --data: the Tang poems (tang_poems.txt)")
+        raise SystemExit("pairs needs --data: the Tang poems (chargpt data get tang -> data/tang_poems.txt)")
     work = Path(args.out_dir or tempfile.mkdtemp(prefix="chargpt-pairs-"))
     work.mkdir(parents=True, exist_ok=True)
     n = couplets(args.data, work / "couplets.tsv")
