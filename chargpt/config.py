@@ -70,7 +70,7 @@ def param(name, value=_NO_VALUE):
 # --- presets: named starting points for every setting -------------------------------------------------------
 # name -> {field: value}, over the dataclass defaults (the GPU's: shakespeare-char is exactly them); flags and
 # --config override a preset. Without --preset the device picks one (device_preset): cpu, or shakespeare-char on
-# CUDA. Each has a one-line description in PRESET_ABOUT; --help and the README give their sizes.
+# CUDA. Each has a one-line description in PRESET_ABOUT; --help and docs/runs.md give their sizes.
 # The 2017 Transformer ("Attention Is All You Need", Table 3, base) at character level: 6 + 6 layers x 512, 8 heads,
 # feed-forward 2048 (our MLP is 4 x --n-embd: exactly 2048 at 512), dropout 0.1, sinusoidal positions, embeddings x
 # sqrt(512), post-LN, ReLU, label smoothing 0.1, Adam beta2 0.98 without weight decay, and the inverse-square-root
