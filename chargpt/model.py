@@ -24,6 +24,7 @@ from torch.nn import functional as F
 
 from .config import ModelConfig
 from .errors import ConfigError
+from .loss import head_loss, use_fused
 
 
 class KVCache:
@@ -255,6 +256,20 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if cfg.tie_weights:
             self.lm_head.weight = self.wte.weight  # weight tying (Press & Wolf 2017)
+        self.loss_kernel = "auto"  # "auto" | "fused" | "full"; set with set_loss
+
+    def head(self, x, targets=None, loss_mask=None, label_smoothing=0.0):
+        """The last block's output x (B, T, C) -> (logits (B, T, V), loss or None) against targets (B, T) over the
+        positions where loss_mask (B, T) is set (default all). With targets and the fused loss (chargpt.loss: the
+        default for large vocabularies), the loss comes without the logits, and logits is None."""
+        x = self.ln_f(x)
+        if targets is not None and use_fused(self.loss_kernel, self.config.vocab_size):
+            C = x.size(-1)
+            mask = None if loss_mask is None else loss_mask.reshape(-1)
+            return None, head_loss(x.reshape(-1, C), self.lm_head.weight, targets.reshape(-1), self.lm_head.bias,
+                                   mask, label_smoothing)
+        logits = self.lm_head(x)  # (B, T, V)
+        return logits, None if targets is None else lm_loss(logits, targets, loss_mask, label_smoothing)
 
     def init_weights(self, n_residual):
         self.apply(self._init_weights)
@@ -296,6 +311,12 @@ class Transformer(nn.Module):
             if isinstance(m, Attention):
                 m.kernel = kernel
 
+    def set_loss(self, kernel):
+        """'auto' (fused from chargpt.loss.FUSED_MIN_VOCAB characters up), 'fused' (chargpt.loss.head_loss: the loss
+        without the full logits) or 'full' (the logits, then lm_loss)."""
+        use_fused(kernel, self.config.vocab_size)  # checks the name
+        self.loss_kernel = kernel
+
     def num_params(self):
         return sum(p.numel() for p in self.parameters())  # tied weights are counted once
 
@@ -320,7 +341,8 @@ class CharGPT(Transformer):
 
     def forward(self, idx, targets=None, cache=None, loss_mask=None, label_smoothing=0.0, attn_weights=None):
         """idx (B, T) ids -> (logits, loss). logits are (B, T, V); loss is the mean cross-entropy against
-        targets (B, T) over the positions where loss_mask (B, T) is set (default all), or None. With a KVCache,
+        targets (B, T) over the positions where loss_mask (B, T) is set (default all), or None. logits is None
+        when the fused loss computed the loss without them (Transformer.head). With a KVCache,
         idx continues the cached text and only the last position's logits are computed (B, 1, V): that is all
         decoding needs. attn_weights: an optional list that receives each layer's attention weights
         (B, nh, T, S), computed on the explicit softmax path."""
@@ -331,9 +353,7 @@ class CharGPT(Transformer):
         if cache is not None:
             cache.pos += idx.size(1)
             x = x[:, -1:, :]  # (B, 1, C)
-        logits = self.lm_head(self.ln_f(x))  # (B, T, V)
-        loss = None if targets is None else lm_loss(logits, targets, loss_mask, label_smoothing)
-        return logits, loss
+        return self.head(x, targets, loss_mask, label_smoothing)
 
 
 class EncoderDecoder(Transformer):
@@ -361,6 +381,10 @@ class EncoderDecoder(Transformer):
     def decode(self, tgt, memory, cache=None):
         """tgt (B, T) target ids so far (starting with the separator) -> logits (B, T, V), or (B, 1, V) for
         the last position with a KVCache (tgt then continues the cached positions)."""
+        return self.head(self.decoder_states(tgt, memory, cache))[0]
+
+    def decoder_states(self, tgt, memory, cache=None):
+        """decode's last block output (B, T, C), or (B, 1, C) with a KVCache, before the head."""
         start = cache.pos if cache is not None else 0
         x = self.embed(tgt, start)  # (B, T, C)
         for block in self.h:
@@ -368,13 +392,12 @@ class EncoderDecoder(Transformer):
         if cache is not None:
             cache.pos += tgt.size(1)
             x = x[:, -1:, :]  # (B, 1, C)
-        return self.lm_head(self.ln_f(x))
+        return x
 
     def forward(self, src, tgt, targets=None, src_mask=None, loss_mask=None, label_smoothing=0.0):
-        """-> (logits (B, T, V), loss or None); targets (B, T) are tgt shifted by one (the loss as CharGPT's)."""
-        logits = self.decode(tgt, self.encode(src, src_mask))
-        loss = None if targets is None else lm_loss(logits, targets, loss_mask, label_smoothing)
-        return logits, loss
+        """-> (logits (B, T, V) or None, loss or None); targets (B, T) are tgt shifted by one (the loss and the
+        logits as CharGPT's)."""
+        return self.head(self.decoder_states(tgt, self.encode(src, src_mask)), targets, loss_mask, label_smoothing)
 
 
 def build_model(cfg: ModelConfig):
