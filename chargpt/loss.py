@@ -22,13 +22,15 @@ beats a loop of chunks.
 import torch
 
 IGNORE_INDEX = -100  # F.cross_entropy's default: targets equal to it count nothing
-# From this vocabulary size up, "auto" fuses (a rough in-process ratio on a 2-core CPU: fused 2,000 characters ~0.8x
-# of the plain path's head + loss time, 10,000 ~0.5x; at 256 and below the plain path is as fast or faster).
+# From this vocabulary size up, "auto" fuses. Rough in-process ratios of the head + loss alone (N 2,048, C 128, a
+# busy 2-core CPU; python -m chargpt.bench vocab is the measurement): the fused path level at 256 characters, ahead
+# from about 512 and far ahead at 10,000; at 65 the logits are tiny. 1,024 leaves a margin, and English (65) keeps
+# today's path exactly.
 FUSED_MIN_VOCAB = 1024
 # Bytes of float32 logits per chunk. On a CPU, a chunk and the head's weight should stay in the (L2/L3) cache
 # between its forward and its gradient; on a GPU, chunks only need to be large enough to keep the device busy.
-CHUNK_BYTES = {"cpu": 2 << 20, "cuda": 256 << 20}
-MIN_CHUNK_ROWS = 64  # below this the per-chunk traffic over the whole (V, C) weight and its gradient dominates
+CHUNK_BYTES = {"cpu": 4 << 20, "cuda": 256 << 20}
+MIN_CHUNK_ROWS = 128  # below this the per-chunk traffic over the whole (V, C) weight and its gradient dominates
 
 
 def use_fused(kernel, vocab_size):
@@ -99,25 +101,32 @@ def chunked(hidden, weight, bias, targets, w, eps, chunk, dtype, grads):
         for a in range(0, N, chunk):
             h, t, wr = h_all[a:a + chunk], targets[a:a + chunk, None], w[a:a + chunk]  # (n, C), (n, 1), (n,)
             z = h @ W.t() if b is None else torch.addmm(b, h, W.t())  # (n, V) logits of this chunk
-            zf = z.float()  # (n, V) float32 (z itself in float32)
-            lse = torch.logsumexp(zf, dim=1)  # (n,)
-            per = lse - (1.0 - eps) * zf.gather(1, t).squeeze(1)  # (n,) cross-entropy of each row
+            # the loss terms read z in its own dtype (exact values; sums accumulate in float32)
+            per = -(1.0 - eps) * z.gather(1, t).squeeze(1).float()  # (n,) -> each row's cross-entropy, below
             if eps:  # label smoothing: eps of the target is spread uniformly, -eps * mean_j z_j
-                per = per - eps * zf.mean(dim=1)
+                per -= (eps / V) * z.sum(dim=1, dtype=torch.float32)
+            # logsumexp by hand: torch.logsumexp would make more (n, V) passes and temporaries. The subtraction
+            # is the cast to float32 (in place when z is float32 already: the logits are no longer needed).
+            m = z.amax(dim=1, keepdim=True).float()  # (n, 1)
+            e = (z.sub_(m) if z.dtype == torch.float32 else z - m).exp_()  # (n, V) float32 exp(z - max)
+            s = e.sum(dim=1)  # (n,)
+            per += m.squeeze(1) + s.log()
             total += (per * wr).sum()
             if not (need_h or need_w or need_b):
                 continue
             # d loss_i / d z_ij = softmax_ij - (1 - eps) [j = t_i] - eps / V, times the row's weight
-            g = zf.sub_(lse[:, None]).exp_()  # (n, V) softmax, in place: the logits are no longer needed
+            g = e.mul_((wr / s)[:, None])  # (n, V) softmax times weight
             if eps:
-                g.sub_(eps / V)
-            g.scatter_add_(1, t, torch.full_like(t, eps - 1.0, dtype=g.dtype))
-            g.mul_(wr[:, None])
-            gc = g.to(dtype)  # (n, V): the matmuls' dtype, as the plain path's backward
+                g.sub_((wr * (eps / V))[:, None])
+            g.scatter_add_(1, t, (wr * (eps - 1.0))[:, None])
+            gc = g.to(dtype)  # (n, V): the matmuls' dtype, as the plain path's backward (g itself in float32)
             if need_h:
                 dh[a:a + chunk] = gc @ W  # (n, C)
             if need_w:
-                dW += gc.t() @ h  # (V, C), accumulated in float32
+                if gc.dtype == torch.float32:
+                    dW.addmm_(gc.t(), h)  # (V, C), in place
+                else:
+                    dW += gc.t() @ h  # accumulated in float32
             if db is not None:
                 db += g.sum(dim=0)
     return total, dh, dW, db
