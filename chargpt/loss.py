@@ -27,10 +27,14 @@ IGNORE_INDEX = -100  # F.cross_entropy's default: targets equal to it count noth
 # from about 512 and far ahead at 10,000; at 65 the logits are tiny. 1,024 leaves a margin, and English (65) keeps
 # today's path exactly.
 FUSED_MIN_VOCAB = 1024
-# Bytes of float32 logits per chunk. On a CPU, a chunk and the head's weight should stay in the (L2/L3) cache
-# between its forward and its gradient; on a GPU, chunks only need to be large enough to keep the device busy.
+# Two sizes, both in rows of logits. A chunk is where the softmax is computed: CHUNK_BYTES of float32 logits, on a
+# CPU small enough to stay in the (L2/L3) cache from the matmul through the softmax to its gradient. A group is what
+# one pair of gradient matmuls covers (d hidden = g @ W, d weight += g.T @ h): its gradients wait in a GROUP_BYTES
+# buffer in the matmuls' dtype. Accumulating d weight (V, C) in float32 after every small chunk (a cast and an add
+# of the whole V x C) measured as costly as the chunk's own matmuls, so groups are larger; on a GPU both are large.
 CHUNK_BYTES = {"cpu": 4 << 20, "cuda": 256 << 20}
-MIN_CHUNK_ROWS = 128  # below this the per-chunk traffic over the whole (V, C) weight and its gradient dominates
+GROUP_BYTES = {"cpu": 32 << 20, "cuda": 256 << 20}
+MIN_CHUNK_ROWS = 128  # a matmul over fewer rows is inefficient, and each chunk reads the whole (V, C) weight
 
 
 def use_fused(kernel, vocab_size):
@@ -40,9 +44,10 @@ def use_fused(kernel, vocab_size):
     return kernel == "fused" or (kernel == "auto" and vocab_size >= FUSED_MIN_VOCAB)
 
 
-def chunk_rows(n_rows, vocab_size, device_type):
-    """Rows per chunk: CHUNK_BYTES of float32 logits, at least MIN_CHUNK_ROWS, a multiple of 16, at most n_rows."""
-    rows = CHUNK_BYTES.get(device_type, CHUNK_BYTES["cuda"]) // (4 * vocab_size)
+def chunk_rows(n_rows, vocab_size, device_type, budget=CHUNK_BYTES, elem=4):
+    """Rows per chunk (or group, with GROUP_BYTES and the matmuls' element size): the budget's bytes of logits, at
+    least MIN_CHUNK_ROWS, a multiple of 16, at most n_rows."""
+    rows = budget.get(device_type, budget["cuda"]) // (elem * vocab_size)
     return max(1, min(n_rows, max(MIN_CHUNK_ROWS, rows // 16 * 16)))
 
 
@@ -63,72 +68,86 @@ def compute_dtype(device_type, dtype):
     return dtype
 
 
-def head_loss(hidden, weight, targets, bias=None, loss_mask=None, label_smoothing=0.0, chunk=None):
+def head_loss(hidden, weight, targets, bias=None, loss_mask=None, label_smoothing=0.0, chunk=None, group=None):
     """hidden (N, C), weight (V, C), bias (V,) or None, targets (N,) ids, loss_mask (N,) or None -> the mean
-    cross-entropy of the logits hidden @ weight.T + bias (a float32 scalar), computed chunk by chunk (chunk: rows
-    per chunk; default chunk_rows). Differentiable in hidden, weight and bias; under no_grad it only computes."""
+    cross-entropy of the logits hidden @ weight.T + bias (a float32 scalar), computed chunk by chunk (chunk, group:
+    rows per chunk and per group; default chunk_rows). Differentiable in hidden, weight and bias; under no_grad it
+    only computes the loss."""
     N, V = hidden.size(0), weight.size(0)
-    dtype = compute_dtype(hidden.device.type, hidden.dtype)
+    device = hidden.device.type
+    dtype = compute_dtype(device, hidden.dtype)
     w, inv = row_weights(targets, loss_mask)
     targets = targets.clamp(min=0)  # ignored rows have weight 0; any valid id stands in for the gather
-    if hidden.device.type == "cpu" and loss_mask is not None:
+    if device == "cpu" and loss_mask is not None:
         # rows that count nothing (the source side of sentence pairs) cost nothing; on a GPU the host sync that
         # finding them needs would cost more than the rows. The count (inv) stays the whole mask's.
         keep = w.nonzero().squeeze(1)  # (M,)
         if keep.numel() < N:
             hidden, targets, w = hidden[keep], targets[keep], w[keep]  # indexing's backward puts 0 elsewhere
-    chunk = chunk or chunk_rows(hidden.size(0), V, hidden.device.type)
+    M = hidden.size(0)
+    chunk = chunk or chunk_rows(M, V, device)
+    group = -(-(group or chunk_rows(M, V, device, GROUP_BYTES, dtype.itemsize)) // chunk) * chunk  # whole chunks
     tensors = (hidden, weight) + (() if bias is None else (bias,))
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return LinearCrossEntropy.apply(hidden, weight, bias, targets, w, inv, label_smoothing, chunk, dtype)
-    return chunked(hidden, weight, bias, targets, w, label_smoothing, chunk, dtype, (False, False, False))[0] * inv
+        return LinearCrossEntropy.apply(hidden, weight, bias, targets, w, inv, label_smoothing, chunk, group, dtype)
+    return chunked(hidden, weight, bias, targets, w, label_smoothing, chunk, group, dtype, (False,) * 3)[0] * inv
 
 
-def chunked(hidden, weight, bias, targets, w, eps, chunk, dtype, grads):
+def chunked(hidden, weight, bias, targets, w, eps, chunk, group, dtype, grads):
     """The loop. -> (sum_i w_i * loss_i (float32 scalar), d hidden (N, C) float32, d weight (V, C) float32,
     d bias (V,) float32), the gradients of that sum (not yet divided by the count), each None unless `grads`
     (three bools: hidden, weight, bias) asks for it. Matmuls in `dtype`, everything per element in float32."""
     N, C = hidden.shape
     V = weight.size(0)
     need_h, need_w, need_b = grads
-    with torch.autocast(hidden.device.type, enabled=False):  # the casts are explicit, each done once
+    need_g = need_h or need_w or need_b
+    f32, dev = torch.float32, hidden.device
+    with torch.autocast(dev.type, enabled=False):  # the casts are explicit, each done once
         h_all, W = hidden.to(dtype), weight.to(dtype)  # (N, C), (V, C)
         b = None if bias is None else bias.to(dtype)
-        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        dh = torch.empty(N, C, dtype=torch.float32, device=hidden.device) if need_h else None
-        dW = torch.zeros(V, C, dtype=torch.float32, device=hidden.device) if need_w else None
-        db = torch.zeros(V, dtype=torch.float32, device=hidden.device) if need_b and bias is not None else None
-        for a in range(0, N, chunk):
-            h, t, wr = h_all[a:a + chunk], targets[a:a + chunk, None], w[a:a + chunk]  # (n, C), (n, 1), (n,)
-            z = h @ W.t() if b is None else torch.addmm(b, h, W.t())  # (n, V) logits of this chunk
-            # the loss terms read z in its own dtype (exact values; sums accumulate in float32)
-            per = -(1.0 - eps) * z.gather(1, t).squeeze(1).float()  # (n,) -> each row's cross-entropy, below
-            if eps:  # label smoothing: eps of the target is spread uniformly, -eps * mean_j z_j
-                per -= (eps / V) * z.sum(dim=1, dtype=torch.float32)
-            # logsumexp by hand: torch.logsumexp would make more (n, V) passes and temporaries. The subtraction
-            # is the cast to float32 (in place when z is float32 already: the logits are no longer needed).
-            m = z.amax(dim=1, keepdim=True).float()  # (n, 1)
-            e = (z.sub_(m) if z.dtype == torch.float32 else z - m).exp_()  # (n, V) float32 exp(z - max)
-            s = e.sum(dim=1)  # (n,)
-            per += m.squeeze(1) + s.log()
-            total += (per * wr).sum()
-            if not (need_h or need_w or need_b):
-                continue
-            # d loss_i / d z_ij = softmax_ij - (1 - eps) [j = t_i] - eps / V, times the row's weight
-            g = e.mul_((wr / s)[:, None])  # (n, V) softmax times weight
-            if eps:
-                g.sub_((wr * (eps / V))[:, None])
-            g.scatter_add_(1, t, (wr * (eps - 1.0))[:, None])
-            gc = g.to(dtype)  # (n, V): the matmuls' dtype, as the plain path's backward (g itself in float32)
+        total = torch.zeros((), dtype=f32, device=dev)
+        dh = torch.empty(N, C, dtype=f32, device=dev) if need_h else None
+        dW = torch.zeros(V, C, dtype=f32, device=dev) if need_w else None
+        db = torch.zeros(V, dtype=f32, device=dev) if need_b and bias is not None else None
+        gbuf = torch.empty(min(group, N), V, dtype=dtype, device=dev) if need_g else None  # a group's d logits
+        for g0 in range(0, N, group):
+            rows = slice(g0, min(g0 + group, N))
+            for a in range(rows.start, rows.stop, chunk):
+                n = min(chunk, rows.stop - a)
+                h, t, wr = h_all[a:a + n], targets[a:a + n, None], w[a:a + n]  # (n, C), (n, 1), (n,)
+                out = gbuf[a - g0:a - g0 + n] if need_g and dtype == f32 else None  # float32: all in place there
+                z = torch.mm(h, W.t(), out=out) if b is None else torch.addmm(b, h, W.t(), out=out)  # (n, V)
+                # the loss terms read z in its own dtype (exact values; sums accumulate in float32)
+                per = -(1.0 - eps) * z.gather(1, t).squeeze(1).float()  # (n,) -> each row's cross-entropy, below
+                if eps:  # label smoothing: eps of the target is spread uniformly, -eps * mean_j z_j
+                    per -= (eps / V) * z.sum(dim=1, dtype=f32)
+                # logsumexp by hand, in place on the float32 copy (on z itself in float32: the logits are no
+                # longer needed), whose exp is then the softmax's numerator. (A mixed bf16 - float32 subtraction
+                # instead of the copy measured several times slower on a CPU.)
+                zf = z.float()  # (n, V)
+                m = zf.amax(dim=1, keepdim=True)  # (n, 1)
+                e = zf.sub_(m).exp_()  # (n, V) exp(z - max)
+                s = e.sum(dim=1)  # (n,)
+                total += ((per + m.squeeze(1) + s.log()) * wr).sum()
+                if not need_g:
+                    continue
+                # d loss_i / d z_ij = softmax_ij - (1 - eps) [j = t_i] - eps / V, times the row's weight
+                g = e.mul_((wr / s)[:, None])  # (n, V) softmax times weight
+                if eps:
+                    g.sub_((wr * (eps / V))[:, None])
+                g.scatter_add_(1, t, (wr * (eps - 1.0))[:, None])
+                if db is not None:
+                    db += g.sum(dim=0)
+                if out is None:
+                    gbuf[a - g0:a - g0 + n] = g  # cast to the matmuls' dtype, as the plain path's backward
+            gg = gbuf[:rows.stop - g0] if need_g else None  # (G, V)
             if need_h:
-                dh[a:a + chunk] = gc @ W  # (n, C)
+                dh[rows] = gg @ W  # (G, C)
             if need_w:
-                if gc.dtype == torch.float32:
-                    dW.addmm_(gc.t(), h)  # (V, C), in place
+                if dtype == f32:
+                    dW.addmm_(gg.t(), h_all[rows])  # (V, C), in place
                 else:
-                    dW += gc.t() @ h  # accumulated in float32
-            if db is not None:
-                db += g.sum(dim=0)
+                    dW += gg.t() @ h_all[rows]  # accumulated in float32
     return total, dh, dW, db
 
 
@@ -137,9 +156,9 @@ class LinearCrossEntropy(torch.autograd.Function):
     backward scales them by the incoming gradient (1, or the fp16 loss scale)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, w, inv, eps, chunk, dtype):
+    def forward(ctx, hidden, weight, bias, targets, w, inv, eps, chunk, group, dtype):
         grads = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[2])
-        total, dh, dW, db = chunked(hidden, weight, bias, targets, w, eps, chunk, dtype, grads)
+        total, dh, dW, db = chunked(hidden, weight, bias, targets, w, eps, chunk, group, dtype, grads)
         # divided by the count once at the end: no host sync, and no tiny per-row values in a half dtype
         for g in (dh, dW, db):
             if g is not None:
@@ -152,4 +171,4 @@ class LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         out = [(g * grad).to(dt) if has else None for g, has, dt in zip(ctx.saved_tensors, ctx.has, ctx.dtypes)]
-        return (*out, None, None, None, None, None, None)
+        return (*out, None, None, None, None, None, None, None)

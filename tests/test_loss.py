@@ -38,17 +38,19 @@ def grads(loss, tensors):
     return torch.autograd.grad(loss, [t for t in tensors if t is not None])
 
 
-# (N, C, V, chunk): chunks that divide N, a ragged last chunk, a single row, one chunk larger than N
-SHAPES = [(64, 16, 50, 16), (37, 8, 11, 5), (100, 24, 301, 7), (5, 4, 3, 1), (33, 16, 1000, 200)]
+# (N, C, V, chunk, group): chunks and groups that divide N, a ragged last chunk and group, a group that is not a
+# whole number of chunks, single rows, one chunk larger than N
+SHAPES = [(64, 16, 50, 16, 32), (37, 8, 11, 5, 5), (100, 24, 301, 7, 30), (5, 4, 3, 1, 1), (33, 16, 1000, 200, None)]
 
 
-@pytest.mark.parametrize("N,C,V,chunk", SHAPES)
+@pytest.mark.parametrize("N,C,V,chunk,group", SHAPES)
 @pytest.mark.parametrize("mask,label_smoothing,bias", [(None, 0.0, False), (0.5, 0.0, False), (None, 0.1, True),
                                                         (0.3, 0.2, True)])
-def test_fused_loss_and_gradients_equal_cross_entropy_on_full_logits(N, C, V, chunk, mask, label_smoothing, bias):
+def test_fused_loss_and_gradients_equal_cross_entropy_on_full_logits(N, C, V, chunk, group, mask, label_smoothing,
+                                                                      bias):
     hidden, weight, b, targets, loss_mask = problem(N * V + chunk, N, C, V, bias, mask)
     want = reference(hidden, weight, targets, b, loss_mask, label_smoothing)
-    got = head_loss(hidden, weight, targets, b, loss_mask, label_smoothing, chunk=chunk)
+    got = head_loss(hidden, weight, targets, b, loss_mask, label_smoothing, chunk=chunk, group=group)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     for g, r in zip(grads(got, (hidden, weight, b)), grads(want, (hidden, weight, b))):
@@ -77,7 +79,7 @@ def test_bf16_autocast_stays_close_to_the_plain_path():
     """Under autocast the matmuls run in bf16 on both paths; the softmax is float32 on both."""
     hidden, weight, _, targets, _ = problem(3, 64, 32, 500)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        got = head_loss(hidden, weight, targets, chunk=24)
+        got = head_loss(hidden, weight, targets, chunk=24, group=48)
         want = reference(hidden, weight, targets)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
