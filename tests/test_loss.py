@@ -67,6 +67,15 @@ def test_ignored_targets_and_empty_masks_count_as_cross_entropy_does():
     assert loss.item() == 0.0 and not grads(loss, (hidden,))[0].any()
 
 
+def test_backward_scales_the_stored_gradients_by_the_incoming_one():
+    """A loss scaler (float16 training) multiplies the loss before backward: the gradients scale with it."""
+    hidden, weight, _, targets, _ = problem(4, 30, 8, 40)
+    g1 = grads(head_loss(hidden, weight, targets, chunk=7), (hidden, weight))
+    g2 = grads(head_loss(hidden, weight, targets, chunk=7) * 1024.0, (hidden, weight))
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(b, a * 1024.0)
+
+
 def test_no_grad_computes_the_same_loss():
     hidden, weight, _, targets, loss_mask = problem(2, 40, 8, 70, mask=0.5)
     with torch.no_grad():
@@ -106,10 +115,10 @@ def model_batch(seed=0, **kw):
     torch.manual_seed(seed)
     model = build_model(cfg)
     g = torch.Generator().manual_seed(seed)
-    seq = torch.randint(0, cfg.vocab_size, (3, cfg.block_size + 1), generator=g)
-    mask = torch.rand(3, cfg.block_size, generator=g) < 0.6
+    seq = torch.randint(0, cfg.vocab_size, (4, cfg.block_size + 1), generator=g)
+    mask = torch.rand(4, cfg.block_size, generator=g) < 0.6
     if cfg.arch == "encoder-decoder":
-        src = torch.randint(0, cfg.vocab_size, (3, 7), generator=g)
+        src = torch.randint(0, cfg.vocab_size, (4, 7), generator=g)
         batch = dict(src=src, tgt=seq[:, :-1], targets=seq[:, 1:], loss_mask=mask)
     else:
         batch = dict(idx=seq[:, :-1], targets=seq[:, 1:], loss_mask=mask)
@@ -138,7 +147,7 @@ def test_logits_are_still_there_for_callers_that_need_them():
     model, batch = model_batch(vocab_size=2000)  # large enough for auto to fuse the loss
     assert model(**batch)[0] is None
     logits, loss = model(batch["idx"])  # sampling, Look inside and per-character scores call without targets
-    assert logits.shape == (3, TINY["block_size"], 2000) and loss is None
+    assert logits.shape == (4, TINY["block_size"], 2000) and loss is None
 
 
 def read(path):
@@ -181,3 +190,36 @@ def test_training_follows_the_same_curve_with_the_fused_loss(tmp_path, corpus, m
     assert curves["fused"][-1][2] < curves["fused"][0][2] - 0.3  # it learned
     for (_, t1, v1), (_, t2, v2) in zip(curves["fused"], curves["full"]):
         assert t1 == pytest.approx(t2, abs=2e-4) and v1 == pytest.approx(v2, abs=2e-4)
+
+
+def _ddp_rank(rank, root):
+    """One of two ranks: DDP over the fused loss, each on its half of the batch; rank 0 saves the gradients."""
+    import os
+
+    from safetensors.torch import save_file
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2")
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", init_method=f"file://{root}/rendezvous", rank=rank, world_size=2)
+    try:
+        model, batch = model_batch(vocab_size=2000)  # auto: fused
+        half = {k: v[rank * 2:(rank + 1) * 2] for k, v in batch.items()}
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        logits, loss = ddp(half["idx"], half["targets"])
+        assert logits is None
+        loss.backward()
+        if rank == 0:
+            save_file({n: p.grad.contiguous() for n, p in model.named_parameters()}, f"{root}/grads.safetensors")
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="needs torch.distributed")
+def test_ddp_averages_the_fused_gradients_as_one_process_on_the_whole_batch(tmp_path):
+    from safetensors.torch import load_file
+    torch.multiprocessing.spawn(_ddp_rank, args=(str(tmp_path),), nprocs=2)
+    model, batch = model_batch(vocab_size=2000)
+    model.set_loss("full")
+    model(batch["idx"], batch["targets"])[1].backward()
+    got = load_file(str(tmp_path / "grads.safetensors"))
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(got[name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
