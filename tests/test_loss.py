@@ -223,3 +223,15 @@ def test_ddp_averages_the_fused_gradients_as_one_process_on_the_whole_batch(tmp_
     got = load_file(str(tmp_path / "grads.safetensors"))
     for name, p in model.named_parameters():
         torch.testing.assert_close(got[name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_the_vocabulary_benchmark_times_every_size_against_65_on_tiny_shapes():
+    """python -m chargpt.bench --only vocab, on a tiny shape: a row per vocabulary size and loss, 65 the unit."""
+    from argparse import Namespace
+
+    from chargpt.bench import vocab_rows
+    rows = vocab_rows(torch.device("cpu"), Namespace(quick=True, batch=None))
+    table = [r.split(" | ") for r in rows if r.startswith("| cpu preset")]
+    assert [(r[1], r[2]) for r in table] == [("65", "full (auto)"), ("2,000", "fused (auto)"), ("2,000", "full"),
+                                             ("10,000", "fused (auto)"), ("10,000", "full")]
+    assert table[0][4] == "1.00x" and all(float(r[5]) > 0 for r in table)
