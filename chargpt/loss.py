@@ -78,9 +78,10 @@ def head_loss(hidden, weight, targets, bias=None, loss_mask=None, label_smoothin
     dtype = compute_dtype(device, hidden.dtype)
     w, inv = row_weights(targets, loss_mask)
     targets = targets.clamp(min=0)  # ignored rows have weight 0; any valid id stands in for the gather
-    if device == "cpu" and loss_mask is not None:
-        # rows that count nothing (the source side of sentence pairs) cost nothing; on a GPU the host sync that
-        # finding them needs would cost more than the rows. The count (inv) stays the whole mask's.
+    if device == "cpu" and loss_mask is not None and not torch.compiler.is_compiling():
+        # rows that count nothing (the source side of sentence pairs) cost nothing. Not on a GPU, where the host
+        # sync that finding them needs would cost more than the rows, nor under torch.compile, where a row count
+        # that changes every batch would recompile. The count (inv) stays the whole mask's.
         keep = w.nonzero().squeeze(1)  # (M,)
         if keep.numel() < N:
             hidden, targets, w = hidden[keep], targets[keep], w[keep]  # indexing's backward puts 0 elsewhere

@@ -143,6 +143,20 @@ def test_models_give_the_same_loss_and_gradients_with_either_kernel(kw):
         torch.testing.assert_close(out["fused"][1][name], g, rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_torch_compile_traces_the_fused_loss_in_one_graph():
+    """CUDA compiles by default: the fused loss (masked too) must trace without breaks and give the same numbers.
+    aot_eager: dynamo and autograd tracing as inductor sees them, without needing a C++ compiler."""
+    model, batch = model_batch(vocab_size=2000)
+    loss = model(**batch)[1]
+    want = grads(loss, [model.lm_head.weight])[0]
+    from torch._dynamo.testing import CompileCounterWithBackend
+    counter = CompileCounterWithBackend("aot_eager")
+    got = torch.compile(model, backend=counter)(**batch)[1]
+    assert counter.frame_count == 1  # one graph: no break
+    torch.testing.assert_close(got, loss)
+    torch.testing.assert_close(grads(got, [model.lm_head.weight])[0], want)
+
+
 def test_logits_are_still_there_for_callers_that_need_them():
     model, batch = model_batch(vocab_size=2000)  # large enough for auto to fuse the loss
     assert model(**batch)[0] is None
