@@ -10,7 +10,7 @@ straight through the head (into d hidden and d weight) in the forward pass, so b
 After Liger Kernel's fused linear cross-entropy (Hsu et al. 2024) and Apple's Cut Cross-Entropy (Wijmans et al.
 2024), in plain torch ops so it runs on a CPU and on CUDA alike.
 
-Shapes: N rows (B*T positions), C = n_embd, V vocabulary size, n rows in a chunk.
+Shapes: N rows (B*T positions), C = n_embd, V vocabulary size, n rows in a chunk, G rows in a group of chunks.
 
 The loss is exactly the model's lm_loss: the mean cross-entropy over the counted rows (all, or those where
 loss_mask is set, divided by the mask's count), with label smoothing as F.cross_entropy defines it and its
@@ -23,9 +23,9 @@ import torch
 
 IGNORE_INDEX = -100  # F.cross_entropy's default: targets equal to it count nothing
 # From this vocabulary size up, "auto" fuses. Rough in-process ratios of the head + loss alone (N 2,048, C 128, a
-# busy 2-core CPU; python -m chargpt.bench vocab is the measurement): the fused path level at 256 characters, ahead
-# from about 512 and far ahead at 10,000; at 65 the logits are tiny. 1,024 leaves a margin, and English (65) keeps
-# today's path exactly.
+# busy 2-core CPU; python -m chargpt.bench --only vocab is the measurement): the fused path level at 256
+# characters, ahead from about 512 and far ahead at 10,000; at 65 the logits are tiny. 1,024 leaves a margin, and
+# English (65) keeps today's path exactly.
 FUSED_MIN_VOCAB = 1024
 # Two sizes, both in rows of logits. A chunk is where the softmax is computed: CHUNK_BYTES of float32 logits, on a
 # CPU small enough to stay in the (L2/L3) cache from the matmul through the softmax to its gradient. A group is what
@@ -160,7 +160,8 @@ class LinearCrossEntropy(torch.autograd.Function):
     def forward(ctx, hidden, weight, bias, targets, w, inv, eps, chunk, group, dtype):
         grads = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], bias is not None and ctx.needs_input_grad[2])
         total, dh, dW, db = chunked(hidden, weight, bias, targets, w, eps, chunk, group, dtype, grads)
-        # divided by the count once at the end: no host sync, and no tiny per-row values in a half dtype
+        # divided by the count once, in float32 at the end: no host sync, and the half-dtype buffer holds
+        # softmax-sized values, not ones divided by thousands of rows (float16 would flush them to zero)
         for g in (dh, dW, db):
             if g is not None:
                 g.mul_(inv)
