@@ -294,18 +294,20 @@ def step_peak(step, device):
     return peak
 
 
-def time_vocab_step(mcfg, tcfg, device, dtype, loss="auto", steps=8, warmup=3):
+def time_vocab_step(mcfg, tcfg, device, dtype, loss="auto", compile=False, steps=8, warmup=3):
     """-> (median seconds of a training step as train.py takes it: forward and backward under autocast, clipping,
-    the preset's optimizer; peak bytes of one more step (step_peak)). loss: the model's loss kernel (set_loss)."""
+    the preset's optimizer; peak bytes of one more step (step_peak)). loss: the model's loss kernel (set_loss);
+    compile: torch.compile the model (the first warm-up step compiles)."""
     torch.manual_seed(0)
     model = CharGPT(mcfg).to(device)
     model.set_loss(loss)
     opt = make_optimizer(model, tcfg, device)  # AdamW, or Muon + AdamW
+    step_model = torch.compile(model) if compile else model
     x, y = (torch.randint(0, mcfg.vocab_size, (tcfg.batch_size, mcfg.block_size), device=device) for _ in range(2))
 
     def step():
         with autocast(device, dtype):
-            _, out = model(x, y)
+            _, out = step_model(x, y)
         out.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip or float("inf"))
         for part in opt.parts.values():
@@ -324,13 +326,16 @@ def time_vocab_step(mcfg, tcfg, device, dtype, loss="auto", steps=8, warmup=3):
 def vocab_rows(device, args):
     """ms/step per vocabulary size on the cpu and gpu presets' shapes, in the dtype training picks, each against
     vocabulary 65 in the same run; the loss as training computes it (auto) and, where auto fuses, the full logits
-    (what it replaced). Peak: the step's own allocations (step_peak); logits: one float32 copy of them."""
+    (what it replaced). Peak: the step's own allocations (step_peak); logits: one float32 copy of them. Eager or
+    compiled as training is by default (--compile auto)."""
     from .loss import use_fused
-    from .runtime import pick_dtype
-    dtype = pick_dtype("auto", device)[0]
+    from .runtime import pick_compile, pick_dtype
+    dtype, compiled = pick_dtype("auto", device)[0], pick_compile("auto", device)[0]
     step_kw = dict(steps=2, warmup=1) if args.quick else dict(steps=5, warmup=2)
+    step_kw["compile"] = compiled and not args.quick
     how = "torch.cuda.max_memory_allocated" if device.type == "cuda" else "torch.profiler memory events"
-    rows = [f"training step by vocabulary size, {name_of(dtype)}; peak: above what the step began with ({how})", "",
+    rows = [f"training step by vocabulary size, {name_of(dtype)}, {'compiled' if step_kw['compile'] else 'eager'}; "
+            f"peak: above what the step began with ({how})", "",
             "| shape | vocab | loss | ms/step | vs vocab 65 | peak MB | float32 logits MB |",
             "|---|---|---|---|---|---|---|"]
     for name, (mcfg, tcfg) in vocab_shapes(args.quick, args.batch).items():
