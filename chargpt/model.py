@@ -259,10 +259,9 @@ class Transformer(nn.Module):
         self.loss_kernel = "auto"  # "auto" | "fused" | "full"; set with set_loss
 
     def head(self, x, targets=None, loss_mask=None, label_smoothing=0.0):
-        """The last block's output x (B, T, C) -> (logits (B, T, V), loss or None) against targets (B, T) over the
+        """decoder_stack's output x (B, T, C) -> (logits (B, T, V), loss or None) against targets (B, T) over the
         positions where loss_mask (B, T) is set (default all). With targets and the fused loss (chargpt.loss: the
         default for large vocabularies), the loss comes without the logits, and logits is None."""
-        x = self.ln_f(x)
         if targets is not None and use_fused(self.loss_kernel, self.config.vocab_size):
             C = x.size(-1)
             mask = None if loss_mask is None else loss_mask.reshape(-1)
@@ -303,6 +302,19 @@ class Transformer(nn.Module):
         else:
             pos = self.pe[start:start + T]  # (T, C)
         return self.drop(tok + pos)
+
+    def decoder_stack(self, idx, cache=None, **block_kw):
+        """ids (B, T) through the embeddings, the decoder blocks (self.h) and the final norm -> (B, T, C). With a
+        KVCache, idx continues the cached positions, the cache advances past them, and only the last position
+        comes out (B, 1, C): all that decoding needs."""
+        start = cache.pos if cache is not None else 0
+        x = self.embed(idx, start)  # (B, T, C)
+        for block in self.h:
+            x = block(x, cache, **block_kw)
+        if cache is not None:
+            cache.pos += idx.size(1)
+            x = x[:, -1:, :]  # (B, 1, C)
+        return self.ln_f(x)
 
     def set_attention(self, kernel):
         """'auto' (fastest correct kernel for the device and settings), 'fused' (torch SDPA) or 'manual'."""
@@ -346,14 +358,8 @@ class CharGPT(Transformer):
         idx continues the cached text and only the last position's logits are computed (B, 1, V): that is all
         decoding needs. attn_weights: an optional list that receives each layer's attention weights
         (B, nh, T, S), computed on the explicit softmax path."""
-        start = cache.pos if cache is not None else 0
-        x = self.embed(idx, start)  # (B, T, C)
-        for block in self.h:
-            x = block(x, cache, attn_weights=attn_weights)
-        if cache is not None:
-            cache.pos += idx.size(1)
-            x = x[:, -1:, :]  # (B, 1, C)
-        return self.head(x, targets, loss_mask, label_smoothing)
+        return self.head(self.decoder_stack(idx, cache, attn_weights=attn_weights), targets, loss_mask,
+                         label_smoothing)
 
 
 class EncoderDecoder(Transformer):
@@ -381,23 +387,13 @@ class EncoderDecoder(Transformer):
     def decode(self, tgt, memory, cache=None):
         """tgt (B, T) target ids so far (starting with the separator) -> logits (B, T, V), or (B, 1, V) for
         the last position with a KVCache (tgt then continues the cached positions)."""
-        return self.head(self.decoder_states(tgt, memory, cache))[0]
-
-    def decoder_states(self, tgt, memory, cache=None):
-        """decode's last block output (B, T, C), or (B, 1, C) with a KVCache, before the head."""
-        start = cache.pos if cache is not None else 0
-        x = self.embed(tgt, start)  # (B, T, C)
-        for block in self.h:
-            x = block(x, cache, memory=memory)
-        if cache is not None:
-            cache.pos += tgt.size(1)
-            x = x[:, -1:, :]  # (B, 1, C)
-        return x
+        return self.lm_head(self.decoder_stack(tgt, cache, memory=memory))
 
     def forward(self, src, tgt, targets=None, src_mask=None, loss_mask=None, label_smoothing=0.0):
         """-> (logits (B, T, V) or None, loss or None); targets (B, T) are tgt shifted by one (the loss and the
         logits as CharGPT's)."""
-        return self.head(self.decoder_states(tgt, self.encode(src, src_mask)), targets, loss_mask, label_smoothing)
+        x = self.decoder_stack(tgt, memory=self.encode(src, src_mask))  # (B, T, C)
+        return self.head(x, targets, loss_mask, label_smoothing)
 
 
 def build_model(cfg: ModelConfig):

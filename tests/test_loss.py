@@ -243,7 +243,7 @@ def test_the_vocabulary_benchmark_times_every_size_against_65_on_tiny_shapes():
     """python -m chargpt.bench --only vocab, on a tiny shape: a row per vocabulary size and loss, 65 the unit."""
     from argparse import Namespace
 
-    from chargpt.bench import vocab_rows
+    from chargpt.bench.speed import vocab_rows
     rows = vocab_rows(torch.device("cpu"), Namespace(quick=True, batch=None))
     table = [r.split(" | ") for r in rows if r.startswith("| cpu preset")]
     assert [(r[1], r[2]) for r in table] == [("65", "full (auto)"), ("2,000", "fused (auto)"), ("2,000", "full"),
