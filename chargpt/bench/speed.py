@@ -252,7 +252,7 @@ VOCAB_PRESETS = {"cpu": "cpu", "gpu": "shakespeare-char"}  # the shapes the two 
 def vocab_shapes(quick, batch=None):
     """{label: (ModelConfig, TrainConfig)} for the cpu and gpu presets (config.PRESETS over the defaults): their
     shape, dropout and optimizer. --quick: one tiny shape with the cpu preset's optimizer."""
-    from .config import PRESETS, split_overrides
+    from ..config import PRESETS, split_overrides
     out = {}
     for kind, preset in VOCAB_PRESETS.items():
         settings = {**PRESETS[preset], **(QUICK_SHAPE_FLAGS if quick else {})}
@@ -320,8 +320,8 @@ def vocab_rows(device, args):
     vocabulary 65 in the same run; the loss as training computes it (auto) and, where auto fuses, the full logits
     (what it replaced). Peak: the step's own allocations (step_peak); logits: one float32 copy of them. Eager or
     compiled as training is by default (--compile auto)."""
-    from .loss import use_fused
-    from .runtime import pick_compile, pick_dtype
+    from ..loss import use_fused
+    from ..runtime import pick_compile, pick_dtype
     dtype, compiled = pick_dtype("auto", device)[0], pick_compile("auto", device)[0]
     step_kw = dict(steps=2, warmup=1) if args.quick else dict(steps=5, warmup=2)
     step_kw["compile"] = compiled and not args.quick
