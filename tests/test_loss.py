@@ -249,3 +249,24 @@ def test_the_vocabulary_benchmark_times_every_size_against_65_on_tiny_shapes():
     assert [(r[1], r[2]) for r in table] == [("65", "full (auto)"), ("2,000", "fused (auto)"), ("2,000", "full"),
                                              ("10,000", "fused (auto)"), ("10,000", "full")]
     assert table[0][4] == "1.00x" and all(float(r[5]) > 0 for r in table)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype,compiled", [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)])
+def test_on_cuda_the_fused_loss_matches_the_full_logits(dtype, compiled):
+    """As training runs on a GPU: bf16 autocast, torch.compile (inductor) by default; float32 for exactness."""
+    model, batch = model_batch(vocab_size=2000)
+    model, batch = model.cuda(), {k: v.cuda() for k, v in batch.items()}
+    out = {}
+    for kernel in ("full", "fused"):
+        model.set_loss(kernel)
+        model.zero_grad()
+        step = torch.compile(model) if compiled else model
+        with torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):
+            loss = step(**batch, label_smoothing=0.1)[1]
+        loss.backward()
+        out[kernel] = loss.detach(), model.lm_head.weight.grad.clone()
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-3)
+    torch.testing.assert_close(out["fused"][0], out["full"][0], **tol)
+    torch.testing.assert_close(out["fused"][1], out["full"][1], **tol)
