@@ -132,15 +132,17 @@ def chunked(hidden, weight, bias, targets, w, eps, chunk, group, dtype, grads):
                 total += ((per + m.squeeze(1) + s.log()) * wr).sum()
                 if not need_g:
                     continue
-                # d loss_i / d z_ij = softmax_ij - (1 - eps) [j = t_i] - eps / V, times the row's weight
-                g = e.mul_((wr / s)[:, None])  # (n, V) softmax times weight
+                # d loss_i / d z_ij = (softmax_ij - (1 - eps) [j = t_i] - eps / V) * w_i, written in one pass over e
+                # straight into the group's buffer in the matmuls' dtype (one rounding, as the plain path's
+                # backward): the target's term goes into e first, e_t - (1 - eps) s_i, before the division by s_i
+                e.scatter_add_(1, t, ((eps - 1.0) * s)[:, None])
+                scale, dst = (wr / s)[:, None], gbuf[a - g0:a - g0 + n]  # (n, 1), (n, V)
                 if eps:
-                    g.sub_((wr * (eps / V))[:, None])
-                g.scatter_add_(1, t, (wr * (eps - 1.0))[:, None])
+                    torch.addcmul((wr * (-eps / V))[:, None], e, scale, out=dst)
+                else:
+                    torch.mul(e, scale, out=dst)
                 if db is not None:
-                    db += g.sum(dim=0)
-                if out is None:
-                    gbuf[a - g0:a - g0 + n] = g  # cast to the matmuls' dtype, as the plain path's backward
+                    db += dst.sum(dim=0, dtype=f32)
             gg = gbuf[:rows.stop - g0] if need_g else None  # (G, V)
             if need_h:
                 dh[rows] = gg @ W  # (G, C)
