@@ -101,8 +101,7 @@ def encode_text(vocab, data, encoding="utf-8", errors="strict"):
     ids, known, unknown = [], [], Counter()
     for text in iter_text(sources, encoding, errors):
         pts = codepoints(text)
-        pos = np.minimum(np.searchsorted(vocab.points, pts), len(vocab) - 1)  # vocab.points is sorted
-        ok = vocab.points[pos] == pts
+        pos, ok = vocab.lookup(pts)
         ids.append(np.where(ok, pos, stand_in).astype(vocab.id_dtype))
         known.append(ok)
         if not ok.all():
