@@ -140,10 +140,10 @@ def describe_added(vocab: Vocab, n_old):
                                                              + (" ..." if len(new) > 40 else "") if new else "")
 
 
-def resumed_vocab(meta, corpus_vocab: Vocab):
-    """On --resume of a run started with --init-from: the vocabulary it trains in (the checkpoint's), if the
-    corpus is the one it was started on (its characters appended to the base's are exactly the checkpoint's);
-    else None, and the usual vocabulary check refuses the corpus."""
+def run_vocab(meta, corpus_vocab: Vocab):
+    """For a run started with --init-from (its --resume, or scoring its validation split): the vocabulary it
+    trains in (the checkpoint's), if its corpus is the one it started on (that corpus's characters appended to the
+    base's are exactly the checkpoint's); else None, and the usual vocabulary check refuses the corpus."""
     line = read_lineage(meta)
     if line is None:
         return None

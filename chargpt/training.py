@@ -164,7 +164,7 @@ class Trainer:
         if self.base is not None:
             vocab = self.base.vocab.extended(self.corpus.vocab)
             self.lineage = init_from.lineage(self.base, vocab)
-        elif meta is not None and (vocab := init_from.resumed_vocab(meta, self.corpus.vocab)) is not None:
+        elif meta is not None and (vocab := init_from.run_vocab(meta, self.corpus.vocab)) is not None:
             self.lineage = init_from.read_lineage(meta)
         else:
             return
