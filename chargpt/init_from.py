@@ -57,17 +57,10 @@ def read_base(source):
         read_meta(path)  # the header first: a file that is not a checkpoint fails before weights are read
         model, _, meta = load_model(path)
     except CheckpointError as e:
-        raise ConfigError(f"{param('init_from', source)}: {_after_path(str(e), source)}; pass a run directory or "
-                          f"one of its .safetensors checkpoints") from None
+        what = str(e).split("; ")[0]  # what is wrong, without the hint for a run's own files
+        raise ConfigError(f"{param('init_from')}: {what}; pass a trained run's directory or one of its .safetensors "
+                          f"checkpoints") from None
     return Base(path.resolve(), meta, model.state_dict())
-
-
-def _after_path(message, source):
-    """A checkpoint error without the path it starts with (the --init-from prefix names it already)."""
-    for prefix in (f"{source}: ", f"{source} "):
-        if message.startswith(prefix):
-            return message[len(prefix):]
-    return message
 
 
 # --- the weights ----------------------------------------------------------------------------------------------------
