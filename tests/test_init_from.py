@@ -221,3 +221,13 @@ def test_resume_refuses_a_different_corpus_for_a_fine_tuned_run(tmp_path, tiny_r
     shutil.copy(new_text, other)
     other.write_text(NEW_TEXT + "ÆØÅ\n" * 10, encoding="utf-8")
     one_line_error(cli("--data", other, "--out-dir", "ft", "--resume", "--max-iters", "4"), "vocabulary")
+
+
+def test_the_init_from_benchmark_runs_on_tiny_sizes(tmp_path, corpus, new_text):
+    from chargpt.bench.quality import init_from_quality
+    sets = {k: v for k, v in KW.items() if k not in ("device", "sample_chars", "curves")}
+    report = init_from_quality(str(corpus), str(new_text), base_time=0.3, new_time=0.3, device="cpu",
+                               sets={**sets, "eval_interval": 5}, work=tmp_path / "bench")
+    rows = [r for r in report.splitlines() if r.startswith("| from")]
+    assert [r.split(" | ")[0] for r in rows] == ["| from the base", "| from scratch"]
+    assert all(float(r.split(" | ")[2]) > 0 for r in rows)
