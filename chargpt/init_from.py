@@ -128,7 +128,7 @@ def describe_lineage(line):
 
 def describe_added(vocab: Vocab, n_old):
     new = vocab.chars[n_old:]
-    shown = "".join(new[:40]).encode("unicode_escape").decode("ascii")
+    shown = "".join(new[:40])  # repr below makes a newline or tab visible
     return f"{len(new)} characters the base never saw" + (f" added to its vocabulary: {shown!r}"
                                                              + (" ..." if len(new) > 40 else "") if new else "")
 

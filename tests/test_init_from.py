@@ -186,6 +186,7 @@ def test_pairs_runs_start_from_a_text_run_or_an_encoder_decoder(tmp_path, tiny_r
     base, base_vocab, _ = load_model(tiny_run)
     assert meta["task"] == "pairs" and {SEP, END} <= set(vocab.chars[len(base_vocab):])
     assert model.config.arch == "decoder"
+    assert evaluate("dec", device="cpu", progress=False)["data"].startswith("validation pairs of cipher")
     # an encoder-decoder from an encoder-decoder; the base's arch and task carry over without flags
     train(data=str(pairs), task="pairs", arch="encoder-decoder", out_dir="ed", max_iters=2, eval_interval=2,
           eval_pairs=2)
