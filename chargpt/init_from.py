@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import load_model, read_meta
+from .checkpoint import load_model
 from .config import param
 from .errors import CheckpointError, ConfigError
 from .rundir import BEST, LATEST, resolve, write_atomic
@@ -54,8 +54,7 @@ def read_base(source):
     missing path or a file that is not a chargpt checkpoint is a ConfigError naming --init-from."""
     try:
         path = resolve(source)
-        read_meta(path)  # the header first: a file that is not a checkpoint fails before weights are read
-        model, _, meta = load_model(path)
+        model, _, meta = load_model(path)  # its header is checked before any weights are read
     except CheckpointError as e:
         what = str(e).split("; ")[0]  # what is wrong, without the hint for a run's own files
         raise ConfigError(f"{param('init_from')}: {what}; pass a trained run's directory or one of its .safetensors "
