@@ -9,6 +9,7 @@ import os
 import shutil
 
 import pytest
+import webutil
 from webutil import TINY, need, train_tiny
 
 import chargpt
@@ -361,3 +362,25 @@ def test_run_colours_stay_with_their_runs_and_a_large_vocabulary_is_summarised(b
         page.screenshot(path=tmp_path / "runs-han.png", full_page=True)
         page.close()
         assert not errors, errors
+
+
+def test_runs_view_says_which_run_a_run_started_from(browser, tmp_path_factory):
+    """A run trained with --init-from names its base (path, weights, step, corpus, val loss) and the characters it
+    added; a run from scratch shows no such line."""
+    root = tmp_path_factory.mktemp("lineage")
+    base = train_tiny(root.parent / "lineage-base", steps=10)
+    new = root.parent / "lineage-code.txt"
+    new.write_text("".join(f"def f{i}(x): return [x * {i}]  # QZ!\n" for i in range(80)), encoding="utf-8")
+    chargpt.train(data=str(new), out_dir=str(root / "ft"), init_from=str(base), max_iters=2, eval_interval=2,
+                  log=lambda *a: None, **webutil.TINY)
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.set_default_timeout(WAIT_MS)
+    with serve.running(serve.create_app(root, device="cpu")) as url:
+        page.goto(url)
+        page.wait_for_selector("body[data-ready='1']")
+        page.click(".tab[data-view='runs']")
+        page.wait_for_selector("#run-detail .lineage")
+        text = page.inner_text("#run-detail .lineage")
+    assert text.startswith(f"started from {(base / 'best.safetensors').resolve()} (best weights, step 10 on ")
+    assert "characters added to its vocabulary" in text
+    page.close()

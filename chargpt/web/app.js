@@ -769,9 +769,19 @@ async function showRunDetail() {
   box.replaceChildren(el("h2", {text: `${r.name}`}),
     el("p", {class: "hint", id: "run-saved", text: `saved ${r.saved_at || "?"} · corpus ${r.corpus}`}),
     vocabSummary(Array.isArray(r.vocab_chars) ? r.vocab_chars : Array.from(r.vocab_preview || ""), r.vocab_size),
+    ...lineage(r),
     el("h3", {text: "Sample"}), note, button, el("div", {class: "sample"}, out),
     el("div", {id: "run-samples"}, ...duringTraining(r)),
     el("div", {class: "config"}, table("Model", r.model_config), table("Training", tc), table("Files", files)));
+}
+
+// the run this one started from (train --init-from RUN), as chargpt info shows it; nothing for a run from scratch
+function lineage(r) {
+  const b = r.init_from;
+  if (!b) return [];
+  const val = typeof b.val_loss === "number" ? `, val loss ${fmt(b.val_loss, 4)}` : "";
+  return [el("p", {class: "hint lineage", text: `started from ${b.path} (${b.weights || "?"} weights, step ` +
+    `${b.step ?? 0} on ${b.corpus || "?"}${val}); ${b.added_chars ?? 0} characters added to its vocabulary`})];
 }
 
 // --- wiring --------------------------------------------------------------------------------------------------

@@ -178,6 +178,7 @@ class Runs:
         return {**summary, "model_config": info["model_config"], "train_config": finite(info["train_config"]),
                 "saved_at": info["saved_at"], "vocab_preview": escape("".join(info["vocab_chars"][:VOCAB_PREVIEW])),
                 "vocab_chars": info["vocab_chars"], "closing_prompt": info["closing_prompt"], "files": info["files"],
+                "init_from": finite(info.get("init_from")),  # the run it started from (--init-from), or None
                 "samples": read_metrics(samples)[-MAX_SAMPLE_ROWS:] if samples else []}
 
     def metrics(self, name):
