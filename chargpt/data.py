@@ -176,6 +176,15 @@ class EncodedCorpus:
     ids_path: Path
     length: int
 
+    @property
+    def key(self):
+        """The cache key (a hash of the corpus bytes): runs record it, to find their text again (chargpt.novelty)."""
+        return self.ids_path.stem
+
+    @property
+    def cache_dir(self):
+        return self.ids_path.parent
+
     def ids(self):
         """The ids as a read-only memory map (nothing is loaded into RAM up front)."""
         if self.length == 0:

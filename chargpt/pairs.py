@@ -145,6 +145,15 @@ class EncodedPairs:
     length: int  # characters in all examples, markers included
     n_pairs: int
 
+    @property
+    def key(self):
+        """The cache key (as EncodedCorpus.key)."""
+        return self.paths["ids"].name.split(".")[0]
+
+    @property
+    def cache_dir(self):
+        return self.paths["ids"].parent
+
     def ids(self):
         return np.memmap(self.paths["ids"], dtype=self.vocab.id_dtype, mode="r", shape=(self.length,))
 
