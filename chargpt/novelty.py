@@ -53,6 +53,7 @@ INDEX_VERSION = 1
 # line of verse (30-40 characters) scores in full (docs/novelty.md).
 DEFAULT_MIN_SPAN = 20
 BLOCK = 32  # characters compared per step of the vectorised searches
+ROWS = 1 << 16  # text positions searched together (their working arrays: ~BLOCK x 24 bytes each)
 EXCERPT_CHARS = 60  # of a copied span shown from the corpus (with up to CONTEXT_CHARS before it)
 CONTEXT_CHARS = 20
 MAX_SPANS = 1000  # spans listed per text (its share and longest count them all)
@@ -272,16 +273,26 @@ def matching_statistics(text, sa, query, block=BLOCK):
     if n == 0 or m == 0:
         return starting, where
     q = np.asarray(query, dtype=np.int64)
-    lo, hi = np.full(m, -1, np.int64), np.full(m, n, np.int64)
-    llo, lhi = np.zeros(m, np.int64), np.zeros(m, np.int64)
-    rows = np.arange(m)
+    for first in range(0, m, ROWS):  # positions are independent: a long text goes in groups, in bounded memory
+        rows = np.arange(first, min(m, first + ROWS))
+        starting[rows], where[rows] = _search(text, sa, q, rows, block)
+    return starting, where
+
+
+def _search(text, sa, q, rows, block):
+    """matching_statistics for the positions `rows` of q."""
+    n, r = len(sa), len(rows)
+    lo, hi = np.full(r, -1, np.int64), np.full(r, n, np.int64)
+    llo, lhi = np.zeros(r, np.int64), np.zeros(r, np.int64)
+    where = np.zeros(r, np.int64)
+    index = np.arange(r)
     while True:
-        act = rows[hi - lo > 1]
+        act = index[hi - lo > 1]
         if not len(act):
             break
         mid = (lo[act] + hi[act]) // 2
         start = np.asarray(sa[mid], dtype=np.int64)
-        common, less = _compare(text, start, q, act, np.minimum(llo[act], lhi[act]), block)
+        common, less = _compare(text, start, q, rows[act], np.minimum(llo[act], lhi[act]), block)
         down, up = act[less], act[~less]
         hi[down], lhi[down] = mid[less], common[less]
         lo[up], llo[up] = mid[~less], common[~less]
@@ -494,9 +505,13 @@ def for_run(checkpoint, data=None, cache_dir=None, log=print):
     """A run directory or checkpoint file -> Novelty over the text it trained on."""
     from .checkpoint import read_meta
     from .rundir import resolve
-    path = resolve(checkpoint)
-    meta, _ = read_meta(path)
-    corpus = run_corpus(meta, data, cache_dir, run=str(checkpoint), log=log)
+    meta, _ = read_meta(resolve(checkpoint))
+    return for_meta(meta, str(checkpoint), data, cache_dir, log)
+
+
+def for_meta(meta, run="the run", data=None, cache_dir=None, log=print):
+    """A checkpoint's metadata (checkpoint.read_meta, Generator.meta) -> Novelty over the text it trained on."""
+    corpus = run_corpus(meta, data, cache_dir, run=run, log=log)
     return index_corpus(corpus, (meta.get("train_config") or {}).get("val_fraction", 0.1), log=log)
 
 
@@ -573,7 +588,8 @@ def bench_one(n_chars=None, data=None, sample_chars=1000, seed=0):
     starting, _ = matching_statistics(ids, sa, query)
     score = time.perf_counter() - t0
     return {"corpus": name, "chars": len(ids), "builder": "pydivsufsort" if pydivsufsort else "numpy",
-            "build_s": round(build, 3), "build_peak_mb": round(peak / 2**20, 1), "index_mb": round(sa.nbytes / 2**20, 1),
+            "build_s": round(build, 3), "build_peak_mb": round(peak / 2**20, 1),
+            "index_mb": round(sa.nbytes / 2**20, 1),
             "score_chars": len(query), "score_s": round(score, 4), "longest": int(starting.max(initial=0))}
 
 

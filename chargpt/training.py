@@ -535,8 +535,8 @@ class Trainer:
             return
         s = self.state
         extra = dict(step=s.step, val_loss=val_loss, best_val_loss=s.best_val if s.best_val < float("inf") else None,
-                     corpus=self.corpus.name, run_state=asdict(s), hardware=self._hardware(),
-                     world_size=self.dist.world_size, chars_per_step=self.chars_per_step)
+                     corpus=self.corpus.name, corpus_key=self.corpus.key, run_state=asdict(s),
+                     hardware=self._hardware(), world_size=self.dist.world_size, chars_per_step=self.chars_per_step)
         if self.scaler.is_enabled():  # fp16 loss scale: part of exact resume
             extra["scaler"] = self.scaler.state_dict()
         train_cfg = asdict(self.cfg)
@@ -784,9 +784,27 @@ class Trainer:
             return
         t0, s, prompt = time.perf_counter(), self.state, self.cfg.sample_prompt or ""
         text = self.sample(self.cfg.sample_chars)
-        rundir.append_jsonl(self.out_dir / SAMPLES, {"step": s.step, "prompt": prompt, "text": text})
+        record = {"step": s.step, "prompt": prompt, "text": text, **self._novelty(text)}
+        rundir.append_jsonl(self.out_dir / SAMPLES, record)
         self.log(f"--- sample at step {s.step} ---\n{prompt}{text}\n---")
         self._pause_speed(time.perf_counter() - t0)
+
+    def _novelty(self, text):
+        """{"novelty": how much of a sample is copied from the training text (chargpt.novelty)}, so samples.jsonl
+        shows memorisation grow; the index is built at the first sample (once per corpus, then cached). {} if it
+        cannot be built: a sample's score is not worth stopping a training for."""
+        from . import novelty
+        index = getattr(self, "novelty_index", None)
+        if index is False:
+            return {}
+        try:
+            if index is None:
+                index = self.novelty_index = novelty.index_corpus(self.corpus, self.cfg.val_fraction, log=self.log)
+            return {"novelty": index.score(text).summary()}
+        except (ChargptError, OSError, MemoryError) as e:
+            self.log(f"warning: no novelty score for the samples ({e}); they are recorded without one")
+            self.novelty_index = False
+            return {}
 
     def _score_translations(self):
         """For pairs (rank 0): {exact_match, chrf} of greedy translations of the fixed validation pairs; else {}.
