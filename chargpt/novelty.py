@@ -201,6 +201,17 @@ class Report:
         return out
 
 
+def segments(spans):
+    """Maximal spans (which may overlap) -> the non-overlapping pieces a page shades, each with its span's source:
+    [{start, end, line, excerpt}], in text order; a character belongs to the first span that holds it."""
+    out, reach = [], 0
+    for x in spans:
+        if x.end > reach:
+            out.append({"start": max(x.start, reach), "end": x.end, "line": x.line, "excerpt": x.excerpt})
+            reach = x.end
+    return out
+
+
 def _span_json(s):
     return {"start": s.start, "end": s.end, "length": s.length, "offset": s.offset, "line": s.line,
             "excerpt": s.excerpt}
