@@ -178,6 +178,7 @@ async function onGenerate() {
   const texts = [];
   let nodes = [];
   $("prompt-marks").hidden = true;
+  delete outputs.dataset.novelty;
   document.body.dataset.state = "generating";
   $("generate").disabled = true;
   $("stop-button").disabled = false;
