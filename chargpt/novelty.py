@@ -131,6 +131,11 @@ def suffix_array_numpy(ids):
     return sa
 
 
+def _builder_note():
+    return "" if pydivsufsort is not None else \
+        ' (with numpy; pip install -e ".[novelty]" adds pydivsufsort, which builds it faster in less memory)'
+
+
 # --- the index of one corpus ------------------------------------------------------------------------------------
 @dataclass
 class SplitIndex:
@@ -383,7 +388,8 @@ def index_corpus(corpus, val_fraction, log=print):
         def part(rows):
             nonlocal full
             if full is None:
-                log(f"indexing the {len(ids):,} characters of {corpus.name} for novelty (once per corpus)")
+                log(f"indexing the {len(ids):,} characters of {corpus.name} for novelty (once per corpus)"
+                    + _builder_note())
                 full = suffix_array(ids)
             in_split = np.zeros(corpus.n_pairs, bool)
             in_split[rows] = True
@@ -403,7 +409,8 @@ def index_corpus(corpus, val_fraction, log=print):
         text = ids[lo:hi]
 
         def build(text=text, name=name):
-            log(f"indexing the {len(text):,} {name} characters of {corpus.name} for novelty (once per corpus)")
+            log(f"indexing the {len(text):,} {name} characters of {corpus.name} for novelty (once per corpus)"
+                + _builder_note())
             return suffix_array(text)
         sa = _cached(cache / f"{key}.sa-{name}-{n_train}.v{INDEX_VERSION}.npy", build, log, f"{name} index",
                      size=len(text), bound=len(text))
