@@ -67,16 +67,21 @@ except ImportError:
 
 
 # --- building a suffix array ------------------------------------------------------------------------------------
-def suffix_array(ids):
+def suffix_array(ids, builder="auto"):
     """(n,) character ids -> (n,) int32 (int64 past 2**31) positions, sorted by the text that starts at each.
 
-    With the optional pydivsufsort (pip install -e ".[novelty]"), libdivsufsort builds it: C, O(n log n), about
-    5 bytes per character besides the input (twice that for vocabularies over 256 characters), and an order of
-    magnitude faster than numpy. Without it, numpy's prefix doubling (suffix_array_numpy) gives the same array,
-    slower and with a higher peak (~32 bytes per character). Both are checked against each other in the tests."""
-    if pydivsufsort is not None and len(ids):
-        # libdivsufsort sorts bytes; wider ids go in as big-endian byte pairs (pydivsufsort does this, and keeps
-        # the positions of whole characters), so byte order is id order is code-point order
+    builder "auto": with the optional pydivsufsort (pip install -e ".[novelty]") and a vocabulary of at most 256
+    characters, libdivsufsort builds it: C, O(n log n), about 1 byte per character besides the result, and faster
+    than numpy (on tiny Shakespeare, measured once on a busy machine: ~2x faster, 10 MB against 42 MB besides the
+    4 MB result). libdivsufsort sorts bytes: wider ids go in as big-endian byte pairs and half the positions are
+    thrown away after, so for larger vocabularies (Chinese) its edge is gone (on the Tang corpus it was slower
+    than numpy) and numpy's prefix doubling (suffix_array_numpy) builds it. Both give the same array (tested);
+    "numpy" and "pydivsufsort" force one, for `python -m chargpt.novelty bench --builder`."""
+    if builder == "pydivsufsort" and pydivsufsort is None:
+        raise ChargptError('the pydivsufsort builder is not installed: pip install -e ".[novelty]"')
+    small = len(ids) and int(np.max(ids)) < 256
+    if len(ids) and (builder == "pydivsufsort" or builder == "auto" and pydivsufsort is not None and small):
+        # byte order is id order is code-point order: the vocabulary is sorted by code point
         sa = pydivsufsort.divsufsort(np.ascontiguousarray(ids))
         return sa.astype(_index_dtype(len(ids)), copy=False)
     return suffix_array_numpy(ids)
@@ -131,8 +136,8 @@ def suffix_array_numpy(ids):
     return sa
 
 
-def _builder_note():
-    return "" if pydivsufsort is not None else \
+def _builder_note(vocab):
+    return "" if pydivsufsort is not None or len(vocab) > 256 else \
         ' (with numpy; pip install -e ".[novelty]" adds pydivsufsort, which builds it faster in less memory)'
 
 
@@ -389,7 +394,7 @@ def index_corpus(corpus, val_fraction, log=print):
             nonlocal full
             if full is None:
                 log(f"indexing the {len(ids):,} characters of {corpus.name} for novelty (once per corpus)"
-                    + _builder_note())
+                    + _builder_note(corpus.vocab))
                 full = suffix_array(ids)
             in_split = np.zeros(corpus.n_pairs, bool)
             in_split[rows] = True
@@ -410,7 +415,7 @@ def index_corpus(corpus, val_fraction, log=print):
 
         def build(text=text, name=name):
             log(f"indexing the {len(text):,} {name} characters of {corpus.name} for novelty (once per corpus)"
-                + _builder_note())
+                + _builder_note(corpus.vocab))
             return suffix_array(text)
         sa = _cached(cache / f"{key}.sa-{name}-{n_train}.v{INDEX_VERSION}.npy", build, log, f"{name} index",
                      size=len(text), bound=len(text))
@@ -564,51 +569,64 @@ def _shown(text):
 
 
 # --- benchmark ------------------------------------------------------------------------------------------------------
-def synthetic_ids(n, seed=0, words=5000):
-    """(n,) uint16 ids of English-like filler: random words (2 to 9 letters) from a fixed lexicon, in lines of
-    4 to 12 words; long repeats are as rare as in real text, short ones as common."""
+def synthetic_ids(n, seed=0, words=5000, chunk=1 << 23):
+    """(n,) uint16 ids of English-like filler: random words (2 to 9 letters of 26) from a fixed lexicon, spaces
+    between them and a newline every 4 to 12 words; long repeats are as rare as in real text, short ones as
+    common. Made a chunk of words at a time (bounded memory: a 100M-character corpus costs its 200 MB)."""
     rng = np.random.default_rng(seed)
     lengths = rng.integers(2, 10, words)
-    lexicon = [rng.integers(2, 28, k).astype(np.uint16) for k in lengths]  # ids 2..27: letters; 0 "\n", 1 " "
-    out, total = [], 0
-    while total < n:
-        k = int(rng.integers(4, 13))
-        line = np.concatenate([np.append(lexicon[w], 1) for w in rng.integers(0, words, k)])
-        line[-1] = 0
-        out.append(line)
-        total += len(line)
-    return np.concatenate(out)[:n]
+    lexicon = rng.integers(2, 28, int(lengths.sum())).astype(np.uint16)  # ids 2..27: letters; 0 "\n", 1 " "
+    first = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    out, filled = np.empty(n, np.uint16), 0
+    while filled < n:
+        w = rng.integers(0, words, chunk // 6)  # words, each with the separator after it
+        size = lengths[w] + 1
+        end = np.cumsum(size)
+        within = np.arange(int(end[-1])) - np.repeat(end - size, size)  # offset inside word + separator
+        piece = np.ones(int(end[-1]), np.uint16)
+        letter = within < np.repeat(size - 1, size)
+        piece[letter] = lexicon[(np.repeat(first[w], size) + within)[letter]]
+        line_ends = np.cumsum(rng.integers(4, 13, len(w)))
+        piece[end[line_ends[line_ends <= len(w)] - 1] - 1] = 0
+        take = min(n - filled, len(piece))
+        out[filled:filled + take] = piece[:take]
+        filled += take
+    return out
 
 
-def bench_one(n_chars=None, data=None, sample_chars=1000, seed=0):
-    """Index build time and peak memory, and the time to score a `sample_chars` text, for a synthetic corpus of
-    n_chars or the file `data` -> dict. Peak memory is the growth of this process's peak RSS during the build: run
-    each case in a fresh process (bench() does)."""
-    from .tokenizer import Vocab
-    if data is not None:
-        text = Path(data).read_text(encoding="utf-8")
-        vocab = Vocab.from_text(text)
-        ids = np.asarray(vocab.encode(text), dtype=vocab.id_dtype)
-        name = Path(data).name
-    else:
-        ids = synthetic_ids(n_chars, seed)
-        name = f"synthetic {len(ids):,}"
-    rss0 = _peak_rss()
-    t0 = time.perf_counter()
-    sa = suffix_array(ids)
-    build = time.perf_counter() - t0
-    peak = _peak_rss() - rss0
-    rng = np.random.default_rng(seed + 1)
-    at = int(rng.integers(0, max(1, len(ids) - sample_chars)))
-    query = np.asarray(ids[at:at + sample_chars], dtype=np.int64).copy()
-    query[sample_chars // 2:] = rng.permutation(query[sample_chars // 2:])  # half copied, half shuffled
-    t0 = time.perf_counter()
-    starting, _ = matching_statistics(ids, sa, query)
-    score = time.perf_counter() - t0
-    return {"corpus": name, "chars": len(ids), "builder": "pydivsufsort" if pydivsufsort else "numpy",
-            "build_s": round(build, 3), "build_peak_mb": round(peak / 2**20, 1),
-            "index_mb": round(sa.nbytes / 2**20, 1),
-            "score_chars": len(query), "score_s": round(score, 4), "longest": int(starting.max(initial=0))}
+def bench_one(n_chars=None, data=None, sample_chars=1000, seed=0, builder="auto"):
+    """Index build time and peak memory (numpy and ctypes allocations, traced), and the time to score a
+    `sample_chars` text (half a slice of the corpus, half its characters shuffled), for a synthetic corpus of
+    n_chars or the text file `data` (encoded as training encodes it, into a temporary cache) -> dict.
+    builder: auto (pydivsufsort when installed), numpy or pydivsufsort."""
+    import tempfile
+    import tracemalloc
+
+    from .data import encode_corpus
+    with tempfile.TemporaryDirectory() as tmp:
+        if data is not None:
+            ids, name = encode_corpus(data, cache_dir=tmp, log=lambda *a: None).ids(), Path(data).name
+        else:
+            ids, name = synthetic_ids(n_chars, seed), f"synthetic {n_chars:,}"
+        used = "pydivsufsort" if builder == "pydivsufsort" or builder == "auto" and pydivsufsort is not None and \
+            int(np.max(ids)) < 256 else "numpy"
+        tracemalloc.start()
+        t0 = time.perf_counter()
+        sa = suffix_array(ids, builder)
+        build_s = time.perf_counter() - t0
+        peak = tracemalloc.get_traced_memory()[1] - sa.nbytes  # what the build needed besides its result
+        tracemalloc.stop()
+        rng = np.random.default_rng(seed + 1)
+        at = int(rng.integers(0, max(1, len(ids) - sample_chars)))
+        query = np.asarray(ids[at:at + sample_chars], dtype=np.int64).copy()
+        query[len(query) // 2:] = rng.permutation(query[len(query) // 2:])
+        t0 = time.perf_counter()
+        starting, _ = matching_statistics(ids, sa, query)
+        score_s = time.perf_counter() - t0
+        return {"corpus": name, "chars": len(ids), "builder": used, "build_s": round(build_s, 3),
+                "build_extra_mb": round(max(0, peak) / 2**20, 1),
+                "index_mb": round(sa.nbytes / 2**20, 1), "peak_rss_mb": round(_peak_rss() / 2**20, 1),
+                "score_chars": len(query), "score_s": round(score_s, 4), "longest": int(starting.max(initial=0))}
 
 
 def _peak_rss():
@@ -618,8 +636,8 @@ def _peak_rss():
 
 
 def bench(cases, sample_chars=1000, timeout=3600):
-    """Each case ({"n_chars": N} or {"data": PATH}) in a fresh Python process, for an honest peak memory;
-    -> list of result dicts."""
+    """Each case (bench_one's keywords: {"n_chars": N} or {"data": PATH}, and "builder") in a fresh Python
+    process, so that one's memory does not colour the next; -> list of result dicts."""
     results = []
     for case in cases:
         code = (f"import json; from chargpt.novelty import bench_one; "
@@ -640,8 +658,11 @@ def main(argv=None):
     b.add_argument("--chars", type=int, action="append", default=[], help="a synthetic corpus of this many chars")
     b.add_argument("--data", action="append", default=[], help="a UTF-8 text file")
     b.add_argument("--sample-chars", type=int, default=1000, help="length of the scored text")
+    b.add_argument("--builder", action="append", choices=("auto", "numpy", "pydivsufsort"), default=[],
+                   help="suffix-array builder(s) to measure [default: auto, pydivsufsort when installed]")
     args = parser.parse_args(argv)
-    cases = [{"n_chars": n} for n in args.chars] + [{"data": d} for d in args.data] or [{"n_chars": 1_000_000}]
+    corpora = [{"n_chars": n} for n in args.chars] + [{"data": d} for d in args.data] or [{"n_chars": 1_000_000}]
+    cases = [{**c, "builder": b} for c in corpora for b in args.builder or ["auto"]]
     for r in bench(cases, args.sample_chars):
         print(json.dumps(r))
         sys.stdout.flush()
