@@ -156,12 +156,14 @@ class SplitIndex:
 @dataclass
 class Span:
     """A maximal copied span of the scored text: text[start:end] occurs at corpus position `offset`, which is on
-    line `line` of the corpus (for sentence pairs: in pair number `line`)."""
+    line `line` of the corpus (for sentence pairs: in pair number `line`). `excerpt` is the corpus text there (at
+    most EXCERPT_CHARS of it), `context` what comes before it on its line (at most CONTEXT_CHARS): who speaks."""
     start: int
     end: int
     offset: int
     line: int
     excerpt: str
+    context: str = ""
 
     @property
     def length(self):
@@ -213,18 +215,19 @@ class Report:
 
 def segments(spans):
     """Maximal spans (which may overlap) -> the non-overlapping pieces a page shades, each with its span's source:
-    [{start, end, line, excerpt}], in text order; a character belongs to the first span that holds it."""
+    [{start, end, line, excerpt, context}], in text order; a character belongs to the first span that holds it."""
     out, reach = [], 0
     for x in spans:
         if x.end > reach:
-            out.append({"start": max(x.start, reach), "end": x.end, "line": x.line, "excerpt": x.excerpt})
+            out.append({"start": max(x.start, reach), "end": x.end, "line": x.line, "excerpt": x.excerpt,
+                        "context": x.context})
             reach = x.end
     return out
 
 
 def _span_json(s):
     return {"start": s.start, "end": s.end, "length": s.length, "offset": s.offset, "line": s.line,
-            "excerpt": s.excerpt}
+            "excerpt": s.excerpt, "context": s.context}
 
 
 class Novelty:
@@ -260,20 +263,25 @@ class Novelty:
         return SplitScore(starting, ending, copied, spans, longest)
 
     def _span(self, start, length, offset):
-        return Span(start, start + length, offset, self.line_of(offset), self.excerpt(offset, length))
+        return Span(start, start + length, offset, self.line_of(offset), *self.excerpt(offset, length))
 
     def line_of(self, offset):
         """1-based line (pair) number of corpus position `offset`."""
         return int(np.searchsorted(self.line_ends, offset, side="left")) + 1
 
     def excerpt(self, offset, length):
-        """The copied span as it stands in the corpus, with a little of its line before it."""
-        ids = self.corpus_ids
-        line_start = int(self.line_ends[self.line_of(offset) - 2]) + 1 if self.line_of(offset) > 1 else 0
-        begin = max(line_start, offset - CONTEXT_CHARS)
-        shown = min(length, EXCERPT_CHARS)
-        text = self.vocab.decode(ids[begin:offset + shown])
-        return ("…" if begin > line_start else "") + text + ("…" if shown < length else "")
+        """-> (the copied span as it stands in the corpus, the text before it on its line), both shortened."""
+        line = self.line_of(offset)
+        line_start = int(self.line_ends[line - 2]) + 1 if line > 1 else 0
+        begin, shown = max(line_start, offset - CONTEXT_CHARS), min(length, EXCERPT_CHARS)
+        span, before = self._text(offset, offset + shown), self._text(begin, offset)
+        return span + ("…" if shown < length else ""), ("…" if begin > line_start else "") + before
+
+    def _text(self, begin, end):
+        text = self.vocab.decode(self.corpus_ids[begin:end])
+        for marker in self.ignore:  # a pair's source and target, as the tab between them in the file
+            text = text.replace(marker, "\t")
+        return text
 
 
 def check_min_span(min_span):
@@ -559,8 +567,8 @@ def format_report(report):
             continue
         out.append(f"{name} text: {len(s.spans)} span(s) of {report.min_span}+ characters ({s.copied_fraction:.0%} "
                    f"of the text)")
-        out += [f"  {x.length:>5} chars at {x.start}-{x.end}, {report.unit} {x.line:,}: {_shown(x.excerpt)}"
-                for x in s.spans]
+        out += [f"  {x.length:>5} chars at {x.start}-{x.end}, {report.unit} {x.line:,}"
+                + (f" after {_shown(x.context)}" if x.context else "") + f": {_shown(x.excerpt)}" for x in s.spans]
     return "\n".join(out)
 
 

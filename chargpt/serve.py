@@ -32,7 +32,7 @@ API (JSON in, JSON out; generation as server-sent events):
                                   decoder-only runs (an encoder-decoder is refused with 400)
   POST /api/novelty               {run, text, min_span} -> how much of text is copied from the run's training text
                                   (chargpt.novelty): copied_fraction, longest, longest_line, summary (one line), and
-                                  `segments` to shade [{start, end, line, excerpt}] (character offsets)
+                                  `segments` to shade [{start, end, line, excerpt, context}] (character offsets)
   GET  /api/status                generations running and the limit
 """
 

@@ -85,10 +85,12 @@ def test_a_slice_of_the_training_text_is_copied_at_its_true_line(text_index):
     report = index.score(at_line(text, 57, 150))
     assert report.train.copied_fraction == 1.0 and report.train.longest.length == 150
     assert report.summary()["longest_line"] == 57 and len(report.train.spans) == 1
-    assert report.train.longest.excerpt.startswith(at_line(text, 57, 20))
+    assert report.train.longest.excerpt == at_line(text, 57, 60) + "…" and report.train.longest.context == ""
     assert report.train.starting.tolist() == list(range(150, 0, -1))
     assert report.train.ending.tolist() == list(range(1, 151))
     assert novelty.format_summary(report) == "copied: 100% in spans of 20+; longest 150 chars, from line 57"
+    mid_line = index.score(at_line(text, 57, 150)[12:]).train.longest  # its context: the line before the span
+    assert mid_line.line == 57 and mid_line.context == at_line(text, 57, 12)
 
 
 def test_random_characters_score_about_zero(text_index):
@@ -167,6 +169,8 @@ def test_sentence_pairs_are_scored_per_split_and_located_by_pair(tmp_path):
     train, val = split_pairs(len(rows), 0.1)
     report = index.score(rows[train[7]][1])
     assert report.train.copied_fraction == 1.0 and report.unit == "pair" and report.train.longest.line == train[7] + 1
+    assert report.train.longest.excerpt == rows[train[7]][1]
+    assert report.train.longest.context.endswith(rows[train[7]][0][-5:] + "\t")  # its source, before a tab
     report = index.score(rows[val[3]][1])
     assert report.val.copied_fraction == 1.0 and report.val.longest.line == val[3] + 1
 
@@ -269,7 +273,7 @@ def test_the_playground_api_marks_copied_segments(run):
     r = client.post("/api/novelty", json={"run": "run", "text": sample})
     assert r.status_code == 200, r.text
     body = r.json()
-    assert body["segments"] == [{"start": 3, "end": 43, "line": 20, "excerpt": at_line(text, 20, 40)}]
+    assert body["segments"] == [{"start": 3, "end": 43, "line": 20, "excerpt": at_line(text, 20, 40), "context": ""}]
     assert body["summary"].startswith("copied: 93% in spans of 20+")
     r = client.post("/api/novelty", json={"run": "run", "text": "x" * (serve.MAX_NOVELTY_CHARS + 1)})
     assert r.status_code == 400 and "limit" in r.json()["error"]

@@ -238,7 +238,8 @@ async function markCopied(run, texts, nodes) {
       if (s.start > at) pieces.push(chars.slice(at, s.start).join(""));
       pieces.push(el("mark", {class: "copied", "data-line": String(s.line),
                               title: `copied from ${data.unit} ${s.line.toLocaleString("en")} of the training text: ` +
-                                     s.excerpt}, chars.slice(s.start, s.end).join("")));
+                                     (s.context ? `(${s.context}) ` : "") + s.excerpt},
+                         chars.slice(s.start, s.end).join("")));
       at = s.end;
     }
     if (at < chars.length) pieces.push(chars.slice(at).join(""));
