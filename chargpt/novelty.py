@@ -18,8 +18,8 @@ written atomically (rundir.write_atomic) and read back memory-mapped (no pickle:
                                       line numbers
 
 A text of m characters is scored by m binary searches (log2 n steps each) that touch O(m log n) pages of those
-maps, so a 100M-character corpus costs page cache, not its size in RAM. Building it costs more (see
-`suffix_array`): a few times the corpus size, once.
+maps, so a 100M-character corpus costs page cache, not its size in RAM. Building it costs more, once (see
+`suffix_array`): up to tens of bytes per character.
 
 Scores ("matching statistics", Chang & Lawler 1994): starting[i] is the length of the longest prefix of
 text[i:] that occurs verbatim in the split. The suffix sharing the longest prefix with text[i:] is next to where
@@ -177,7 +177,7 @@ class SplitScore:
     ending: np.ndarray  # (m,) the longest one ending there
     copied: np.ndarray  # (m,) bool: inside a span of min_span or more
     spans: list = field(default_factory=list)  # [Span], maximal spans of min_span or more, in text order
-    longest: Span | None = None  # the longest span (shorter than min_span too), None for an empty text
+    longest: Span | None = None  # the longest span (shorter than min_span too); None when nothing matches
 
     @property
     def copied_fraction(self):
@@ -256,7 +256,7 @@ class Novelty:
         firsts = maximal_starts(starting, min_span)[:MAX_SPANS]
         spans = [self._span(int(i), int(starting[i]), int(where[i])) for i in firsts]
         longest = None
-        if len(query):
+        if len(query) and starting.max() > 0:
             i = int(np.argmax(starting))  # the first of the longest
             longest = self._span(i, int(starting[i]), int(where[i]))
         ending = spans_ending(ends)

@@ -98,6 +98,10 @@ def test_random_characters_score_about_zero(text_index):
     rng = random.Random(5)
     report = index.score("".join(rng.choice(index.vocab.chars) for _ in range(1000)))
     assert report.train.copied_fraction == 0 and report.train.longest.length < 8 and not report.train.spans
+    nothing = index.score("\u00a7" * 30)  # no character of it is in the corpus
+    assert nothing.train.longest is None and nothing.summary()["longest_line"] is None
+    assert novelty.format_summary(nothing) == "copied: 0% in spans of 20+; longest 0 chars"
+    assert index.score("").summary()["copied_fraction"] == 0
 
 
 def test_a_splice_of_two_slices_shows_two_spans_with_their_lines(text_index):
