@@ -9,10 +9,12 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import run_chargpt, run_cli
+from click.testing import CliRunner
+from conftest import run_chargpt
 
 import chargpt
 from chargpt import novelty
+from chargpt.cli import novelty_cli, sample_cli
 from chargpt.data import encode_corpus
 from chargpt.pairs import encode_pairs
 
@@ -20,6 +22,10 @@ WORDS = ("time love night king lord death heaven blood sweet fair honour grace n
          "sword crown peace war friend brother father mother daughter soul fortune nature virtue reason truth").split()
 TINY = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
             threads=1, dtype="float32", curves=False, log=lambda *a: None)
+
+
+def invoke(cli, *args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def verse(lines=400, seed=0, words=WORDS):
@@ -202,11 +208,11 @@ def test_samples_written_while_training_record_their_novelty(run):
 
 def test_novelty_command_finds_the_run_s_corpus_and_prints_spans(run):
     _, _, text = run
-    done = run_chargpt("novelty", "--checkpoint", run[0], at_line(text, 44, 60))
+    done = run_chargpt("novelty", "--checkpoint", run[0], at_line(text, 44, 60))  # as a user runs it
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == "copied: 100% in spans of 20+; longest 60 chars, from line 44"
     assert "line 44" in done.stdout.splitlines()[2]
-    done = run_chargpt("novelty", "--checkpoint", run[0], "--json", "--min-span", "12", at_line(text, 44, 60))
+    done = invoke(novelty_cli, "--checkpoint", run[0], "--json", "--min-span", "12", at_line(text, 44, 60))
     out = json.loads(done.stdout)
     assert out["copied_fraction"] == 1.0 and out["min_span"] == 12 and out["longest"] == 60
     assert out["longest_line"] == 44 and out["train"]["starting"][:3] == [60, 59, 58]
@@ -218,12 +224,12 @@ def test_novelty_reads_input_files_and_refuses_bad_input(run, tmp_path):
     _, _, text = run
     f = tmp_path / "sample.txt"
     f.write_text(at_line(text, 8, 50), encoding="utf-8")
-    done = run_chargpt("novelty", "--checkpoint", run[0], "--input", f)
-    assert done.returncode == 0 and "from line 8" in done.stdout
+    done = invoke(novelty_cli, "--checkpoint", run[0], "--input", f)
+    assert done.exit_code == 0 and "from line 8" in done.stdout
     for args, said in ((["--input", f, "also text"], "one of them"), ([], "one of them"),
-                       (["--min-span", "0", "x"], "--min-span")):
-        done = run_chargpt("novelty", "--checkpoint", run[0], *args)
-        assert done.returncode == 1 and said in done.stderr and "Traceback" not in done.stderr
+                       (["--min-span", "0", "x"], "--min-span"), (["--input", tmp_path / "no.txt"], "cannot read")):
+        done = invoke(novelty_cli, "--checkpoint", run[0], *args)
+        assert done.exit_code == 1 and done.stderr.startswith("error: ") and said in done.stderr
 
 
 def test_a_missing_corpus_asks_for_data_and_checks_it_by_hash(run, tmp_path):
@@ -236,15 +242,15 @@ def test_a_missing_corpus_asks_for_data_and_checks_it_by_hash(run, tmp_path):
     try:
         corpus.rename(corpus.with_suffix(".gone"))
         cache.rename(cache.with_suffix(".gone"))  # the recorded cache entry is gone too
-        done = run_chargpt("novelty", "--checkpoint", moved, "some text")
-        assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1
+        done = invoke(novelty_cli, "--checkpoint", moved, "some text")
+        assert done.exit_code == 1 and len(done.stderr.strip().splitlines()) == 1
         assert "is gone" in done.stderr and "--data FILE" in done.stderr
         other = tmp_path / "other.txt"
         other.write_text(text.replace("king", "kings"), encoding="utf-8")
-        done = run_chargpt("novelty", "--checkpoint", moved, "--data", other, "some text")
-        assert done.returncode == 1 and "hash differs" in done.stderr
-        done = run_chargpt("novelty", "--checkpoint", moved, "--data", elsewhere, at_line(text, 5, 30))
-        assert done.returncode == 0 and "from line 5" in done.stdout, done.stderr
+        done = invoke(novelty_cli, "--checkpoint", moved, "--data", other, "some text")
+        assert done.exit_code == 1 and "hash differs" in done.stderr
+        done = invoke(novelty_cli, "--checkpoint", moved, "--data", elsewhere, at_line(text, 5, 30))
+        assert done.exit_code == 0 and "from line 5" in done.stdout, done.stderr
     finally:
         corpus.with_suffix(".gone").rename(corpus)
         shutil.rmtree(cache, ignore_errors=True)  # what --data encoded there
@@ -252,17 +258,19 @@ def test_a_missing_corpus_asks_for_data_and_checks_it_by_hash(run, tmp_path):
 
 
 def test_sample_novelty_prints_a_line_per_sample_and_a_json_object(run):
-    done = run_cli("sample.py", "--checkpoint", run[0], "--novelty", "--max-new-tokens", "30", "--num-samples", "2",
-                   "--seed", "3", "--device", "cpu")
-    assert done.returncode == 0, done.stderr
+    done = invoke(sample_cli, "--checkpoint", run[0], "--novelty", "--max-new-tokens", "30", "--num-samples", "2",
+                  "--seed", "3", "--device", "cpu")
+    assert done.exit_code == 0, done.stderr
     lines = [x for x in done.stderr.splitlines() if "copied:" in x]
     assert len(lines) == 2 and lines[0].startswith("sample 1: copied: ") and "in spans of 20+" in lines[0]
-    done = run_cli("sample.py", "--checkpoint", run[0], "--novelty", "--json", "--max-new-tokens", "30",
-                   "--seed", "3", "--device", "cpu")
+    assert "copied" not in done.stdout  # stdout keeps the text alone
+    done = invoke(sample_cli, "--checkpoint", run[0], "--novelty", "--json", "--min-span", "8",
+                  "--max-new-tokens", "30", "--seed", "3", "--device", "cpu")
     record = json.loads(done.stdout)
     assert set(record["novelty"]) >= {"copied_fraction", "min_span", "longest", "longest_line"}
-    done = run_cli("sample.py", "--checkpoint", run[0], "--min-span", "5", "--device", "cpu")
-    assert done.returncode == 1 and "--novelty" in done.stderr
+    assert record["novelty"]["min_span"] == 8
+    done = invoke(sample_cli, "--checkpoint", run[0], "--min-span", "5", "--device", "cpu")
+    assert done.exit_code == 1 and "--novelty" in done.stderr
 
 
 def test_the_playground_api_marks_copied_segments(run):
