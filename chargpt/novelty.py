@@ -200,6 +200,10 @@ class Report:
                 "longest_excerpt": t.longest.excerpt if t.longest else "", "unit": self.unit,
                 "val_copied_fraction": round(v.copied_fraction, 4), "val_longest": v.longest.length if v.longest else 0}
 
+    def line(self):
+        """The one-line summary (format_summary)."""
+        return format_summary(self)
+
     def to_json(self, positions=True):
         """Everything, for `chargpt novelty --json` and the playground: per split its share, longest span and
         spans (with `positions`, also the per-character starting and ending lengths)."""

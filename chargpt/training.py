@@ -784,27 +784,28 @@ class Trainer:
             return
         t0, s, prompt = time.perf_counter(), self.state, self.cfg.sample_prompt or ""
         text = self.sample(self.cfg.sample_chars)
-        record = {"step": s.step, "prompt": prompt, "text": text, **self._novelty(text)}
+        report = self._novelty(text)
+        record = {"step": s.step, "prompt": prompt, "text": text, **({"novelty": report.summary()} if report else {})}
         rundir.append_jsonl(self.out_dir / SAMPLES, record)
-        self.log(f"--- sample at step {s.step} ---\n{prompt}{text}\n---")
+        self.log(f"--- sample at step {s.step} ---\n{prompt}{text}\n---" + (f"\n{report.line()}" if report else ""))
         self._pause_speed(time.perf_counter() - t0)
 
     def _novelty(self, text):
-        """{"novelty": how much of a sample is copied from the training text (chargpt.novelty)}, so samples.jsonl
-        shows memorisation grow; the index is built at the first sample (once per corpus, then cached). {} if it
-        cannot be built: a sample's score is not worth stopping a training for."""
+        """How much of a sample is copied from the training text (a chargpt.novelty Report), so that samples.jsonl
+        and the log show memorisation grow; the index is built at the first sample (once per corpus, then cached).
+        None if it cannot be built: a sample's score is not worth stopping a training for."""
         from . import novelty
         index = getattr(self, "novelty_index", None)
         if index is False:
-            return {}
+            return None
         try:
             if index is None:
                 index = self.novelty_index = novelty.index_corpus(self.corpus, self.cfg.val_fraction, log=self.log)
-            return {"novelty": index.score(text).summary()}
+            return index.score(text)
         except (ChargptError, OSError, MemoryError) as e:
             self.log(f"warning: no novelty score for the samples ({e}); they are recorded without one")
             self.novelty_index = False
-            return {}
+            return None
 
     def _score_translations(self):
         """For pairs (rank 0): {exact_match, chrf} of greedy translations of the fixed validation pairs; else {}.

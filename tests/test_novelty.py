@@ -188,14 +188,16 @@ def test_sentence_pairs_are_scored_per_split_and_located_by_pair(tmp_path):
 # --- a run's own corpus, and the commands ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """(run directory, corpus path, corpus text): a tiny run that samples (and scores) every 5 steps."""
+    """(run directory, corpus path, corpus text, its log lines): a tiny run that samples (and scores) every 5
+    steps."""
     root = tmp_path_factory.mktemp("novelty_run")
     text = verse(seed=9)
     corpus = root / "verse.txt"
     corpus.write_text(text, encoding="utf-8")
+    logs = []
     chargpt.train(data=str(corpus), out_dir=str(root / "run"), cache_dir=str(root / "cache"), max_iters=10,
-                  eval_interval=5, sample_every=5, sample_chars=40, **TINY)
-    return root / "run", corpus, text
+                  eval_interval=5, sample_every=5, sample_chars=40, **{**TINY, "log": logs.append})
+    return root / "run", corpus, text, logs
 
 
 def test_samples_written_while_training_record_their_novelty(run):
@@ -204,10 +206,12 @@ def test_samples_written_while_training_record_their_novelty(run):
     for r in rows:
         assert set(r["novelty"]) >= {"copied_fraction", "min_span", "longest", "longest_line"}
         assert r["novelty"]["min_span"] == 20 and 0 <= r["novelty"]["copied_fraction"] <= 1
+    shown = [line for line in run[3] if line.startswith("--- sample at step")]
+    assert len(shown) == 2 and all(line.splitlines()[-1].startswith("copied: ") for line in shown)
 
 
 def test_novelty_command_finds_the_run_s_corpus_and_prints_spans(run):
-    _, _, text = run
+    _, _, text, _ = run
     done = run_chargpt("novelty", "--checkpoint", run[0], at_line(text, 44, 60))  # as a user runs it
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == "copied: 100% in spans of 20+; longest 60 chars, from line 44"
@@ -221,7 +225,7 @@ def test_novelty_command_finds_the_run_s_corpus_and_prints_spans(run):
 
 
 def test_novelty_reads_input_files_and_refuses_bad_input(run, tmp_path):
-    _, _, text = run
+    _, _, text, _ = run
     f = tmp_path / "sample.txt"
     f.write_text(at_line(text, 8, 50), encoding="utf-8")
     done = invoke(novelty_cli, "--checkpoint", run[0], "--input", f)
@@ -233,7 +237,7 @@ def test_novelty_reads_input_files_and_refuses_bad_input(run, tmp_path):
 
 
 def test_a_missing_corpus_asks_for_data_and_checks_it_by_hash(run, tmp_path):
-    run_dir, corpus, text = run
+    run_dir, corpus, text, _ = run
     moved = tmp_path / "run"
     shutil.copytree(run_dir, moved)
     elsewhere = tmp_path / "kept.txt"
@@ -279,7 +283,7 @@ def test_the_playground_api_marks_copied_segments(run):
     from starlette.testclient import TestClient
 
     from chargpt import serve
-    _, _, text = run
+    _, _, text, _ = run
     client = TestClient(serve.create_app(run[0].parent, device="cpu"), base_url="http://127.0.0.1")
     sample = "zz " + at_line(text, 20, 40)
     r = client.post("/api/novelty", json={"run": "run", "text": sample})
