@@ -10,9 +10,9 @@
 """
 
 from .config import ModelConfig, TrainConfig
+from .engine import Generator, load
 from .errors import ChargptError, CheckpointError, ConfigError, DataError
 from .model import CharGPT
-from .sampling import Generator, load
 from .tokenizer import Vocab
 
 __version__ = "0.1.0"

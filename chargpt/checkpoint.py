@@ -22,7 +22,7 @@ from .config import FORMAT_VERSION, TASKS, ModelConfig, TrainConfig, model_confi
 from .errors import ChargptError, CheckpointError, ConfigError
 from .model import build_model
 from .pairs import END, SEP
-from .rundir import BEST, LATEST, METRICS, STATE, latest_run, resolve, write_atomic  # noqa: F401 (re-exported)
+from .rundir import BEST, LATEST, STATE, resolve, write_atomic
 from .tokenizer import Vocab
 
 FORMAT_NAME = "chargpt"

@@ -7,23 +7,20 @@ else (progress, logs, warnings, errors) on stderr. Errors a user can fix print o
 Ctrl-C exits 130 (SIGTERM 143) after saving.
 """
 
-import codecs
-import io
-import itertools
 import json
 import os
 import random
 import re
 import sys
 from dataclasses import asdict, replace
-from pathlib import Path
 
 import click
 from click.core import ParameterSource
 from tqdm import tqdm
 
+from . import textio
 from .config import ModelConfig, SampleSettings, TrainConfig, check_sample_options, cli_names, flag_specs
-from .errors import ChargptError, Interrupted
+from .errors import ChargptError, Interrupted, out_of_memory, requested_memory
 from .tokenizer import describe_chars
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
@@ -85,7 +82,7 @@ def run_guarded(fn, memory_hint="lower the batch or model size"):
         with cli_names():
             return fn()
     except Interrupted as e:
-        say(str(e))
+        say(str(e) + resume_hint(e))
         sys.exit(128 + (e.signum or 2))
     except ChargptError as e:
         say(f"error: {e}")
@@ -99,27 +96,24 @@ def run_guarded(fn, memory_hint="lower the batch or model size"):
     except (MemoryError, RuntimeError) as e:
         if not out_of_memory(e):
             raise
-        click.echo(f"error: out of memory{_allocation(e)}; {memory_hint}", err=True)  # every rank that fails says so
+        # every rank that fails says so
+        click.echo(f"error: out of memory{requested_memory(e)}; {memory_hint}", err=True)
         sys.exit(1)
 
 
-def out_of_memory(e):
-    """Whether `e` is a failed allocation. By type where there is one: torch.OutOfMemoryError (CUDA, MPS) and
-    MemoryError (Python, numpy). Torch's CPU allocator raises a plain RuntimeError (checked with torch 2.13 under
-    `ulimit -v`), recognised by the allocator's fixed message."""
-    torch = sys.modules.get("torch")
-    if isinstance(e, MemoryError) or (torch is not None and isinstance(e, torch.cuda.OutOfMemoryError)):
-        return True
-    return isinstance(e, RuntimeError) and ("can't allocate memory" in str(e) or "out of memory" in str(e).lower())
+def resume_hint(e: Interrupted):
+    """'. Resume with: python train.py --out-dir RUN --resume' for a training that was interrupted after saving."""
+    if e.out_dir is None:
+        return ""
+    how = "the same torchrun command (any number of processes) plus" if e.distributed else "python train.py"
+    return f". Resume with: {how} --out-dir {e.out_dir} --resume"
 
 
-def _allocation(e):
-    """' (2.0 GB requested)' from an allocator's message, or ''."""
-    m = re.search(r"allocate (\d+) bytes", str(e))
-    if m:
-        return f" ({int(m[1]) / 1e9:,.1f} GB requested)"
-    m = re.search(r"allocate ([\d.]+ [KMGT]iB)", str(e))  # CUDA: "Tried to allocate 2.00 GiB"
-    return f" ({m[1]} requested)" if m else ""
+def next_step_hint(summary):
+    """The command that uses a run training just saved: sample from it, or translate with it."""
+    if summary.get("task") == "pairs":
+        return f"more with: chargpt translate --checkpoint {summary['out_dir']} \"...\""
+    return f"more with: python sample.py --checkpoint {summary['out_dir']} --prompt \"...\""
 
 
 def _log(message):
@@ -155,6 +149,7 @@ def train_cli(**kwargs):
     from .training import train
     summary = run_guarded(lambda: train(log=_log, **overrides), TRAIN_MEMORY_HINT)
     if int(os.environ.get("RANK", 0)) == 0:
+        _log(next_step_hint(summary))
         click.echo(summary["out_dir"])
 
 
@@ -162,90 +157,6 @@ def train_cli(**kwargs):
 def unescape(text):
     """'\\n', '\\t', '\\r' and '\\\\' typed on a command line -> the characters (other text is kept as is)."""
     return re.sub(r"\\([ntr\\])", lambda m: {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}[m.group(1)], text)
-
-
-def _read_prompt(prompt, prompt_file):
-    """--prompt / --prompt-file / --prompt - -> the prompt text (UTF-8; a BOM is dropped). A file is taken exactly as
-    written; from stdin, the one newline that `echo` adds at the end is dropped."""
-    if prompt is not None and prompt_file is not None:
-        raise ChargptError("pass either --prompt or --prompt-file, not both")
-    if prompt == "-":
-        data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8")
-        return _decode_prompt(data, "stdin (--prompt -)", drop_final_newline=True)
-    if prompt_file is not None:
-        try:
-            data = Path(prompt_file).read_bytes()  # bytes: keep \r\n as written, in case the corpus had it
-        except FileNotFoundError:
-            raise ChargptError(f"prompt file not found: {prompt_file}") from None
-        except OSError as e:
-            raise ChargptError(f"cannot read prompt file {prompt_file}: {e.strerror}") from None
-        return _decode_prompt(data, f"prompt file {prompt_file}")
-    return prompt or ""
-
-
-def _decode_prompt(data, source, drop_final_newline=False):
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise ChargptError(f"{source} is not UTF-8 (byte offset {e.start}); convert it to UTF-8") from None
-    if drop_final_newline:
-        text = text.removesuffix("\n").removesuffix("\r") if text.endswith("\n") else text
-    if not text:
-        raise ChargptError(f"{source} is empty; give some text, or drop it to start from a new line")
-    return text
-
-
-def _separator(i, n, seed):
-    """The line above each sample when there are several (none for one). It is part of the result, on stdout:
-    it tells the samples apart and gives the seed that reproduces them."""
-    return f"========== sample {i + 1}/{n} (seed {seed}) ==========\n" if n > 1 else ""
-
-
-def _format_sample(i, n, seed, prompt, text):
-    return _separator(i, n, seed) + prompt + text + "\n"
-
-
-def stream_samples(gen, prompt, n, seed, settings, unknown, out, use_cache=True):
-    """Write samples to `out` as they are decoded: the prompt, then the text (a pairs model's: the translation
-    alone). Samples are decoded together in one batch; the first is shown live and the others, buffered, follow
-    when decoding ends. -> the texts."""
-    prompt = gen.prompt_text(prompt, unknown)  # raises before anything is printed
-    texts = [""] * n
-    pieces = gen.stream(prompt, num_samples=n, seed=seed, use_cache=use_cache, **settings)
-    first = next(pieces, None)  # the cache is allocated and the prompt read: running out of memory prints nothing
-    prompt = shown_prompt(gen, prompt)
-    out.write(_separator(0, n, seed) + prompt)
-    out.flush()
-    for i, piece in itertools.chain([first] if first else [], pieces):
-        texts[i] += piece
-        if i == 0:
-            out.write(piece)
-            out.flush()
-    out.write("\n")
-    for i in range(1, n):
-        out.write(_format_sample(i, n, seed, prompt, texts[i]))
-    out.flush()
-    return texts
-
-
-def shown_prompt(gen, prompt):
-    """What is printed before a sample: the prompt it continues; nothing for a pairs model, whose prompt is the
-    source and whose sample is its translation."""
-    return "" if gen.task == "pairs" else prompt
-
-
-def _all_samples(gen, prompt, n, seed, settings, unknown, as_json, use_cache=True, ascii_json=False, novelty=None):
-    """Decode all samples, then -> (the text to write: as printed, or one JSON object per line (\\u escapes for
-    every non-ASCII character with ascii_json, for an output that cannot hold them: still exact JSON), the
-    texts). `novelty`: a function text -> Report, whose summary each JSON record gets as `novelty`."""
-    prompt = gen.prompt_text(prompt, unknown)
-    texts = gen.generate(prompt, num_samples=n, seed=seed, use_cache=use_cache, **settings)
-    if not as_json:
-        return "".join(_format_sample(i, n, seed, shown_prompt(gen, prompt), t) for i, t in enumerate(texts)), texts
-    record = {**settings, "num_samples": n, "unknown": unknown}  # with the seed, enough to reproduce the text
-    extra = [{"novelty": novelty(t).summary()} if novelty else {} for t in texts]
-    return "".join(json.dumps({"sample": i, "prompt": prompt, "text": t, "seed": seed, "settings": record, **x},
-                              ensure_ascii=ascii_json) + "\n" for i, (t, x) in enumerate(zip(texts, extra))), texts
 
 
 def _novelty_scorer(gen, path, wanted, min_span, data, interactive):
@@ -264,13 +175,24 @@ def _novelty_scorer(gen, path, wanted, min_span, data, interactive):
     return lambda text: index.score(text, min_span)
 
 
-def _say_novelty(scorer, texts):
-    """One line per sample on stderr: copied: 23% in spans of 20+; longest 57 chars, from line 2,317."""
+def _novelty_records(scorer, n, as_json):
+    """For textio.all_samples: (sample index, text) -> {"novelty": its summary}, added to its JSON record; as
+    printed, its line goes to stderr instead. None without --novelty."""
     if scorer is None:
-        return
-    from .novelty import format_summary
-    for i, t in enumerate(texts):
-        click.echo(("" if len(texts) == 1 else f"sample {i + 1}: ") + format_summary(scorer(t)), err=True)
+        return None
+
+    def record(i, text):
+        report = scorer(text)
+        if as_json:
+            return {"novelty": report.summary()}
+        _say_novelty(report, i, n)
+        return {}
+    return record
+
+
+def _say_novelty(report, i, n):
+    """One line per sample on stderr: copied: 23% in spans of 20+; longest 57 chars, from line 2,317."""
+    click.echo(("" if n == 1 else f"sample {i + 1}: ") + report.line(), err=True)
 
 
 def _check_interactive(prompt, prompt_file, output, as_json, num_samples):
@@ -287,21 +209,6 @@ def _sample_settings(flags):
     given = {k: v for k, v in flags.items() if v is not None}
     given["stop"] = tuple(map(unescape, flags.get("stop") or ()))
     return asdict(SampleSettings(**given).validate())
-
-
-def _utf(stream):
-    """Whether `stream` can write every character (a UTF encoding)."""
-    try:
-        return codecs.lookup(getattr(stream, "encoding", None) or "utf-8").name.startswith("utf")
-    except LookupError:
-        return False
-
-
-def _tolerant_stdout():
-    """Where stdout cannot show a character (an ASCII locale, a Windows code page) write an escape such as \\u4e2d
-    in its place, instead of crashing half-way through a sample."""
-    if isinstance(sys.stdout, io.TextIOWrapper) and sys.stdout.errors == "strict":
-        sys.stdout.reconfigure(errors="backslashreplace")
 
 
 @click.command(context_settings=CONTEXT)
@@ -344,18 +251,18 @@ def sample_cli(checkpoint_path, prompt, prompt_file, num_samples, seed, unknown,
     """Write text in the style of a trained run. The text goes to stdout (with a separator line above each
     sample when there are several); everything else goes to stderr."""
     def main():
+        from .engine import load
         from .rundir import latest_run
-        from .sampling import load
         settings = _sample_settings(flags)
         check_sample_options(num_samples, seed)
         if interactive:
             _check_interactive(prompt, prompt_file, output, as_json, num_samples)
-        text = _read_prompt(prompt, prompt_file)
+        text = textio.read_prompt(prompt, prompt_file)
         path = checkpoint_path or latest_run()
         gen = load(path, device=device, dtype=dtype, quantize=quantize)
         click.echo(f"loaded {path} ({_describe_run(gen)}) on {gen.device}, {gen.precision}", err=True)
         scorer = _novelty_scorer(gen, path, novelty, min_span, novelty_data, interactive)  # before any sample
-        _tolerant_stdout()
+        textio.tolerant_stdout()
         if interactive:
             from .repl import repl
             return repl(gen, settings, seed, unknown)
@@ -366,20 +273,19 @@ def sample_cli(checkpoint_path, prompt, prompt_file, num_samples, seed, unknown,
         if seed is None and settings["temperature"] > 0:  # greedy text does not depend on the seed
             click.echo(f"seed: {use_seed}", err=True)
         if not (as_json or output):
-            texts = stream_samples(gen, text, num_samples, use_seed, settings, unknown, sys.stdout,
-                                   use_cache=not no_cache)
-            _say_novelty(scorer, texts)
+            texts = textio.stream_samples(gen, text, num_samples, use_seed, settings, unknown, sys.stdout,
+                                          use_cache=not no_cache)
+            for i, t in enumerate(texts if scorer else ()):
+                _say_novelty(scorer(t), i, num_samples)
             return
-        body, texts = _all_samples(gen, text, num_samples, use_seed, settings, unknown, as_json,
-                                   use_cache=not no_cache, ascii_json=not output and not _utf(sys.stdout),
-                                   novelty=scorer)
+        body = textio.all_samples(gen, text, num_samples, use_seed, settings, unknown, as_json,
+                                  use_cache=not no_cache, ascii_json=not output and not textio.utf_stream(sys.stdout),
+                                  novelty=_novelty_records(scorer, num_samples, as_json))
         if output:
-            _write_output(output, body)
+            textio.write_output(output, body)
             click.echo(f"wrote {num_samples} sample(s) to {output}", err=True)
         else:
             sys.stdout.write(body)
-        if not as_json:
-            _say_novelty(scorer, texts)
 
     run_guarded(main, SAMPLE_MEMORY_HINT)
 
@@ -391,15 +297,6 @@ def _describe_run(gen):
         facts.insert(0, f"sentence pairs, {gen.model.config.arch}")
     facts += [f"val loss {loss:.4f}"] if isinstance(loss, (int, float)) else []
     return ", ".join(facts + [f"{len(gen.vocab)} characters"])
-
-
-def _write_output(path, body):
-    """Write the samples atomically: an interrupted write never leaves a half file over an older one."""
-    from .rundir import write_text_atomic
-    try:
-        write_text_atomic(path, body)
-    except OSError as e:
-        raise ChargptError(f"cannot write --output {path}: {e.strerror}") from None
 
 
 def bench_cli():
@@ -446,6 +343,7 @@ def _field_option(cls, name, default=_NOT_GIVEN):
 
 
 from . import __version__  # noqa: E402  (this block is kept apart from the imports above for easy merging)
+from .config import ExportSettings  # noqa: E402
 from .corpora import DATA_DIR  # noqa: E402
 
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="print one JSON object (for scripts)")
@@ -499,33 +397,20 @@ def novelty_cli(checkpoint_path, text, input_path, min_span, novelty_data, as_js
         body = _novelty_input(text, input_path)
         index = novelty.for_run(checkpoint_path or latest_run(), novelty_data, log=lambda m: click.echo(m, err=True))
         report = index.score(body, span)
-        _tolerant_stdout()
-        click.echo(json.dumps(report.to_json(), ensure_ascii=not _utf(sys.stdout)) if as_json
+        textio.tolerant_stdout()
+        click.echo(json.dumps(report.to_json(), ensure_ascii=not textio.utf_stream(sys.stdout)) if as_json
                    else novelty.format_report(report))
     run_guarded(run)
 
 
 def _novelty_input(text, input_path):
-    """TEXT, or --input FILE / '-' (stdin), read no further than NOVELTY_MAX_BYTES; UTF-8, an opening BOM dropped."""
+    """TEXT, or --input FILE / '-' (stdin), read no further than NOVELTY_MAX_BYTES."""
     if (text is None) == (input_path is None):
         raise ChargptError("give the text to score as an argument or with --input FILE ('-': stdin), one of them")
     if text is not None:
         return text
-    try:
-        if input_path == "-":
-            stream = sys.stdin.buffer if hasattr(sys.stdin, "buffer") else io.BytesIO(sys.stdin.read().encode())
-            data = stream.read(NOVELTY_MAX_BYTES + 1)
-        else:
-            with open(input_path, "rb") as f:
-                data = f.read(NOVELTY_MAX_BYTES + 1)
-    except OSError as e:
-        raise ChargptError(f"cannot read --input {input_path}: {e.strerror}") from None
-    if len(data) > NOVELTY_MAX_BYTES:
-        raise ChargptError(f"--input {input_path} is over {NOVELTY_MAX_BYTES >> 20} MiB; score a part of it")
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise ChargptError(f"--input {input_path} is not UTF-8 (byte offset {e.start}); convert it to UTF-8") from None
+    data = textio.read_bounded(input_path, NOVELTY_MAX_BYTES, "--input")
+    return textio.decode_utf8(data, "stdin (--input -)" if input_path == "-" else f"--input {input_path}")
 
 
 @click.command("info", context_settings=CONTEXT)
@@ -543,49 +428,6 @@ def info_cli(run, as_json):
 
 
 # --- translate: a pairs run turns sources into targets ------------------------------------------------------------
-TRANSLATE_CHUNK = 1024  # lines translated (and written to stdout) at a time: output flows, memory stays bounded
-
-
-def _source_lines(sources, input_path):
-    """-> (lines to translate, how to name line N in messages). Arguments, else --input FILE ('-': stdin), else
-    stdin when it is piped. Lines are UTF-8 (an opening BOM is dropped), ending at \\n or \\r\\n."""
-    if sources and input_path is not None:
-        raise ChargptError("give sentences as arguments or with --input, not both")
-    if sources:
-        return list(sources), "sentence {}"
-    if input_path is None and sys.stdin.isatty():
-        raise ChargptError('nothing to translate: give a sentence (chargpt translate "..."), --input FILE, or pipe '
-                           "lines into stdin")
-    if input_path in (None, "-"):
-        data, where = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode(), "stdin"
-    else:
-        try:
-            data, where = Path(input_path).read_bytes(), input_path
-        except OSError as e:
-            raise ChargptError(f"cannot read --input {input_path}: {e.strerror}") from None
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise ChargptError(f"{where} is not UTF-8 (byte offset {e.start}); convert it to UTF-8") from None
-    lines = [line.removesuffix("\r") for line in text.split("\n")]
-    if lines and lines[-1] == "":  # the newline that ends the last line starts no new one
-        lines.pop()
-    return lines, f"line {{}} of {where}"
-
-
-def _translations(gen, lines, name, options):
-    """Yield the translation of each line, chunk by chunk; a blank line stays blank (files keep their alignment)."""
-    for start in range(0, len(lines), TRANSLATE_CHUNK):
-        chunk = lines[start:start + TRANSLATE_CHUNK]
-        todo = [i for i, line in enumerate(chunk) if line.strip()]
-        where = [name.format(start + i + 1) for i in todo]  # translate numbers its sources from 1
-        done = gen.translate([chunk[i] for i in todo], name=lambda k, where=where: where[k - 1], **options)
-        out = [""] * len(chunk)
-        for i, text in zip(todo, done):
-            out[i] = text
-        yield from out
-
-
 @_with(_param(sample_cli, "checkpoint_path"))
 @click.command("translate", context_settings=CONTEXT)
 @click.argument("sources", nargs=-1)
@@ -609,12 +451,12 @@ def translate_cli(checkpoint_path, sources, input_path, output, beam, alpha, tem
     or stdin, one translation per line on stdout (or --output). Greedy by default; --beam N searches, and
     --temperature above 0 samples. Blank lines stay blank."""
     def run():
+        from .engine import load
         from .rundir import latest_run
-        from .sampling import load
         settings = _sample_settings({"temperature": temperature, "top_k": top_k, "top_p": top_p})
         check_sample_options(1, seed)
         _check_translate_options(beam, alpha, settings["temperature"], batch_size)
-        lines, name = _source_lines(sources, input_path)
+        lines, name = textio.source_lines(sources, input_path)
         path = checkpoint_path or latest_run()
         gen = load(path, device=device)
         click.echo(f"loaded {path} ({_describe_run(gen)}) on {gen.device}", err=True)
@@ -630,15 +472,10 @@ def translate_cli(checkpoint_path, sources, input_path, output, beam, alpha, tem
             if seed is None:
                 click.echo(f"seed: {use_seed}", err=True)
             options["generator"] = torch.Generator().manual_seed(use_seed)
-        _tolerant_stdout()
-        results = _translations(gen, lines, name, options)
+        textio.tolerant_stdout()
+        results = textio.translations(gen, lines, name, options)
         if output:
-            from .rundir import write_text_atomic
-            text = "".join(t + "\n" for t in results)
-            try:
-                write_text_atomic(output, text)
-            except OSError as e:
-                raise ChargptError(f"cannot write --output {output}: {e.strerror}") from None
+            textio.write_output(output, "".join(t + "\n" for t in results))
             click.echo(f"wrote {len(lines)} translation(s) to {output}", err=True)
             return
         for t in results:
@@ -668,6 +505,22 @@ def _warn_unknown(gen, lines, unknown):
         what = "dropped" if unknown == "skip" else f"replaced with {gen.vocab.replacement()!r}"
         click.echo(f"warning: {len(affected)} sentence(s) had characters the model never saw, {what} (the first: "
                    f"{describe_chars(gen.vocab.unknown(lines[affected[0]]))})", err=True)
+
+
+@_with(_param(sample_cli, "checkpoint_path"))
+@click.command("export", context_settings=CONTEXT)
+@_field_option(ExportSettings, "to")
+@_field_option(ExportSettings, "format")
+@_field_option(ExportSettings, "force")
+def export_cli(checkpoint_path, to, format, force):
+    """Write a run as a Hugging Face transformers folder (a GPT-2 model, its character tokenizer, a model card) that
+    AutoModelForCausalLM and AutoTokenizer load without custom code; the folder is checked against chargpt's logits
+    before it appears. Needs transformers: pip install -e ".[export]". Prints the folder on stdout."""
+    def run():
+        from .export import export
+        from .rundir import latest_run
+        click.echo(export(checkpoint_path or latest_run(), to, format, force=force, log=say))
+    run_guarded(run)
 
 
 @click.command("plot", context_settings=CONTEXT)
@@ -724,23 +577,22 @@ def data_get_cli(name, data_dir):
     run_guarded(fetch)
 
 
-class CommandGroup(click.Group):
-    """The chargpt group; `serve` is imported only when asked for (it loads torch and the web extra)."""
+@click.command("serve", context_settings=CONTEXT)
+@click.option("--checkpoints", default="checkpoints", show_default=True,
+              help="folder whose run directories are served, each by its folder name")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="address to listen on; anything but 127.0.0.1 lets others on the network use the page")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="port (0: any free one)")
+@click.option("--device", default="auto", show_default=True, help="where models run: auto, cpu, cuda, cuda:N or mps")
+def serve_cli(checkpoints, host, port, device):
+    """A local web playground: write with any run, look inside the model, watch runs train."""
+    def run():
+        from .web.server import serve  # loads torch and the web extra only when asked for
+        serve(checkpoints, host, port, device, say=lambda line: click.echo(line, err=True))
+    run_guarded(run)
 
-    LAZY = {"serve": ("chargpt.serve", "main")}
 
-    def list_commands(self, ctx):
-        return sorted([*self.commands, *self.LAZY])
-
-    def get_command(self, ctx, name):
-        if name in self.LAZY and name not in self.commands:
-            import importlib
-            module, attr = self.LAZY[name]
-            self.add_command(getattr(importlib.import_module(module), attr), name)
-        return super().get_command(ctx, name)
-
-
-@click.group(cls=CommandGroup, context_settings=CONTEXT)
+@click.group(context_settings=CONTEXT)
 @click.version_option(__version__, prog_name="chargpt")
 def main():
     """chargpt: train a character-level GPT on any text, and write, score and inspect with it; or, on sentence
@@ -756,6 +608,7 @@ def main():
       chargpt novelty "text to check for copying"
       chargpt info
       chargpt plot -o curves.png
+      chargpt export --to my-model-hf
       chargpt serve
 
     `chargpt COMMAND --help` lists a command's flags.
@@ -764,5 +617,5 @@ def main():
 
 for _name, _command in {"train": train_cli, "sample": sample_cli, "translate": translate_cli, "eval": eval_cli,
                         "info": info_cli, "novelty": novelty_cli, "plot": plot_cli, "bench": bench_command,
-                        "data": data_cli}.items():
+                        "data": data_cli, "serve": serve_cli, "export": export_cli}.items():
     main.add_command(_command, _name)

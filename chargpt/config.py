@@ -70,7 +70,7 @@ def param(name, value=_NO_VALUE):
 # --- presets: named starting points for every setting -------------------------------------------------------
 # name -> {field: value}, over the dataclass defaults (the GPU's: shakespeare-char is exactly them); flags and
 # --config override a preset. Without --preset the device picks one (device_preset): cpu, or shakespeare-char on
-# CUDA. Each has a one-line description in PRESET_ABOUT; --help and the README give their sizes.
+# CUDA. Each has a one-line description in PRESET_ABOUT; --help and docs/runs.md give their sizes.
 # The 2017 Transformer ("Attention Is All You Need", Table 3, base) at character level: 6 + 6 layers x 512, 8 heads,
 # feed-forward 2048 (our MLP is 4 x --n-embd: exactly 2048 at 512), dropout 0.1, sinusoidal positions, embeddings x
 # sqrt(512), post-LN, ReLU, label smoothing 0.1, Adam beta2 0.98 without weight decay, and the inverse-square-root
@@ -286,8 +286,6 @@ class TrainConfig:
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"{param(name)} must be in [0, 1) (got {getattr(self, name)})")
-        if self.threads is not None:
-            check_threads(self.threads)
         if self.sample_every and not self.sample_chars:
             raise ConfigError(f"{param('sample_every')} needs {param('sample_chars')} above 0 (the length of each "
                               f"sample); drop {param('sample_chars', 0)}")
@@ -342,6 +340,21 @@ class SampleSettings:
         return self
 
 
+EXPORT_FORMATS = ("hf",)
+
+
+@dataclass
+class ExportSettings:
+    """What `chargpt export` writes, and where (chargpt/export.py)."""
+    to: str | None = opt(None, "folder to write the export to; created, and it must not exist or be empty, unless "
+                               "--force [required]")
+    format: str = opt("hf", "hf: a Hugging Face transformers folder (GPT2LMHeadModel, tokenizer.json, "
+                            "generation_config.json, README.md model card) that AutoModelForCausalLM.from_pretrained "
+                            "loads without custom code", choices=EXPORT_FORMATS)
+    force: bool = opt(False, "replace a --to folder that is not empty (the new folder is written and checked in full "
+                             "first, then swapped in)")
+
+
 def check_numbers(config):
     """Every number in a config must be one torch can take. NaN never compares, so it would slip past every range
     check after this (a NaN --max-time never stops, a NaN --grad-clip disables clipping), and inf means nothing
@@ -384,22 +397,6 @@ def check_preset(name):
         close = difflib.get_close_matches(str(name), PRESETS, n=1)
         raise ConfigError(f"{param('preset')} {name!r:.40} is not a preset; "
                           + (f"did you mean {close[0]!r}? " if close else "") + f"the presets: {', '.join(PRESETS)}")
-
-
-def cpu_count():
-    """CPUs this process may run on: its affinity mask, which containers and taskset narrow, else all of them."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
-
-
-def check_threads(threads):
-    most = THREADS_PER_CPU * cpu_count()
-    if not 1 <= threads <= most:
-        raise ConfigError(f"{param('threads')} must be between 1 and {most} ({THREADS_PER_CPU} per CPU; this machine "
-                          f"has {cpu_count()}), got {threads}; more threads than CPUs only slow torch down, so "
-                          f"leave it out to use one per CPU")
 
 
 def describe_model(cfg: ModelConfig):

@@ -1,10 +1,14 @@
-"""Corpora for people who are online: `chargpt data list`, `chargpt data get tinyshakespeare`.
+"""Corpora for people who are online: `chargpt data list`, `chargpt data get tinyshakespeare`, `... get tang`.
 
 A download goes to data/.NAME.part first and is renamed into place only once its size and SHA-256 match the
 published file, so data/ never holds a half or a wrong file. The partial file survives a dropped connection
 or Ctrl-C: the next attempt asks the server for the rest (an HTTP Range request) instead of starting over.
 Standard library only (urllib). CHARGPT_DATA_URL replaces the servers: files are then fetched from
 $CHARGPT_DATA_URL/<file name> (a mirror, or a local server in the tests).
+
+A corpus published as several source files (the Tang poems: 58 JSON files) is built: each source file is
+downloaded the same way into data/.NAME.parts/ and checked, then the text is built from them into the .part file
+and checked against its own size and SHA-256 before it is renamed into place; the source files are then removed.
 """
 
 import contextlib
@@ -21,6 +25,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from . import tang
 from .errors import DataError
 
 BASE_URL_ENV = "CHARGPT_DATA_URL"
@@ -34,10 +39,20 @@ ATTEMPTS = 3  # a dropped connection is retried (resuming) this many times in al
 class Corpus:
     name: str
     filename: str
-    url: str
+    url: str  # where it is downloaded from; for a built corpus, the page of its source
     sha256: str
     size: int
     about: str
+    parts: tuple = ()  # a built corpus: its source files (Corpus each), downloaded and checked one by one
+    build: object = None  # ... and how: a function (source file bytes) -> list of texts, joined by a blank line
+
+
+def _tang():
+    parts = tuple(Corpus(f"tang part {n}", f"poet.tang.{n}.json", tang.part_url(f"poet.tang.{n}.json"), sha, size,
+                         "") for n, size, sha in tang.PARTS)
+    return Corpus("tang", "tang_poems.txt", tang.PAGE, tang.SHA256, tang.SIZE,
+                  "the Complete Tang Poems (全唐诗, 4.7M characters, 9,728 distinct; traditional characters), built "
+                  "from chinese-poetry/chinese-poetry's 58 JSON files (25.6 MB to download)", parts, tang.poems_text)
 
 
 CORPORA = {c.name: c for c in [
@@ -46,6 +61,7 @@ CORPORA = {c.name: c for c in [
            "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed", 1_115_394,
            "40,000 lines of Shakespeare's plays (65 distinct characters), the classic character-level benchmark "
            "(karpathy/char-rnn)"),
+    _tang(),
 ]}
 
 
@@ -92,7 +108,16 @@ def get(name, data_dir=DATA_DIR, base_url=None, log=print, progress=True):
     except OSError as e:
         raise DataError(f"cannot create {data_dir} ({e.strerror}); run from a writable directory or pass --dir") \
             from None
+    if corpus.parts:
+        return _get_built(corpus, data_dir, dest, part, base_url, log, progress)
     url = source_url(corpus, base_url)
+    _fetch(url, part, dest, corpus, log, progress)
+    log(f"downloaded {name} to {dest} ({corpus.size:,} bytes, checksum verified)")
+    return dest
+
+
+def _fetch(url, part, dest, corpus, log, progress):
+    """Download url to `part` (retrying and resuming), check it against `corpus`, rename it to `dest`."""
     for attempt in range(1, ATTEMPTS + 1):
         try:
             _download(url, part, dest, corpus.size, progress)
@@ -105,7 +130,39 @@ def get(name, data_dir=DATA_DIR, base_url=None, log=print, progress=True):
             log(f"connection dropped after {have:,} bytes ({e}); resuming (attempt {attempt + 1} of {ATTEMPTS})")
             time.sleep(0.5 * attempt)
     _check_and_install(part, dest, corpus, url)
-    log(f"downloaded {name} to {dest} ({corpus.size:,} bytes, checksum verified)")
+
+
+def _get_built(corpus, data_dir, dest, part, base_url, log, progress):
+    """Fetch every source file of a built corpus (each checked; those already here are kept), build the text into
+    `part`, check it and rename it to `dest`; then the source files go."""
+    parts_dir = data_dir / f".{corpus.filename}.parts"
+    parts_dir.mkdir(exist_ok=True)
+    files = []
+    for i, source in enumerate(corpus.parts, 1):
+        path = parts_dir / source.filename
+        if not (path.is_file() and path.stat().st_size == source.size and sha256_of(path) == source.sha256):
+            _fetch(source_url(source, base_url), parts_dir / f".{source.filename}.part", path, source, log, progress)
+        files.append(path)
+        if progress and i % 10 == 0:
+            log(f"{i} of {len(corpus.parts)} source files of {corpus.name} downloaded and checked")
+    with open(part, "w", encoding="utf-8", newline="\n") as out:
+        first = True
+        for path in files:
+            for text in corpus.build(path.read_bytes()):
+                out.write(text if first else "\n" + text)
+                first = False
+    got_size, got = part.stat().st_size, sha256_of(part)
+    if got_size != corpus.size or got != corpus.sha256:  # checked sources built wrong: a bug here, not the network
+        part.unlink()
+        raise DataError(f"the text built from the {corpus.name} source files is not the published one ({got_size:,} "
+                        f"bytes, sha256 {got[:16]}..., expected {corpus.size:,} bytes, {corpus.sha256[:16]}...); "
+                        f"nothing was kept; please report it")
+    os.replace(part, dest)
+    for path in files:
+        path.unlink()
+    with contextlib.suppress(OSError):
+        parts_dir.rmdir()
+    log(f"built {corpus.name} into {dest} from {len(files)} source files ({corpus.size:,} bytes, checksum verified)")
     return dest
 
 

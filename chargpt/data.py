@@ -252,7 +252,7 @@ def encode_corpus(data=None, encoding="utf-8", errors="strict", cache_dir=None, 
     tmp = ids_path.with_suffix(f".bin.tmp{os.getpid()}")
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        _remove_dead_temps(cache_dir, key)
+        remove_dead_temps(cache_dir, key)
         written = 0
         with open(tmp, "wb") as f, _progress(total, "encoding corpus") as bar:
             for text in iter_text(sources, encoding, errors):
@@ -270,7 +270,7 @@ def encode_corpus(data=None, encoding="utf-8", errors="strict", cache_dir=None, 
         if written != length:
             raise DataError(f"corpus {data} changed while it was being encoded; run again once it is complete")
         os.replace(tmp, ids_path)
-        _write_json_atomic(meta_path, {"version": CACHE_VERSION, "chars": "".join(vocab.chars), "length": length})
+        write_json_atomic(meta_path, {"version": CACHE_VERSION, "chars": "".join(vocab.chars), "length": length})
     except OSError as e:
         raise DataError(f"cannot write the encoded corpus to {cache_dir}: {e.strerror}; "
                         f"pass {param('cache_dir')} with a writable directory that has space") from None
@@ -282,7 +282,7 @@ def encode_corpus(data=None, encoding="utf-8", errors="strict", cache_dir=None, 
     return EncodedCorpus(name, vocab, ids_path, length)
 
 
-def _remove_dead_temps(cache_dir, key):
+def remove_dead_temps(cache_dir, key):
     """An encoding killed half-way leaves a partial id file (as large as the corpus): delete it."""
     remove_stale_temps(cache_dir, (f"{key}.*.tmp*", f".{key}.*.tmp*"))
 
@@ -306,7 +306,7 @@ def _read_cache(meta_path, ids_path):
         return None  # a missing or damaged cache entry is simply rebuilt
 
 
-def _write_json_atomic(path, obj):
+def write_json_atomic(path, obj):
     write_text_atomic(path, json.dumps(obj, ensure_ascii=False))
 
 

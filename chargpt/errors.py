@@ -5,6 +5,9 @@ with a one-line message that names the problem and the fix. The CLIs print that 
 Python callers can catch the type. Anything else escaping is a bug in chargpt and keeps its traceback.
 """
 
+import re
+import sys
+
 
 class ChargptError(Exception):
     """A problem with the user's input or environment, explained in one line."""
@@ -23,8 +26,28 @@ class CheckpointError(ChargptError):
 
 
 class Interrupted(ChargptError):
-    """Training stopped by SIGINT/SIGTERM after saving; `signum` gives the conventional exit status."""
+    """Training stopped by SIGINT/SIGTERM after saving; `signum` gives the conventional exit status, `out_dir` the
+    run saved (the CLI says how to resume it) and `distributed` whether it ran under torchrun."""
 
-    def __init__(self, message, signum):
+    def __init__(self, message, signum, out_dir=None, distributed=False):
         super().__init__(message)
-        self.signum = signum
+        self.signum, self.out_dir, self.distributed = signum, out_dir, distributed
+
+
+def out_of_memory(e):
+    """Whether `e` is a failed allocation. By type where there is one: torch.OutOfMemoryError (CUDA, MPS) and
+    MemoryError (Python, numpy). Torch's CPU allocator raises a plain RuntimeError (checked with torch 2.13 under
+    `ulimit -v`), recognised by the allocator's fixed message."""
+    torch = sys.modules.get("torch")
+    if isinstance(e, MemoryError) or (torch is not None and isinstance(e, torch.cuda.OutOfMemoryError)):
+        return True
+    return isinstance(e, RuntimeError) and ("can't allocate memory" in str(e) or "out of memory" in str(e).lower())
+
+
+def requested_memory(e):
+    """' (2.0 GB requested)' from an allocator's message, or ''."""
+    m = re.search(r"allocate (\d+) bytes", str(e))
+    if m:
+        return f" ({int(m[1]) / 1e9:,.1f} GB requested)"
+    m = re.search(r"allocate ([\d.]+ [KMGT]iB)", str(e))  # CUDA: "Tried to allocate 2.00 GiB"
+    return f" ({m[1]} requested)" if m else ""

@@ -32,11 +32,12 @@ import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from .checkpoint import load_model, resolve
+from .checkpoint import load_model
 from .data import corpus_sources, encode_corpus, iter_text, split_sizes
 from .errors import ConfigError, DataError
 from .pairs import END, SEP, context_needed, encode_pairs, pair_stream, split_pairs
 from .quantize import check_precision, inference_model
+from .rundir import resolve
 from .runtime import autocast, pick_device, pick_dtype
 from .tokenizer import codepoints
 

@@ -289,6 +289,19 @@ class Transformer(nn.Module):
             pos = self.pe[start:start + T]  # (T, C)
         return self.drop(tok + pos)
 
+    def decoder_stack(self, idx, cache=None, **block_kw):
+        """ids (B, T) through the embeddings, the decoder blocks (self.h) and the final norm -> (B, T, C). With a
+        KVCache, idx continues the cached positions, the cache advances past them, and only the last position
+        comes out (B, 1, C): all that decoding needs."""
+        start = cache.pos if cache is not None else 0
+        x = self.embed(idx, start)  # (B, T, C)
+        for block in self.h:
+            x = block(x, cache, **block_kw)
+        if cache is not None:
+            cache.pos += idx.size(1)
+            x = x[:, -1:, :]  # (B, 1, C)
+        return self.ln_f(x)
+
     def set_attention(self, kernel):
         """'auto' (fastest correct kernel for the device and settings), 'fused' (torch SDPA) or 'manual'."""
         assert kernel in ("auto", "fused", "manual"), kernel
@@ -324,14 +337,7 @@ class CharGPT(Transformer):
         idx continues the cached text and only the last position's logits are computed (B, 1, V): that is all
         decoding needs. attn_weights: an optional list that receives each layer's attention weights
         (B, nh, T, S), computed on the explicit softmax path."""
-        start = cache.pos if cache is not None else 0
-        x = self.embed(idx, start)  # (B, T, C)
-        for block in self.h:
-            x = block(x, cache, attn_weights=attn_weights)
-        if cache is not None:
-            cache.pos += idx.size(1)
-            x = x[:, -1:, :]  # (B, 1, C)
-        logits = self.lm_head(self.ln_f(x))  # (B, T, V)
+        logits = self.lm_head(self.decoder_stack(idx, cache, attn_weights=attn_weights))  # (B, T, V)
         loss = None if targets is None else lm_loss(logits, targets, loss_mask, label_smoothing)
         return logits, loss
 
@@ -361,14 +367,7 @@ class EncoderDecoder(Transformer):
     def decode(self, tgt, memory, cache=None):
         """tgt (B, T) target ids so far (starting with the separator) -> logits (B, T, V), or (B, 1, V) for
         the last position with a KVCache (tgt then continues the cached positions)."""
-        start = cache.pos if cache is not None else 0
-        x = self.embed(tgt, start)  # (B, T, C)
-        for block in self.h:
-            x = block(x, cache, memory=memory)
-        if cache is not None:
-            cache.pos += tgt.size(1)
-            x = x[:, -1:, :]  # (B, 1, C)
-        return self.lm_head(self.ln_f(x))
+        return self.lm_head(self.decoder_stack(tgt, cache, memory=memory))
 
     def forward(self, src, tgt, targets=None, src_mask=None, loss_mask=None, label_smoothing=0.0):
         """-> (logits (B, T, V), loss or None); targets (B, T) are tgt shifted by one (the loss as CharGPT's)."""

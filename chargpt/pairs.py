@@ -35,7 +35,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .data import _remove_dead_temps, _write_json_atomic, corpus_key, corpus_sources, default_cache_dir, iter_text
+from .config import param
+from .data import corpus_key, corpus_sources, default_cache_dir, iter_text, remove_dead_temps, write_json_atomic
 from .errors import DataError
 from .tokenizer import MAX_CODEPOINT, Vocab, codepoints
 
@@ -213,7 +214,7 @@ def encode_pairs(data, target_data=None, encoding="utf-8", errors="strict", cach
     tmps = {part: p.with_suffix(f".bin.tmp{os.getpid()}") for part, p in paths.items()}
     try:  # pass 2: ids, mask and index
         cache_dir.mkdir(parents=True, exist_ok=True)
-        _remove_dead_temps(cache_dir, key)
+        remove_dead_temps(cache_dir, key)
         written = pairs_written = 0
         with contextlib.ExitStack() as stack:
             files = {part: stack.enter_context(open(p, "wb")) for part, p in tmps.items()}
@@ -228,11 +229,11 @@ def encode_pairs(data, target_data=None, encoding="utf-8", errors="strict", cach
             raise DataError(f"{data} changed while it was being encoded; run again once it is complete")
         for part in paths:
             os.replace(tmps[part], paths[part])
-        _write_json_atomic(meta_path, {"version": PAIRS_VERSION, "chars": "".join(vocab.chars), "length": length,
+        write_json_atomic(meta_path, {"version": PAIRS_VERSION, "chars": "".join(vocab.chars), "length": length,
                                        "pairs": n_pairs})
     except OSError as e:
         raise DataError(f"cannot write the encoded pairs to {cache_dir}: {e.strerror}; "
-                        f"pass --cache-dir with a writable directory that has space") from None
+                        f"pass {param('cache_dir')} with a writable directory that has space") from None
     finally:  # anything but success (including Ctrl-C): no partial file left behind
         for tmp in tmps.values():
             with contextlib.suppress(OSError):

@@ -45,9 +45,10 @@ def _metrics(run_dir):
     return read_metrics(run_dir / METRICS)
 
 
-def run_info(path):
+def run_info(path, preview=PREVIEW_CHARS):
     """A run directory (its best checkpoint for the model, its latest for progress) or one checkpoint file ->
-    dict of facts about it."""
+    dict of facts about it (the first `preview` vocabulary characters, escaped). `chargpt info` prints it and the
+    playground's Runs view shows it."""
     p = Path(path).expanduser()
     ckpt = resolve(p)
     run_dir = p if p.is_dir() else None
@@ -70,7 +71,7 @@ def run_info(path):
         "path": str(p), "checkpoint": str(ckpt), "format_version": _format_version(ckpt),
         "parameters": sum(math.prod(s) for k, s in shapes.items() if not k.startswith(("optim.", "rng."))),
         "task": meta["task"], "arch": cfg.arch, "model_config": asdict(cfg), "train_config": tcfg or None,
-        "vocab_size": len(meta["vocab"]), "vocab_preview": escape("".join(meta["vocab"].chars[:PREVIEW_CHARS])),
+        "vocab_size": len(meta["vocab"]), "vocab_preview": escape("".join(meta["vocab"].chars[:preview])),
         "corpus": latest.get("corpus"), "steps": step, "checkpoint_step": meta.get("step", 0),
         "best_val_loss": best, "best_val_bpc": best / math.log(2) if isinstance(best, (int, float)) else None,
         "training_time_s": state.get("elapsed"), "eval_time_s": state.get("eval_time"),

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import check_threads, cpu_count
+from .config import THREADS_PER_CPU, param
 from .errors import ConfigError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -122,6 +122,22 @@ def autocast(device, dtype):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+def cpu_count():
+    """CPUs this process may run on: its affinity mask, which containers and taskset narrow, else all of them."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def check_threads(threads):
+    most = THREADS_PER_CPU * cpu_count()
+    if not 1 <= threads <= most:
+        raise ConfigError(f"{param('threads')} must be between 1 and {most} ({THREADS_PER_CPU} per CPU; this machine "
+                          f"has {cpu_count()}), got {threads}; more threads than CPUs only slow torch down, so "
+                          f"leave it out to use one per CPU")
+
+
 def configure_threads(threads=None, local_world_size=1):
     """Default: the CPUs this process may use, split between the processes on this machine. Two processes each
     using every core run several times slower than one thread each, so oversubscription is avoided."""
@@ -229,3 +245,34 @@ def gather_to_main(tensor, d: Dist):
     parts = [torch.empty_like(local) for _ in range(d.world_size)] if d.is_main else None
     dist.gather(local, parts, dst=0)
     return [p.cpu() for p in parts] if d.is_main else None
+
+
+# --- random streams, saved and restored (exact resume) -------------------------------------------------------------
+def gather_rng_state(data_gen, device, d: Dist):
+    """Every rank's random streams, gathered to rank 0 (None elsewhere): rank 0's under the names a single process
+    uses (torch, data, cuda), rank r's as rank{r}.torch ... A collective under DDP."""
+    local = {"torch": torch.get_rng_state(), "data": data_gen.get_state()}
+    if device.type == "cuda":
+        local["cuda"] = torch.cuda.get_rng_state(device)
+    names, sizes = list(local), [v.numel() for v in local.values()]
+    gathered = gather_to_main(torch.cat(list(local.values())), d)  # (bytes,) per rank, same size
+    if gathered is None:
+        return None
+    rng = dict(local)
+    for r, flat in enumerate(gathered[1:], start=1):
+        rng.update({f"rank{r}.{n}": part.clone() for n, part in zip(names, flat.split(sizes))})
+    return rng
+
+
+def restore_rng_state(rng, data_gen, device, d: Dist, seed):
+    """Continue this rank's streams exactly where they stopped. A rank the checkpoint has none for (it was written
+    by fewer processes) starts new streams, reproducibly, from `seed` (the run's seed plus its step) and its rank."""
+    prefix = "" if d.is_main else f"rank{d.rank}."
+    if prefix + "torch" in rng and prefix + "data" in rng:
+        torch.set_rng_state(rng[prefix + "torch"])
+        data_gen.set_state(rng[prefix + "data"])
+        if prefix + "cuda" in rng and device.type == "cuda":
+            torch.cuda.set_rng_state(rng[prefix + "cuda"], device)
+    else:
+        torch.manual_seed(stream_seed(seed, "dropout", d.rank))
+        data_gen.manual_seed(stream_seed(seed, "data", d.rank))

@@ -18,132 +18,45 @@ import signal
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
 from . import checkpoint as ckpt
 from . import errors, rundir
-from .config import (
-    UNLIMITED,
-    ModelConfig,
-    TrainConfig,
-    check_task,
-    describe_model,
-    flag,
-    param,
-    split_overrides,
-    typed_fields,
-)
-from .data import Batches, corpus_sources, encode_corpus, split_sizes
+from .config import UNLIMITED, ModelConfig, TrainConfig, check_task, describe_model, param, split_overrides
+from .data import corpus_sources
 from .errors import ChargptError, CheckpointError, ConfigError, Interrupted
 from .model import build_model
 from .optim import make_optimizer
-from .pairs import PairBatches, encode_pairs
 from .rundir import CONFIG, METRICS, SAMPLES, STATE
 from .runtime import (
     autocast,
     broadcast_str,
     configure_threads,
     enable_fast_math,
-    gather_to_main,
+    gather_rng_state,
     init_distributed,
     pick_compile,
     pick_device,
     pick_dtype,
+    restore_rng_state,
     stream_seed,
 )
-from .settings import FLAGS, Settings, config_toml, resolve
+from .schedules import describe_budget, finished, lr_at
+from .settings import HARDWARE, RunState, Settings, config_toml, resolve, resume_settings
+from .tasks import make_task
 from .tokenizer import describe_chars
 
 LN2 = math.log(2)
-HARDWARE = ("device", "dtype", "threads", "compile", "attention")  # how a run is computed, not what it is
 LOG_EVERY = 10  # steps between progress-bar updates (each reads the loss: a host sync on a GPU)
 GPU_SYNC_EVERY = 10  # steps between the host syncs that read the stop flags on a GPU (every step on a CPU)
 NO_BAD_STEP = 2**62  # Trainer.first_bad while every loss so far was finite
-SHOWN_PAIRS = 5  # validation pairs translated when a pairs run ends
 
 
-# --- the pieces: state, schedule, evaluation, optimizer ----------------------------------------------------
-@dataclass
-class RunState:
-    """What changes as training goes; saved in state.safetensors (with the weights and moments)."""
-    step: int = 0
-    best_val: float = float("inf")
-    elapsed: float = 0.0  # training seconds over all sessions of this run
-    evaluated: bool = False  # whether the evaluation at `step` is already logged
-    skipped: int = 0  # non-finite steps skipped with --skip-nonfinite
-    eval_time: float = 0.0  # seconds of `elapsed` spent estimating losses
-    # The current budget began here. A --resume that changes the budget starts a new one: --max-time counts
-    # from then, and the learning rate decays afresh from the rate it had reached (budget_lr).
-    budget_step: int = 0
-    budget_elapsed: float = 0.0
-    budget_lr: float | None = None  # None: the configured warmup, then decay from --learning-rate
-    since_best: int = 0  # evaluations since the best validation loss so far (--patience)
-
-
-def final_lr(cfg: TrainConfig):
-    return cfg.min_lr if cfg.min_lr is not None else cfg.learning_rate / 10
-
-
-def get_lr(it, frac, cfg: TrainConfig, start_lr=None):
-    """Learning rate at step `it`, with `frac` in [0, 1] the fraction of the budget done (by steps or by time):
-    1) linear warmup over warmup_iters steps, 2) cosine decay from learning_rate (or, in a budget begun on
-    --resume, from start_lr, the rate reached then) to min_lr, 3) min_lr after."""
-    min_lr = final_lr(cfg)
-    if start_lr is None and it < cfg.warmup_iters:
-        return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
-    if frac >= 1:
-        return min_lr
-    peak = cfg.learning_rate if start_lr is None else start_lr
-    coeff = 0.5 * (1.0 + math.cos(math.pi * frac))  # 1 -> 0
-    return min_lr + coeff * (peak - min_lr)
-
-
-def inverse_sqrt_lr(it, cfg: TrainConfig):
-    """--lr-schedule inverse-sqrt, Vaswani et al. 2017 (section 5.3) with its peak as --learning-rate: a linear rise
-    over warmup_iters steps, then decay with the inverse square root of the step, lr x sqrt(warmup / step). With
-    learning_rate = d_model**-0.5 x warmup**-0.5 this is the paper's d_model**-0.5 x min(step**-0.5,
-    step x warmup**-1.5), step counted from 1. It depends on the step alone: no budget, no end."""
-    step, warmup = it + 1, max(1, cfg.warmup_iters)
-    return cfg.learning_rate * min(step / warmup, math.sqrt(warmup / step))
-
-
-def get_lr_wsd(it, frac, cfg: TrainConfig, start_lr=None):
-    """Warmup-stable-decay (as in MiniCPM and modded-nanoGPT), same arguments as get_lr: 1) linear warmup over
-    warmup_iters steps, 2) flat at learning_rate (or start_lr) until 1 - decay_fraction of the budget is done,
-    3) linear decay to min_lr over the rest, 4) min_lr after. Fitted to --max-time through `frac`, like cosine."""
-    min_lr = final_lr(cfg)
-    if start_lr is None and it < cfg.warmup_iters:
-        return cfg.learning_rate * (it + 1) / (cfg.warmup_iters + 1)
-    peak = cfg.learning_rate if start_lr is None else start_lr
-    decayed = (frac - (1.0 - cfg.decay_fraction)) / cfg.decay_fraction  # < 0 while flat, 1 at the end
-    return peak - min(max(decayed, 0.0), 1.0) * (peak - min_lr)
-
-
-SCHEDULES = {"cosine": get_lr, "wsd": get_lr_wsd}  # --lr-schedule
-
-
-def run_fraction(it, elapsed, cfg: TrainConfig, s: RunState):
-    """How much of the decay is done: by steps (from the end of warmup, or from where a resumed budget began
-    decaying), or by training time with --max-time, whichever is further."""
-    begin = cfg.warmup_iters if s.budget_lr is None else s.budget_step
-    decay_end = cfg.lr_decay_iters or cfg.max_iters
-    frac = (it - begin) / max(1, decay_end - begin)
-    if cfg.max_time:
-        frac = max(frac, (elapsed - s.budget_elapsed) / cfg.max_time)
-    return min(max(frac, 0.0), 1.0)
-
-
-def lr_at(step, elapsed, cfg: TrainConfig, s: RunState):
-    if cfg.lr_schedule == "inverse-sqrt":  # a function of the step alone: no budget, no end
-        return inverse_sqrt_lr(step, cfg)
-    return SCHEDULES[cfg.lr_schedule](step, run_fraction(step, elapsed, cfg, s), cfg, s.budget_lr)
-
-
+# --- the pieces: batches as the model's inputs, evaluation ---------------------------------------------------
 def model_inputs(batch):
     """A batch as the model's keyword arguments: text batches come as (x, y), pairs batches as a dict already."""
     return batch if isinstance(batch, dict) else {"idx": batch[0], "targets": batch[1]}
@@ -173,69 +86,7 @@ def estimate_loss(model, batches, cfg: TrainConfig, device, dtype, dist):
     return out
 
 
-def translation_scores(model, pairs, rows, dtype):
-    """Greedy translations of the validation pairs `rows` -> (exact-match rate, chrF or None without sacrebleu)."""
-    from .translate import chrf, exact_match, translate
-    sources, refs = zip(*(pairs.pair(int(i)) for i in rows))
-    hyps = translate(model, pairs.vocab, list(sources), dtype=dtype)
-    return exact_match(hyps, refs), chrf(hyps, refs)
-
-
-def fixed_sample(rows, n):
-    """At most n of the validation rows, the same ones at every evaluation of every run on that data."""
-    if n >= len(rows):
-        return rows
-    return np.sort(np.random.default_rng(0).choice(rows, size=n, replace=False))
-
-
-# --- settings: flags, presets and checkpoints -> configs ---------------------------------------------------
-def _resume_settings(meta, settings: Settings):
-    """The checkpoint's configs + the settings given now -> (model fields but the vocabulary size, TrainConfig).
-    Architecture settings must agree with the checkpoint (dropout may change, as when fine-tuning); training
-    settings may change; hardware settings come from this command alone (a run may move to other hardware).
-    From a config file or a named preset only what differs from the run counts as given."""
-    saved_model: ModelConfig = meta["model_config"]
-    saved_train = {k: v for k, v in (meta.get("train_config") or {}).items() if k not in HARDWARE}
-    settings.pick_preset(None, current=saved_train.get("preset"))  # only another preset named now
-    settings.keep_changes({**asdict(saved_model), **saved_train})
-    model_kw, train_kw = split_overrides(settings.merged())
-    clashes = [f"--{flag(k)} {v}" + (f" from {settings.source(k)}" if settings.source(k) != FLAGS else "")
-               + f" (checkpoint: {getattr(saved_model, k)})" for k, v in model_kw.items()
-               if k != "dropout" and getattr(saved_model, k) != v]
-    if clashes:
-        raise ConfigError(f"--resume: flags disagree with the checkpoint's model: {'; '.join(clashes)}; "
-                          f"drop them to resume, or train a new run with another --out-dir")
-    if train_kw.get("task", meta["task"]) != meta["task"]:
-        raise ConfigError(f"--resume: the run was trained with --task {meta['task']}, not {train_kw['task']}; drop "
-                          f"--task to resume, or train a new run with another --out-dir")
-    saved_optimizer = saved_train.get("optimizer", "adamw")  # runs from before Muon used AdamW
-    if train_kw.get("optimizer", saved_optimizer) != saved_optimizer:
-        raise ConfigError(f"--resume: the run was trained with --optimizer {saved_optimizer}, whose state it "
-                          f"continues; drop --optimizer {train_kw['optimizer']}, or train a new run with another "
-                          f"--out-dir")
-    if "max_iters" in train_kw and "max_time" not in train_kw:
-        train_kw["max_time"] = None  # a step budget alone lifts the run's old time budget
-    tcfg = TrainConfig(**{**saved_train, **train_kw, "resume": True}).validate()
-    model = {k: v for k, v in asdict(saved_model).items() if k != "vocab_size"}
-    return {**model, **model_kw}, tcfg
-
-
-def _schedule_changed(old: TrainConfig, new: TrainConfig, flags):
-    """Whether a resumed run's budget differs from the saved one: a new --max-time always does (it counts from
-    now), as does another decay end (--lr-decay-iters, else --max-iters) or a lifted time budget."""
-    return ("max_time" in flags or old.max_time != new.max_time
-            or (old.lr_decay_iters or old.max_iters) != (new.lr_decay_iters or new.max_iters))
-
-
-def _describe_budget(cfg: TrainConfig, s: RunState, left=True):
-    parts = [f"until step {cfg.max_iters:,}"] if cfg.max_iters < UNLIMITED else []
-    if cfg.max_time:
-        spent = s.elapsed - s.budget_elapsed
-        parts.append(f"{cfg.max_time:g} s of training"
-                     + (f" ({max(0.0, cfg.max_time - spent):.0f} s left)" if spent and left else ""))
-    return " or ".join(parts) + (", whichever comes first" if len(parts) > 1 else "")
-
-
+# --- setup ---------------------------------------------------------------------------------------------------
 def _rank0_decides(fn, dist):
     """Run fn on rank 0 only; if it raises a ChargptError, raise it on every rank, so that all of them stop with
     the one clean line (rather than the others failing at their next collective with a traceback)."""
@@ -253,7 +104,6 @@ def _rank0_decides(fn, dist):
         raise getattr(errors, kind, ChargptError)(text)
 
 
-# --- setup ---------------------------------------------------------------------------------------------------
 class Trainer:
     """One run: __init__ sets it up (run directory, configs, corpus, model, optimizer), run() trains it."""
 
@@ -277,11 +127,15 @@ class Trainer:
         resume = given.get("resume", False)
         self.out_dir = self._claim_run_dir(given, resume)
         meta = ckpt.read_meta(self.out_dir / STATE)[0] if resume else None
-        model_kw, self.cfg = _resume_settings(meta, self.settings) if resume else \
-            resolve(self.settings, self.device.type)[:2]
-        self.cfg.out_dir = str(self.out_dir)
+        if resume:
+            resumed = resume_settings(meta, self.settings, self.out_dir)
+            model_kw, self.cfg, self.state = resumed.model_kw, resumed.cfg, resumed.state
+            self.notes += resumed.notes
+        else:
+            model_kw, self.cfg = resolve(self.settings, self.device.type)[:2]
+            self.cfg.out_dir, self.state = str(self.out_dir), RunState()
         check_task(ModelConfig(**model_kw).validate().arch, self.cfg)  # before the corpus is read and cached
-        self.state = self._resumed_state(meta, self.settings.merged()) if resume else RunState()
+        self.task = make_task(self.cfg)
         self._setup_hardware()
         self.corpus = self._prepare_corpus(model_kw["block_size"])
         if resume and meta["vocab"] != self.corpus.vocab:
@@ -323,35 +177,6 @@ class Trainer:
             raise ConfigError(f"{out_dir} already holds a run; pass --resume to continue it, or another "
                               f"--out-dir for a new one (nothing was changed)")
 
-    def _resumed_state(self, meta, flags):
-        """The saved RunState; with a new budget, a new decay from the learning rate the run had reached."""
-        try:
-            s = RunState(**typed_fields(RunState, meta.get("run_state") or {}, "run state"))
-        except ConfigError as e:
-            raise CheckpointError(f"{self.out_dir / STATE} has corrupted metadata ({e}); re-train or re-copy "
-                                  f"it") from None
-        old = TrainConfig(**meta["train_config"]) if meta.get("train_config") else self.cfg
-        if _schedule_changed(old, self.cfg, flags):
-            lr = lr_at(s.step, s.elapsed, old, s)
-            warming = s.budget_lr is None and s.step < self.cfg.warmup_iters  # finish the warmup first
-            s = replace(s, budget_step=s.step, budget_elapsed=s.elapsed, budget_lr=None if warming else lr)
-            if self.cfg.lr_schedule == "inverse-sqrt":
-                how = "follows its inverse-square-root curve on from the step reached"
-            else:
-                how = ("finishes its warmup, then decays" if warming else f"decays from {lr:.2e} (the rate reached)") \
-                    + f" to {final_lr(self.cfg):.2e} over it"
-            self.notes.append(f"new budget: {_describe_budget(self.cfg, s)}; the learning rate {how}")
-        if self._finished(s) == "patience" and s.evaluated:
-            raise ConfigError(f"--resume: the run in {self.out_dir} stopped early at step {s.step:,} (no new best "
-                              f"validation loss in {s.since_best} evaluations); to train on, raise "
-                              f"{param('patience')} above {s.since_best}, or pass {param('patience', 0)} to turn it "
-                              f"off")
-        if self._finished(s) and s.evaluated:
-            raise ConfigError(f"--resume: the run in {self.out_dir} is already finished at step {s.step:,} (its "
-                              f"budget: {_describe_budget(self.cfg, s, left=False)}); to train on, give a new budget: "
-                              f"--max-iters N (more than {s.step:,}) or --max-time SECONDS (counted from now)")
-        return s
-
     def _setup_hardware(self):
         self.dtype, self.dtype_reason = pick_dtype(self.cfg.dtype, self.device)
         enable_fast_math(self.device)
@@ -366,34 +191,20 @@ class Trainer:
     def _prepare_corpus(self, block_size):
         """The corpus (text, or sentence pairs), encoded once (cached) and memory-mapped. Under torchrun one process
         per machine encodes; the others wait, then read its cache entry."""
-        cfg = self.cfg
         encoder = self.dist.local_rank == 0
         if self.dist.enabled and not encoder:
             torch.distributed.barrier()
-        if cfg.task == "pairs":
-            corpus = encode_pairs(cfg.data, cfg.target_data, cfg.encoding, cfg.encoding_errors, cfg.cache_dir,
-                                  log=self.log)
-        else:
-            corpus = encode_corpus(cfg.data, cfg.encoding, cfg.encoding_errors, cfg.cache_dir, log=self.log,
-                                   check_length=lambda n: split_sizes(n, cfg.val_fraction, block_size))
+        corpus = self.task.encode(self.cfg, block_size, self.log)
         if self.dist.enabled and encoder:
             torch.distributed.barrier()
         return corpus
 
     def _make_batches(self):
-        """Random windows of the text, or random whole pairs (padded, loss on the target only); how many characters
-        a step sees (for pairs, on average); the fixed validation pairs translated at each evaluation."""
-        cfg, mcfg, processes = self.cfg, self.mcfg, self.dist.world_size
-        if cfg.task == "text":
-            self.batches = Batches(self.corpus.ids(), cfg.val_fraction, mcfg.block_size, cfg.batch_size, self.device)
-            self.chars_per_example = mcfg.block_size
-        else:
-            self.batches = PairBatches(self.corpus, cfg.val_fraction, mcfg.block_size, cfg.batch_size, self.device,
-                                       mcfg.arch, log=self.log)
-            train = self.batches.index[self.batches.splits["train"]]  # (pairs, 3): start, source, target lengths
-            self.chars_per_example = float(train[:, 1:].sum(axis=1).mean()) + 1  # + SEP: the positions run
-            self.eval_rows = fixed_sample(self.batches.splits["val"], cfg.eval_pairs)
-        self.chars_per_step = cfg.batch_size * self.chars_per_example * cfg.grad_accum * processes
+        """The task's batches (text windows, or whole pairs) and how many characters a step sees (for pairs, on
+        average)."""
+        cfg = self.cfg
+        self.batches = self.task.batches(self.corpus, cfg, self.mcfg, self.device, self.log)
+        self.chars_per_step = cfg.batch_size * self.task.chars_per_example * cfg.grad_accum * self.dist.world_size
 
     def _build_model(self):
         """Model, optimizer, loss scaler and random streams. Every rank builds the same initial weights from the
@@ -427,8 +238,7 @@ class Trainer:
 
     def _log_start(self, meta):
         cfg, mcfg, corpus = self.cfg, self.mcfg, self.corpus
-        size = f"{corpus.n_pairs:,} sentence pairs, " if cfg.task == "pairs" else ""
-        self.log(f"corpus: {corpus.name} — {size}{corpus.length:,} characters, {len(corpus.vocab):,} distinct"
+        self.log(f"corpus: {corpus.name} — {self.task.describe_corpus(corpus)}, {len(corpus.vocab):,} distinct"
                  + (" (built-in default: the Python help topics from pydoc_data; pass --data FILE for your own "
                     "text)" if cfg.data is None else f" ({cfg.data})"))
         self.log(f"device: {self.device}, {self.dtype_reason}" + (f", {self.threads} threads" if self.threads else "")
@@ -446,12 +256,11 @@ class Trainer:
                      f"{describe_model(mcfg)}, {self.model.num_params() / 1e6:.2f}M parameters")
             self.notes += self._changes_since(meta)
         global_batch = cfg.batch_size * cfg.grad_accum * self.dist.world_size
-        what = f"sequences of {mcfg.block_size} chars" if cfg.task == "text" else \
-            f"pairs (of at most {mcfg.block_size} chars a side, {self.chars_per_example:.0f} on average)"
         self.log(f"global batch: {cfg.batch_size} x {cfg.grad_accum} accum x {self.dist.world_size} proc = "
-                 f"{global_batch} {what} = {self.chars_per_step:,.0f} chars/step; run dir: {self.out_dir}")
+                 f"{global_batch} {self.task.describe_examples(mcfg)} = {self.chars_per_step:,.0f} chars/step; "
+                 f"run dir: {self.out_dir}")
         if not any(note.startswith("new budget") for note in self.notes):
-            self.log(f"budget: {_describe_budget(cfg, self.state)}")
+            self.log(f"budget: {describe_budget(cfg, self.state)}")
         for note in self.notes:
             self.log(note)
 
@@ -478,41 +287,12 @@ class Trainer:
             self.run_dir = None
 
     # --- checkpoints ----------------------------------------------------------------------------------------
-    def _rng_state(self):
-        """Every rank's random streams, gathered to rank 0 (None elsewhere): rank 0's under the names a single
-        process uses (torch, data, cuda), rank r's as rank{r}.torch ... A collective under DDP."""
-        local = {"torch": torch.get_rng_state(), "data": self.data_gen.get_state()}
-        if self.device.type == "cuda":
-            local["cuda"] = torch.cuda.get_rng_state(self.device)
-        names, sizes = list(local), [v.numel() for v in local.values()]
-        gathered = gather_to_main(torch.cat(list(local.values())), self.dist)  # (bytes,) per rank, same size
-        if gathered is None:
-            return None
-        rng = dict(local)
-        for r, flat in enumerate(gathered[1:], start=1):
-            rng.update({f"rank{r}.{n}": part.clone() for n, part in zip(names, flat.split(sizes))})
-        return rng
-
-    def _restore_rng(self, rng):
-        """Continue this rank's streams exactly where they stopped. A rank the checkpoint has none for (it was
-        written by fewer processes) starts new streams, reproducibly, from the seed, its rank and the step."""
-        rank, prefix = self.dist.rank, "" if self.dist.is_main else f"rank{self.dist.rank}."
-        if prefix + "torch" in rng and prefix + "data" in rng:
-            torch.set_rng_state(rng[prefix + "torch"])
-            self.data_gen.set_state(rng[prefix + "data"])
-            if prefix + "cuda" in rng and self.device.type == "cuda":
-                torch.cuda.set_rng_state(rng[prefix + "cuda"], self.device)
-        else:
-            seed = self.cfg.seed + self.state.step
-            torch.manual_seed(stream_seed(seed, "dropout", rank))
-            self.data_gen.manual_seed(stream_seed(seed, "data", rank))
-
     def _restore(self, meta):
         """Weights, moments, random streams and loss scale from state.safetensors; metrics logged after it
         (by a run killed between a metrics line and its save) are dropped, to be logged again."""
         state_path = self.out_dir / STATE
         _, rng = ckpt.load_state(state_path, self.model, self.optimizer)
-        self._restore_rng(rng)
+        restore_rng_state(rng, self.data_gen, self.device, self.dist, self.cfg.seed + self.state.step)
         scaler = meta.get("scaler")
         if self.scaler.is_enabled() and isinstance(scaler, dict):
             try:
@@ -530,13 +310,14 @@ class Trainer:
         stops: `final`), and best when improved; each file atomically. Under DDP every rank calls this: it gathers
         the ranks' random streams first."""
         full = final or self.cfg.save_state == "eval"
-        rng = self._rng_state() if full else None
+        rng = gather_rng_state(self.data_gen, self.device, self.dist) if full else None
         if not self.dist.is_main or not (full or improved):
             return
         s = self.state
         extra = dict(step=s.step, val_loss=val_loss, best_val_loss=s.best_val if s.best_val < float("inf") else None,
                      corpus=self.corpus.name, corpus_key=self.corpus.key, run_state=asdict(s),
-                     hardware=self._hardware(), world_size=self.dist.world_size, chars_per_step=self.chars_per_step)
+                     hardware=self._hardware(), world_size=self.dist.world_size, chars_per_step=self.chars_per_step,
+                     corpus_chars=self.corpus.length)  # for model cards (chargpt export); the key: chargpt novelty
         if self.scaler.is_enabled():  # fp16 loss scale: part of exact resume
             extra["scaler"] = self.scaler.state_dict()
         train_cfg = asdict(self.cfg)
@@ -563,11 +344,11 @@ class Trainer:
             with self.signals, self.bar:  # the bar is cleared on any exit, so an error line starts clean
                 while True:
                     lr = lr_at(s.step, s.elapsed, self.cfg, s)
-                    reason = self._finished(s)
+                    reason = finished(self.cfg, s)
                     if (s.step % self.cfg.eval_interval == 0 or reason) and not s.evaluated:
                         with self._phase("1 evaluate and save"):  # at the interval and at the end
                             self._evaluate_and_save(lr, final=bool(reason))
-                        reason = self._finished(s)  # --patience: this evaluation may end the run
+                        reason = finished(self.cfg, s)  # --patience: this evaluation may end the run
                     if reason:
                         break
                     with self._phase("2 forward and backward"):  # accumulated over micro-batches
@@ -608,16 +389,6 @@ class Trainer:
         self.last_val = None
         self.last_scores = {}  # exact match and chrF of the last evaluation (pairs)
         self.first_step_s = None  # wall time of this session's first step: torch.compile compiles during it
-
-    def _finished(self, s: RunState):
-        """Why the run stops now ('max_iters', 'max_time' or 'patience'), or None while it goes on."""
-        if s.step >= self.cfg.max_iters:
-            return "max_iters"
-        if self.cfg.max_time and s.elapsed - s.budget_elapsed >= self.cfg.max_time:
-            return "max_time"
-        if self.cfg.patience and s.since_best >= self.cfg.patience:
-            return "patience"
-        return None
 
     def _forward_backward(self):
         """Gradients of one optimizer step over grad_accum micro-batches; -> their mean loss (on the device).
@@ -750,7 +521,8 @@ class Trainer:
         record = {"step": s.step, "train_loss": round(losses["train"], 6), "val_loss": round(losses["val"], 6),
                   "train_bpc": round(losses["train"] / LN2, 6), "val_bpc": round(losses["val"] / LN2, 6),
                   "lr": lr, "elapsed_s": round(s.elapsed, 2)}
-        scores = self.last_scores = self._score_translations()
+        scores = self.last_scores = self.task.scores(self.model, self.corpus, self.dtype, self.log) \
+            if self.dist.is_main else {}
         record.update(scores)
         # the line first, then the state: a kill between the two leaves a line that --resume drops (it is
         # after the saved step), never a saved step whose line is missing
@@ -762,7 +534,7 @@ class Trainer:
                  f"val {losses['val']:.4f} nats ({losses['val'] / LN2:.3f} bpc)" + (" *" if improved else "")
                  + (f"; exact match {scores['exact_match']:.1%}" if scores else "")
                  + (f", chrF {scores['chrf']:.1f}" if scores.get("chrf") is not None else "")
-                 + (f" ({len(self.eval_rows)} val pairs, greedy)" if scores else ""))
+                 + (f" ({len(self.task.eval_rows)} val pairs, greedy)" if scores else ""))
         self.last_val = losses["val"]
         self._pause_speed(time.perf_counter() - t0)
 
@@ -770,7 +542,7 @@ class Trainer:
         """A sample of the model as it is now: from --sample-prompt (else a newline), at temperature 0.8, with the
         run's seed, so that successive samples differ only by what the model learned. -> the text after the
         prompt. Decoding has its own random generator and no dropout: training's random streams are untouched."""
-        from .sampling import Generator
+        from .engine import Generator
         gen = Generator(self.model, self.corpus.vocab, self.device)  # puts the model in eval mode
         try:
             return gen.generate(self.cfg.sample_prompt or "", max_new_tokens=chars, seed=self.cfg.seed)[0]
@@ -807,18 +579,6 @@ class Trainer:
             self.novelty_index = False
             return None
 
-    def _score_translations(self):
-        """For pairs (rank 0): {exact_match, chrf} of greedy translations of the fixed validation pairs; else {}.
-        chrF needs sacrebleu: without it, the first evaluation says how to get it, and only exact match is kept."""
-        if self.cfg.task != "pairs" or not self.cfg.eval_pairs or not self.dist.is_main:
-            return {}
-        match, score = translation_scores(self.model, self.corpus, self.eval_rows, self.dtype)
-        if score is None and not getattr(self, "chrf_missing_said", False):
-            from .translate import CHRF_MISSING
-            self.log(CHRF_MISSING)
-            self.chrf_missing_said = True
-        return {"exact_match": round(match, 6), **({"chrf": round(score, 4)} if score is not None else {})}
-
     def _pause_speed(self, seconds):
         """Leave `seconds` out of the speeds shown: chars/s (see _log_progress) and the bar's own steps/s and ETA
         (shifting its clocks, as tqdm's unpause() does, by exactly the pause)."""
@@ -846,30 +606,17 @@ class Trainer:
             # torchrun stops the remaining workers, mid-save, as soon as one of them exits with an error status
             torch.distributed.barrier()
         if reason == "signal":
-            how = "the same torchrun command (any number of processes) plus" if self.dist.enabled else \
-                "python train.py"
-            raise Interrupted(f"interrupted at step {s.step}; saved the run to {self.out_dir}. Resume with: "
-                              f"{how} --out-dir {self.out_dir} --resume", signum)
+            raise Interrupted(f"interrupted at step {s.step}; saved the run to {self.out_dir}", signum,
+                              out_dir=self.out_dir, distributed=self.dist.enabled)
         return {"out_dir": str(self.out_dir), "step": s.step, "best_val_loss": s.best_val, "val_loss": self.last_val,
                 "elapsed_s": s.elapsed, "eval_fraction": s.eval_time / max(s.elapsed, 1e-9), "stopped_by": reason,
                 "stopped_early": reason == "patience", "chars_per_step": self.chars_per_step, "chars_per_s": speed,
-                "first_step_s": self.first_step_s, "compiled": self.compiled, **self.last_scores}
+                "first_step_s": self.first_step_s, "compiled": self.compiled, "task": self.task.name,
+                **self.last_scores}
 
     def closing_sample(self):
         """What training shows when it ends: a sample of text, or for pairs a few greedy validation translations."""
-        if self.cfg.task == "pairs":
-            from .translate import translate
-            rows = self.batches.splits["val"][:SHOWN_PAIRS]
-            sources, refs = zip(*(self.corpus.pair(int(i)) for i in rows))
-            hyps = translate(self.model, self.corpus.vocab, list(sources), dtype=self.dtype)
-            lines = [f"{src}\n  -> {hyp}" + ("" if hyp == ref else f"   (reference: {ref})")
-                     for src, hyp, ref in zip(sources, hyps, refs)]
-            return (f"\n--- greedy translations of {len(rows)} validation pairs by {self.out_dir} ---\n"
-                    + "\n".join(lines) + f"\n---\nmore with: chargpt translate --checkpoint {self.out_dir} \"...\"")
-        text = self.sample(self.cfg.sample_chars)
-        return (f"\n--- sample from {self.out_dir} ({self.cfg.sample_chars} characters, temperature 0.8) "
-                f"---\n{self.cfg.sample_prompt or ''}{text}\n---\nmore with: python sample.py --checkpoint "
-                f"{self.out_dir} --prompt \"...\"")
+        return self.task.closing_sample(self)
 
 
 class _SignalFlag:

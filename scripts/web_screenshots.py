@@ -13,7 +13,7 @@ from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
-from chargpt.serve import create_app, running
+from chargpt.web.server import create_app, running
 
 
 def shoot(url, out, prompt, run=None):

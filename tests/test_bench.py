@@ -109,7 +109,7 @@ POEMS = ("帝京篇十首 一\n太宗皇帝\n秦川雄帝宅，函谷壯皇居�
 
 
 def test_tang_poems_become_couplet_pairs(tmp_path):
-    from chargpt.bench import couplets
+    from chargpt.bench.pairs import couplets
     (tmp_path / "poems.txt").write_text(POEMS, encoding="utf-8")
     assert couplets(tmp_path / "poems.txt", tmp_path / "c.tsv") == 3  # titles, authors, odd lines skipped
     want = ["秦川雄帝宅\t函谷壯皇居", "綺殿千尋起\t離宮百雉餘", "何如肆轍跡\t萬里賞瑤池"]

@@ -17,7 +17,7 @@ import chargpt
 need("starlette")
 need("uvicorn")
 sync_api = need("playwright.sync_api")
-from chargpt import serve  # noqa: E402
+from chargpt.web import server as serve  # noqa: E402
 
 CHROMIUM = os.environ.get("CHARGPT_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 if not CHROMIUM and os.environ.get("CI") != "true":

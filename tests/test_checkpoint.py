@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 
 import chargpt
 from chargpt import checkpoint as ckpt
+from chargpt import rundir
 from chargpt.cli import sample_cli
 from chargpt.errors import CheckpointError
 from chargpt.model import CharGPT
@@ -31,7 +32,7 @@ def saved(tmp_path, tiny_config):
     torch.manual_seed(0)
     model = CharGPT(tiny_config).eval()
     (tmp_path / "run").mkdir()
-    path = tmp_path / "run" / ckpt.BEST
+    path = tmp_path / "run" / rundir.BEST
     ckpt.save_model(path, model, VOCAB, step=3, val_loss=1.5)
     return path, model
 
@@ -142,7 +143,7 @@ def test_wrong_tensor_dtypes_are_refused_not_cast(saved, dtype):
 def test_checkpoint_without_checksum_still_loads(saved):
     """Files written before checksums existed (same format version) load as before."""
     path, model = saved
-    old = rewrite(path, meta_update={"checksum": None}, out=path.with_name(ckpt.LATEST))
+    old = rewrite(path, meta_update={"checksum": None}, out=path.with_name(rundir.LATEST))
     assert "checksum" not in meta_of(old)
     loaded, _, _ = ckpt.load_model(old)
     assert torch.equal(loaded.wte.weight, model.wte.weight)
@@ -163,11 +164,11 @@ RUN_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch
 def resume_error(corpus, damage, run="run"):
     """Train 2 steps, damage state.safetensors, resume: -> the CheckpointError's message (nothing changed)."""
     chargpt.train(log=lambda msg: None, data=str(corpus), out_dir=run, **RUN_KW)
-    state = damage(corpus.parent / run / ckpt.STATE)
+    state = damage(corpus.parent / run / rundir.STATE)
     before = state.read_bytes()
     with pytest.raises(CheckpointError) as info:
         chargpt.train(log=lambda msg: None, out_dir=run, resume=True, max_iters=4)
-    assert state.read_bytes() == before and ckpt.read_meta(corpus.parent / run / ckpt.LATEST)[0]["step"] == 2
+    assert state.read_bytes() == before and ckpt.read_meta(corpus.parent / run / rundir.LATEST)[0]["step"] == 2
     return str(info.value)
 
 
@@ -211,8 +212,8 @@ def test_sample_without_checkpoint_uses_the_most_recently_saved_run(tmp_path, ti
     model, root, now = CharGPT(tiny_config), tmp_path / "checkpoints", 2_000_000_000
     for name, age in (("a-newer", 10), ("b-older", 1000)):  # the checkpoint's time decides, not the name
         (root / name).mkdir(parents=True)
-        ckpt.save_model(root / name / ckpt.LATEST, model, VOCAB)
-        os.utime(root / name / ckpt.LATEST, (now - age, now - age))
+        ckpt.save_model(root / name / rundir.LATEST, model, VOCAB)
+        os.utime(root / name / rundir.LATEST, (now - age, now - age))
     (root / "c-no-checkpoint-yet").mkdir()  # the newest directory, but nothing to sample from
     (root / "d.txt").write_text("not a run")
     r = CliRunner().invoke(sample_cli, ["--prompt", "a", "--max-new-tokens", "2", "--seed", "1"])

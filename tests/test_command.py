@@ -16,7 +16,7 @@ from chargpt.config import TrainConfig
 def test_subcommands_share_one_definition_with_train_and_sample():
     assert main.commands["train"] is train_cli and main.commands["sample"] is sample_cli
     assert set(main.list_commands(None)) == {"train", "sample", "translate", "eval", "info", "novelty", "plot",
-                                             "bench", "data", "serve"}
+                                             "bench", "data", "serve", "export"}
     eval_params = {p.name: p for p in eval_cli.params}
     sample_params = {p.name: p for p in sample_cli.params}
     assert eval_params["checkpoint_path"] is sample_params["checkpoint_path"]
@@ -30,7 +30,7 @@ def test_python_dash_m_chargpt_lists_the_subcommands():
     r = run_chargpt("--help")
     assert r.returncode == 0, r.stderr
     assert all(f"  {name} " in r.stdout for name in ("train", "sample", "eval", "info", "plot", "bench", "data",
-                                                    "serve"))
+                                                    "serve", "export"))
 
 
 def test_console_script_and_plots_extra_are_declared():

@@ -3,6 +3,7 @@ with Range requests after a dropped connection, servers that ignore Range, offli
 
 import hashlib
 import http.server
+import json
 import os
 import socket
 import threading
@@ -11,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 import chargpt.corpora as corpora
+from chargpt import tang
 from chargpt.cli import data_cli
 from chargpt.corpora import Corpus, get
 from chargpt.errors import DataError
@@ -21,34 +23,38 @@ GOOD = Corpus("testcorpus", "test.txt", "http://unused.invalid/test.txt", hashli
 
 
 class Server:
-    """A local server for BODY at /<any name>. `drops`: how many responses break off after `drop_at` bytes;
-    `ranges`: whether Range requests are honoured; `body`: what it serves. Records each request's Range."""
+    """A local server for BODY at /<any name> (or files[name]). `drops`: how many responses break off after
+    `drop_at` bytes; `ranges`: whether Range requests are honoured; `body`: what it serves. Records each request's
+    Range and path."""
 
     def __init__(self):
         self.body, self.drops, self.drop_at, self.ranges, self.status = BODY, 0, 50_000, True, 200
         self.refuse_ranges = False  # answer a Range request with 416 Range Not Satisfiable
-        self.requests = []
+        self.requests, self.paths = [], []
+        self.files = {}  # file name -> body served at /<that name>, instead of `body`
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
                 rng = self.headers.get("Range")
                 server.requests.append(rng)
+                server.paths.append(self.path)
+                body = server.files.get(self.path.rsplit("/", 1)[-1], server.body)
                 if server.status != 200 or (rng and server.refuse_ranges):
                     self.send_error(416 if rng and server.refuse_ranges else server.status)
                     return
                 start = int(rng[len("bytes="):].rstrip("-")) if rng and server.ranges else 0
                 self.send_response(206 if start else 200)
                 if start:
-                    self.send_header("Content-Range", f"bytes {start}-{len(server.body) - 1}/{len(server.body)}")
-                self.send_header("Content-Length", str(len(server.body) - start))
+                    self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+                self.send_header("Content-Length", str(len(body) - start))
                 self.end_headers()
                 if server.drops:
                     server.drops -= 1
-                    self.wfile.write(server.body[start:start + server.drop_at])
+                    self.wfile.write(body[start:start + server.drop_at])
                     self.close_connection = True
                     return
-                self.wfile.write(server.body[start:])
+                self.wfile.write(body[start:])
 
             def log_message(self, *args):
                 pass
@@ -171,3 +177,64 @@ def test_data_commands(server, tmp_path, monkeypatch):
     lines = r.stderr.strip().splitlines()
     assert r.exit_code == 1 and len(lines) == 1 and "did you mean tinyshakespeare?" in lines[0]
 
+
+
+# --- a corpus built from several source files (the Tang poems) -------------------------------------------------
+def poems_json(*poems):
+    return json.dumps([{"title": t, "author": a, "paragraphs": lines, "id": "x"} for t, a, lines in poems],
+                      ensure_ascii=False).encode("utf-8")
+
+
+SOURCES = {"poet.tang.0.json": poems_json(("靜夜思", "李白", ["床前明月光，疑是地上霜。", "舉頭望明月，低頭思故鄉。"]),
+                                          ("題", "韓氏", [])),  # a poem without lines keeps its blank line
+           "poet.tang.1000.json": poems_json(("春曉", "孟浩然", ["春眠不覺曉，處處聞啼鳥。"]))}
+BUILT = ("靜夜思\n李白\n床前明月光，疑是地上霜。\n舉頭望明月，低頭思故鄉。\n\n"  # title, author, lines; a blank line
+         "題\n韓氏\n\n\n"
+         "春曉\n孟浩然\n春眠不覺曉，處處聞啼鳥。\n")
+
+
+def built_corpus(sources=SOURCES, text=BUILT):
+    parts = tuple(Corpus(f"part {name}", name, f"http://unused.invalid/{name}", hashlib.sha256(body).hexdigest(),
+                         len(body), "") for name, body in sources.items())
+    body = text.encode("utf-8")
+    return Corpus("testpoems", "poems.txt", "http://unused.invalid/", hashlib.sha256(body).hexdigest(), len(body),
+                  "test poems", parts, tang.poems_text)
+
+
+def test_a_built_corpus_is_downloaded_file_by_file_checked_and_built(server, tmp_path, monkeypatch):
+    monkeypatch.setitem(corpora.CORPORA, "testpoems", built_corpus())
+    server.files = dict(SOURCES)
+    path = get("testpoems", tmp_path / "data", base_url=server.url, log=lambda m: None, progress=False)
+    assert path.read_text(encoding="utf-8") == BUILT
+    assert leftovers(tmp_path) == ["poems.txt"]  # the source files are gone once the text is built
+    assert sorted(p.rsplit("/", 1)[-1] for p in server.paths) == sorted(SOURCES)
+
+
+def test_a_built_corpus_keeps_the_checked_source_files_when_one_fails(server, tmp_path, monkeypatch):
+    monkeypatch.setitem(corpora.CORPORA, "testpoems", built_corpus())
+    server.files = {**SOURCES, "poet.tang.1000.json": b"x" * len(SOURCES["poet.tang.1000.json"])}  # not published
+    with pytest.raises(DataError, match="not the published part poet.tang.1000.json"):
+        get("testpoems", tmp_path / "data", base_url=server.url, log=lambda m: None, progress=False)
+    assert leftovers(tmp_path) == [".poems.txt.parts"] and not (tmp_path / "data" / "poems.txt").exists()
+    server.files, server.paths = dict(SOURCES), []
+    path = get("testpoems", tmp_path / "data", base_url=server.url, log=lambda m: None, progress=False)
+    assert path.read_text(encoding="utf-8") == BUILT
+    assert [p.rsplit("/", 1)[-1] for p in server.paths] == ["poet.tang.1000.json"]  # the first was kept
+
+
+def test_a_build_that_differs_from_the_published_text_keeps_nothing(server, tmp_path, monkeypatch):
+    monkeypatch.setitem(corpora.CORPORA, "testpoems", built_corpus(text=BUILT + "extra"))
+    server.files = dict(SOURCES)
+    with pytest.raises(DataError, match="text built from the testpoems source files is not the published one"):
+        get("testpoems", tmp_path / "data", base_url=server.url, log=lambda m: None, progress=False)
+    assert not (tmp_path / "data" / "poems.txt").exists() and not (tmp_path / "data" / ".poems.txt.part").exists()
+
+
+def test_the_tang_corpus_is_pinned_to_its_58_source_files():
+    c = corpora.CORPORA["tang"]
+    assert c.filename == "tang_poems.txt" and c.size == 13_137_854 and len(c.sha256) == 64
+    assert [p.filename for p in c.parts] == [f"poet.tang.{n}.json" for n in range(0, 58_000, 1000)]
+    assert all(tang.COMMIT in p.url and "%E5%85%A8%E5%94%90%E8%AF%97" in p.url for p in c.parts)  # 全唐诗, quoted
+    assert len({p.sha256 for p in c.parts}) == 58 and all(0 < p.size < 1 << 20 for p in c.parts)
+    r = CliRunner().invoke(data_cli, ["list"])
+    assert r.exit_code == 0 and "tang " in r.stdout and "全唐诗" in r.stdout

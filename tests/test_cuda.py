@@ -6,7 +6,7 @@ import torch
 from safetensors.torch import load_file
 
 import chargpt
-from chargpt import checkpoint as ckpt
+from chargpt import rundir
 from chargpt.config import SampleSettings
 from chargpt.model import CharGPT
 from chargpt.sampling import decode
@@ -36,7 +36,7 @@ def test_checkpoints_written_on_the_gpu_resume_there_and_load_anywhere(tmp_path,
     quiet_train(out_dir="run", max_iters=6, eval_interval=3, compile="off", optimizer="muon")
     resumed = quiet_train(out_dir="run", resume=True, max_iters=9, compile="off")
     assert resumed["step"] == 9
-    state = load_file("run/" + ckpt.STATE)
+    state = load_file("run/" + rundir.STATE)
     assert all(t.device.type == "cpu" for t in state.values()) and "rng.cuda" in state
     on_gpu, on_cpu = chargpt.load("run", device="cuda"), chargpt.load("run", device="cpu", dtype="float32")
     assert next(on_gpu.model.parameters()).is_cuda and on_gpu.dtype == torch.bfloat16  # native on Ampere and newer

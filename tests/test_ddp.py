@@ -22,6 +22,7 @@ from conftest import ROOT, TINY, run_cli
 from safetensors.torch import load_file, save_file
 
 from chargpt import checkpoint as ckpt
+from chargpt import rundir
 from chargpt.data import Batches
 from chargpt.training import Trainer, train
 
@@ -48,7 +49,7 @@ def torchrun_env():
 
 
 def metric_steps(run):
-    return [json.loads(line)["step"] for line in (run / ckpt.METRICS).read_text().splitlines()]
+    return [json.loads(line)["step"] for line in (run / rundir.METRICS).read_text().splitlines()]
 
 
 def assert_one_checkpoint_set(run):
@@ -67,7 +68,7 @@ def test_torchrun_two_processes_write_one_checkpoint_set_that_samples(corpus):
     run = Path("run")
     assert_one_checkpoint_set(run)
     assert metric_steps(run) == [0, 2, 4]
-    meta, shapes = ckpt.read_meta(run / ckpt.STATE)
+    meta, shapes = ckpt.read_meta(run / rundir.STATE)
     assert {"rng.torch", "rng.data", "rng.rank1.torch", "rng.rank1.data"} <= set(shapes)  # each rank's streams
     assert meta["world_size"] == 2  # for `chargpt info`: characters seen = steps x global batch
 
@@ -133,7 +134,7 @@ def test_ctrl_c_to_a_torchrun_job_saves_once_and_exits(corpus):
     assert step >= 5
     run = Path("run")
     assert_one_checkpoint_set(run)
-    meta, shapes = ckpt.read_meta(run / ckpt.STATE)
+    meta, shapes = ckpt.read_meta(run / rundir.STATE)
     assert meta["step"] == step and "rng.rank1.data" in shapes
     summary = train(log=quiet, out_dir="run", resume=True, max_iters=step + 2, device="cpu")  # two processes -> one
     assert summary["step"] == step + 2
@@ -214,7 +215,7 @@ def test_two_processes_match_one_process_with_twice_the_batch(two_ranks):
     single.run()
     curves = {}
     for name in ("single", "ddp"):
-        curves[name] = [json.loads(line) for line in (two_ranks / name / ckpt.METRICS).read_text().splitlines()]
+        curves[name] = [json.loads(line) for line in (two_ranks / name / rundir.METRICS).read_text().splitlines()]
     assert [m["step"] for m in curves["ddp"]] == [0, 1, 2, 3, 4]
     for one, two in zip(curves["single"], curves["ddp"], strict=True):
         assert two["train_loss"] == pytest.approx(one["train_loss"], abs=1e-5)
@@ -223,7 +224,7 @@ def test_two_processes_match_one_process_with_twice_the_batch(two_ranks):
 
     want = ckpt.model_tensors(single.model)
     ranks = [load_file(str(two_ranks / f"rank{r}.safetensors")) for r in (0, 1)]
-    saved = load_file(str(two_ranks / "ddp" / ckpt.LATEST))
+    saved = load_file(str(two_ranks / "ddp" / rundir.LATEST))
     for name, value in want.items():
         assert torch.equal(ranks[0][name], ranks[1][name]), name  # DDP kept the ranks in step
         assert torch.equal(saved[name], ranks[0][name]), name
@@ -231,8 +232,8 @@ def test_two_processes_match_one_process_with_twice_the_batch(two_ranks):
 
 
 def test_resume_under_ddp_continues_every_rank_exactly(two_ranks):
-    straight = load_file(str(two_ranks / "straight" / ckpt.LATEST))
-    resumed = load_file(str(two_ranks / "resumed" / ckpt.LATEST))
+    straight = load_file(str(two_ranks / "straight" / rundir.LATEST))
+    resumed = load_file(str(two_ranks / "resumed" / rundir.LATEST))
     for name, value in straight.items():
         assert torch.equal(resumed[name], value), name
     assert metric_steps(two_ranks / "resumed") == metric_steps(two_ranks / "straight") == [0, 2, 4]

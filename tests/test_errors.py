@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 
 import chargpt
 from chargpt import checkpoint as ckpt
+from chargpt import rundir
 from chargpt.cli import sample_cli, train_cli
 from chargpt.errors import CheckpointError, ConfigError, DataError
 
@@ -216,7 +217,7 @@ def test_new_run_never_overwrites_an_existing_one(tmp_path, corpus):
 
 def test_resume_from_damaged_state_is_refused(tmp_path, corpus):
     train_ok(out_dir="run")
-    state = tmp_path / "run" / ckpt.STATE
+    state = tmp_path / "run" / rundir.STATE
     state.write_bytes(state.read_bytes()[:-100])
     before = snapshot(tmp_path)
     assert_one_line_error(invoke(train_cli, ["--out-dir", "run", "--resume", "--max-iters", "4", "--threads", "1"]),
@@ -226,7 +227,7 @@ def test_resume_from_damaged_state_is_refused(tmp_path, corpus):
 
 def test_resume_with_tampered_optimizer_state_is_refused(tmp_path, corpus):
     train_ok(out_dir="run")
-    state = tmp_path / "run" / ckpt.STATE
+    state = tmp_path / "run" / rundir.STATE
     tensors, header = load_file(state), safe_open(str(state), "pt").metadata()
     tensors["optim.0.exp_avg"] = torch.zeros(3, 3)
     save_file(tensors, str(state), metadata=header)
@@ -240,7 +241,7 @@ def test_resume_with_tampered_optimizer_state_is_refused(tmp_path, corpus):
 def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path, corpus, monkeypatch):
     train_ok(out_dir="run")
     run = tmp_path / "run"
-    saved = {name: (run / name).read_bytes() for name in (ckpt.STATE, ckpt.LATEST, ckpt.BEST)}
+    saved = {name: (run / name).read_bytes() for name in (rundir.STATE, rundir.LATEST, rundir.BEST)}
 
     def full_disk(tensors, filename, metadata=None):
         pathlib.Path(filename).write_bytes(b"\0" * 64)  # a partial write, then the error
@@ -255,7 +256,7 @@ def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path, corpus, 
     assert not [p.name for p in run.iterdir() if ".tmp" in p.name]
     assert ckpt.load_model(run)[2]["step"] == 2
     train_ok(out_dir="run", resume=True, max_iters=4)  # space is back: the run goes on
-    steps = [json.loads(line)["step"] for line in (run / ckpt.METRICS).read_text().splitlines()]
+    steps = [json.loads(line)["step"] for line in (run / rundir.METRICS).read_text().splitlines()]
     assert steps == [0, 1, 2, 3, 4]
 
 
@@ -285,7 +286,7 @@ def with_meta(path, out, **changes):
 @pytest.fixture
 def good(tmp_path, corpus):
     train_ok(out_dir="run")
-    return tmp_path / "run" / ckpt.LATEST
+    return tmp_path / "run" / rundir.LATEST
 
 
 def bad_checkpoints(good, tmp_path):
@@ -342,12 +343,12 @@ def test_pickle_checkpoint_never_runs(tmp_path, corpus):
     marker = tmp_path / "pwned"
     torch.save({"model": Payload(marker)}, tmp_path / "evil.safetensors")
     (tmp_path / "evil-run").mkdir()
-    torch.save({"model": Payload(marker)}, tmp_path / "evil-run" / ckpt.LATEST)
+    torch.save({"model": Payload(marker)}, tmp_path / "evil-run" / rundir.LATEST)
     for path in ("evil.safetensors", "evil-run"):
         with pytest.raises(CheckpointError, match="not a readable safetensors checkpoint"):
             chargpt.load(path, device="cpu")
         assert_one_line_error(invoke(sample_cli, ["--checkpoint", path]), "not a readable safetensors")
-    (tmp_path / "evil-run" / ckpt.STATE).write_bytes((tmp_path / "evil.safetensors").read_bytes())
+    (tmp_path / "evil-run" / rundir.STATE).write_bytes((tmp_path / "evil.safetensors").read_bytes())
     with pytest.raises(CheckpointError):
         train_ok(out_dir="evil-run", resume=True)
     assert not marker.exists()

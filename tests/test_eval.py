@@ -10,11 +10,12 @@ from conftest import run_chargpt
 from torch.nn import functional as F
 
 import chargpt.evaluate as ev
-from chargpt.checkpoint import load_model, read_meta, resolve, save_model
+from chargpt.checkpoint import load_model, read_meta, save_model
 from chargpt.cli import eval_cli
 from chargpt.data import encode_corpus, split_sizes
 from chargpt.errors import DataError
 from chargpt.evaluate import evaluate, window_plan
+from chargpt.rundir import resolve
 
 # only characters of the tiny run's corpus
 TEXT = "ROMEO: To be, or not to be: that is the question 7.\nO, she doth teach the torches to be the question.\n"

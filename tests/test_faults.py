@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 
 import chargpt
 from chargpt import checkpoint as ckpt
+from chargpt import rundir
 from chargpt.cli import train_cli
 from chargpt.errors import ChargptError
 from chargpt.model import CharGPT
@@ -58,7 +59,7 @@ def mtime(path):
 
 def saved_since(run, before):
     """-> a condition: state.safetensors was rewritten after mtime `before`, and latest.safetensors exists."""
-    return lambda: mtime(run / ckpt.STATE) > before and (run / ckpt.LATEST).exists()
+    return lambda: mtime(run / rundir.STATE) > before and (run / rundir.LATEST).exists()
 
 
 def terminal_lines(text):
@@ -67,14 +68,14 @@ def terminal_lines(text):
 
 
 def metric_lines(run):
-    return [json.loads(line) for line in (run / ckpt.METRICS).read_text().splitlines()]
+    return [json.loads(line) for line in (run / rundir.METRICS).read_text().splitlines()]
 
 
 @pytest.mark.parametrize("sig,status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
 def test_signal_saves_and_exits_with_conventional_status(tmp_path, corpus, sig, status):
     run = tmp_path / "run"
     proc = start_training(tmp_path, "--eval-interval", "5")
-    wait_for(lambda: (run / ckpt.METRICS).exists() and (run / ckpt.METRICS).read_text().count("\n") >= 2, proc,
+    wait_for(lambda: (run / rundir.METRICS).exists() and (run / rundir.METRICS).read_text().count("\n") >= 2, proc,
              tmp_path)  # evaluated at steps 0 and 5
     proc.send_signal(sig)
     assert proc.wait(timeout=60) == status
@@ -85,8 +86,8 @@ def test_signal_saves_and_exits_with_conventional_status(tmp_path, corpus, sig, 
                          r"--out-dir run --resume", message)
     assert match, message
     step = int(match.group(1))
-    assert step >= 5 and ckpt.read_meta(run / ckpt.STATE)[0]["step"] == step
-    assert ckpt.load_model(run / ckpt.LATEST)[2]["step"] == step
+    assert step >= 5 and ckpt.read_meta(run / rundir.STATE)[0]["step"] == step
+    assert ckpt.load_model(run / rundir.LATEST)[2]["step"] == step
     summary = quiet_train(out_dir="run", resume=True, max_iters=step + 2)
     assert summary["step"] == step + 2
 
@@ -98,7 +99,7 @@ def test_kill_9_at_random_moments_never_loses_the_run(tmp_path, corpus):
     moments = ["mid-save", rng.uniform(0.0, 0.4), "mid-save", rng.uniform(0.0, 0.4)]
     steps = []
     for i, moment in enumerate(moments):
-        state_before = mtime(run / ckpt.STATE)
+        state_before = mtime(run / rundir.STATE)
         proc = start_training(tmp_path, "--eval-interval", "1", *(["--resume"] if i else []))
         # it (re)started and saved; the first run also wrote its first latest.safetensors
         wait_for(saved_since(run, state_before), proc, tmp_path)
@@ -108,8 +109,8 @@ def test_kill_9_at_random_moments_never_loses_the_run(tmp_path, corpus):
             time.sleep(moment)
         proc.send_signal(signal.SIGKILL)
         assert proc.wait(timeout=30) == -signal.SIGKILL
-        model, vocab, meta = ckpt.load_model(run / ckpt.LATEST)
-        state_meta, _ = ckpt.read_meta(run / ckpt.STATE)
+        model, vocab, meta = ckpt.load_model(run / rundir.LATEST)
+        state_meta, _ = ckpt.read_meta(run / rundir.STATE)
         # state is written first, then latest: latest is never ahead, and each kill between the two writes can
         # leave it one save behind (a resumed run saves latest again only at its next evaluation)
         assert len(vocab) == model.config.vocab_size and 0 <= state_meta["step"] - meta["step"] <= i + 1
@@ -136,7 +137,7 @@ def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint
     model, _, meta = ckpt.load_model("run")
     assert meta["step"] <= int(match.group(2)) and meta["val_loss"] is not None
     assert all(torch.isfinite(p).all() for p in model.parameters())
-    state = load_file("run/" + ckpt.STATE)
+    state = load_file("run/" + rundir.STATE)
     assert all(torch.isfinite(t).all() for k, t in state.items() if k.startswith(("model.", "optim.")))
 
 
@@ -160,9 +161,9 @@ def test_skip_nonfinite_skips_bad_steps(tmp_path, corpus, monkeypatch):
                             skip_nonfinite=True, **TINY_KW)
     assert summary["step"] == 6
     assert "step 2: non-finite loss, step skipped (1 so far)" in logs
-    meta, _ = ckpt.read_meta("skip/" + ckpt.STATE)
+    meta, _ = ckpt.read_meta("skip/" + rundir.STATE)
     assert meta["run_state"]["skipped"] == 1
-    assert all(torch.isfinite(t).all() for t in load_file("skip/" + ckpt.STATE).values() if t.is_floating_point())
+    assert all(torch.isfinite(t).all() for t in load_file("skip/" + rundir.STATE).values() if t.is_floating_point())
 
 
 def test_exact_resume(tmp_path, corpus):
@@ -175,11 +176,12 @@ def test_exact_resume(tmp_path, corpus):
     quiet_train(out_dir="split", max_iters=n, **kw)
     quiet_train(out_dir="split", resume=True, max_iters=2 * n, **kw)
 
-    whole, split = load_file("whole/" + ckpt.STATE), load_file("split/" + ckpt.STATE)
+    whole, split = load_file("whole/" + rundir.STATE), load_file("split/" + rundir.STATE)
     assert whole.keys() == split.keys()
     for name in whole:
         assert torch.equal(whole[name], split[name]), name
-    assert torch.equal(load_file("whole/" + ckpt.LATEST)["wte.weight"], load_file("split/" + ckpt.LATEST)["wte.weight"])
+    latest = rundir.LATEST
+    assert torch.equal(load_file("whole/" + latest)["wte.weight"], load_file("split/" + latest)["wte.weight"])
 
     def lines(run):
         return [{k: v for k, v in m.items() if k != "elapsed_s"} for m in metric_lines(tmp_path / run)]
@@ -203,7 +205,7 @@ def test_weights_that_evaluate_to_nan_are_never_saved(tmp_path, corpus, monkeypa
     with pytest.raises(ChargptError, match=r"evaluation loss became nan at step 2 .*last good checkpoint in run is "
                                            r"kept"):
         quiet_train(out_dir="run", max_iters=6, eval_interval=2)
-    assert ckpt.read_meta("run/" + ckpt.STATE)[0]["step"] == ckpt.load_model("run")[2]["step"] == 0
+    assert ckpt.read_meta("run/" + rundir.STATE)[0]["step"] == ckpt.load_model("run")[2]["step"] == 0
     assert [m["step"] for m in metric_lines(tmp_path / "run")] == [0]
 
 
@@ -229,4 +231,4 @@ def test_gpu_style_periodic_check_names_the_first_nonfinite_step(tmp_path, corpu
     with pytest.raises(ChargptError, match=rf"^loss became nan at step 3 \(learning rate {lr_3:.2e}\)"):
         trainer.run()
     assert len(calls) == 11  # it ran on to the check after step 10, as a GPU does, and no further
-    assert ckpt.read_meta("run/" + ckpt.STATE)[0]["step"] == 0  # nothing saved from the broken steps
+    assert ckpt.read_meta("run/" + rundir.STATE)[0]["step"] == 0  # nothing saved from the broken steps

@@ -104,7 +104,7 @@ def test_text_encodings_still_work(tmp_path):
 
 # --- 3: out of memory, on the CPU for real and on CUDA by type ------------------------------------------------------
 CAPPED = """import resource, runpy, sys
-import chargpt.cli, chargpt.sampling, chargpt.training  # everything imported first: the cap is for the work
+import chargpt.cli, chargpt.engine, chargpt.training  # everything imported first: the cap is for the work
 vm = int(next(line for line in open("/proc/self/status") if line.startswith("VmSize")).split()[1]) * 1024
 resource.setrlimit(resource.RLIMIT_AS, (vm + (1 << 30), vm + (1 << 30)))  # 1 GB more than the imports took
 sys.argv = sys.argv[1:]

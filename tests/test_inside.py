@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from chargpt.config import ModelConfig
+from chargpt.engine import Generator
 from chargpt.inside import look_inside, next_char_logprobs
 from chargpt.model import CharGPT
-from chargpt.sampling import Generator
 from chargpt.tokenizer import Vocab
 
 VOCAB = Vocab("\n abcdefghijklmnopqrstuvwxyz")

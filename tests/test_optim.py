@@ -12,15 +12,16 @@ from safetensors.torch import load_file
 
 import chargpt
 from chargpt import checkpoint as ckpt
-from chargpt import training
+from chargpt import rundir, training
 from chargpt.cli import train_cli
 from chargpt.config import ModelConfig, TrainConfig
 from chargpt.errors import CheckpointError, ConfigError
 from chargpt.model import CharGPT, EncoderDecoder
 from chargpt.optim import Muon, make_optimizer, orthogonalize, orthogonalize_all, split_params
 from chargpt.runtime import pick_compile
+from chargpt.schedules import get_lr_wsd, lr_at
+from chargpt.settings import RunState
 from chargpt.tokenizer import Vocab
-from chargpt.training import RunState, get_lr_wsd, lr_at
 
 TINY_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
                threads=1, sample_chars=0, dtype="float32", warmup_iters=0)
@@ -149,7 +150,7 @@ def test_exact_resume_with_muon(tmp_path, corpus):
     quiet_train(out_dir="whole", max_iters=2 * n, **kw)
     quiet_train(out_dir="split", max_iters=n, **kw)
     quiet_train(out_dir="split", resume=True, max_iters=2 * n, **kw)
-    whole, split = load_file("whole/" + ckpt.STATE), load_file("split/" + ckpt.STATE)
+    whole, split = load_file("whole/" + rundir.STATE), load_file("split/" + rundir.STATE)
     assert whole.keys() == split.keys() and any(k.startswith("muon.") for k in whole)
     for name in whole:
         assert torch.equal(whole[name], split[name]), name
@@ -236,9 +237,9 @@ def test_save_state_end_writes_state_once_and_best_when_improved(tmp_path, corpu
     monkeypatch.setattr(ckpt, "save_state", count_state)
     monkeypatch.setattr(ckpt, "save_model", count_model)
     summary = quiet_train(out_dir="run", max_iters=8, eval_interval=2, learning_rate=1e-2, save_state="end")
-    assert calls["state"] == 1 and calls["model"].count(ckpt.LATEST) == 1  # at the end only
-    assert calls["model"].count(ckpt.BEST) >= 2  # whenever validation improved (it does early on)
-    assert ckpt.read_meta(tmp_path / "run" / ckpt.STATE)[0]["step"] == summary["step"] == 8
+    assert calls["state"] == 1 and calls["model"].count(rundir.LATEST) == 1  # at the end only
+    assert calls["model"].count(rundir.BEST) >= 2  # whenever validation improved (it does early on)
+    assert ckpt.read_meta(tmp_path / "run" / rundir.STATE)[0]["step"] == summary["step"] == 8
     resumed = quiet_train(out_dir="run", resume=True, max_iters=10)  # the end state resumes as usual
     assert resumed["step"] == 10
 
@@ -250,7 +251,7 @@ def test_cli_flags_for_the_new_settings(tmp_path, corpus):
                 "--save-state", "end")
     assert r.returncode == 0, r.stderr
     assert "optimizer: Muon (lr 0.01, momentum 0.95) for the block matrices, AdamW" in r.stderr
-    meta = ckpt.read_meta(tmp_path / "run" / ckpt.STATE)[0]["train_config"]
+    meta = ckpt.read_meta(tmp_path / "run" / rundir.STATE)[0]["train_config"]
     assert (meta["optimizer"], meta["muon_lr"], meta["lr_schedule"], meta["save_state"]) == ("muon", 0.01, "wsd",
                                                                                           "end")
     bad = run_cli("train.py", "--data", "corpus.txt", *TINY, "--muon-momentum", "1.5")

@@ -54,9 +54,9 @@ def test_parameter_counts_are_those_of_the_model_built():
     assert 85e6 < preset_params("gpt2-small-char") < 87e6  # GPT-2 small's 12 x 768 blocks, context 1024
 
 
-def test_help_and_readme_list_every_preset_with_its_size():
+def test_help_and_the_runs_guide_list_every_preset_with_its_size():
     shown = invoke(train_cli, ["--help"]).stdout
-    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    readme = open(os.path.join(ROOT, "docs", "runs.md"), encoding="utf-8").read()
     assert "parameters at a vocabulary of 65 characters" in shown
     for name in PRESETS:
         size = f"{preset_params(name) / 1e6:.2f}M"
@@ -297,6 +297,6 @@ def test_every_run_ends_with_its_curves_and_records_its_processes(tmp_path, corp
 
 def test_the_chargpt_group_serves_the_playground():
     from chargpt import serve
-    assert main.get_command(None, "serve") is serve.main
+    assert main.get_command(None, "serve") is serve.main  # python -m chargpt.serve is the same command
     r = CliRunner().invoke(main, ["serve", "--help"])
     assert r.exit_code == 0 and "--checkpoints" in r.stdout and "web playground" in r.stdout

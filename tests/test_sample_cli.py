@@ -17,8 +17,8 @@ from test_sampling import VOCAB, counter_gen, counter_model, random_model
 
 from chargpt.checkpoint import save_model
 from chargpt.cli import sample_cli
+from chargpt.engine import Generator
 from chargpt.repl import repl
-from chargpt.sampling import Generator
 
 GREEDY = ["--temperature", "0", "--seed", "1"]
 

@@ -7,10 +7,11 @@ import random
 import pytest
 import torch
 
-from chargpt.config import ModelConfig
+from chargpt.config import ModelConfig, SampleSettings
+from chargpt.engine import Generator
 from chargpt.errors import ChargptError
 from chargpt.model import CharGPT
-from chargpt.sampling import Generator, SampleSettings, StopFilter, decode, sample_next
+from chargpt.sampling import StopFilter, decode, sample_next
 from chargpt.tokenizer import Vocab
 
 ALPHABET = "\n abcdefghijklmnopqrstuvwxyz"  # sorted, as a Vocab must be

@@ -17,15 +17,16 @@ from conftest import TINY, run_chargpt, run_cli
 from pairsutil import STEPS, cipher, train_pairs, write_cipher
 
 import chargpt
-from chargpt.checkpoint import BEST, LATEST, STATE, load_model, read_meta, write_safetensors
+from chargpt.checkpoint import load_model, read_meta, write_safetensors
 from chargpt.cli import eval_cli, sample_cli, train_cli, translate_cli
 from chargpt.config import ARCH_FIELDS, PRESETS, ModelConfig, TrainConfig
 from chargpt.errors import ChargptError, CheckpointError, ConfigError
 from chargpt.evaluate import evaluate
 from chargpt.model import CharGPT, EncoderDecoder, build_model
 from chargpt.pairs import encode_pairs, split_pairs
+from chargpt.rundir import BEST, LATEST, STATE
 from chargpt.runinfo import format_info, run_info
-from chargpt.training import inverse_sqrt_lr
+from chargpt.schedules import inverse_sqrt_lr
 from chargpt.translate import exact_match
 
 ARCHS = ["decoder", "encoder-decoder"]
@@ -193,7 +194,7 @@ def test_playground_translates_and_look_inside_refuses_encoder_decoders(runs):
     need("httpx2" if sys.version_info >= (3, 11) else "httpx")
     from starlette.testclient import TestClient
 
-    from chargpt import serve
+    from chargpt.web import server as serve
     client = TestClient(serve.create_app(runs["decoder"].parent, device="cpu"), base_url="http://127.0.0.1")
     listed = {r["name"]: r for r in client.get("/api/runs").json()["runs"]}
     assert {n: (r["task"], r["arch"]) for n, r in listed.items()} == {a: ("pairs", a) for a in ARCHS}

@@ -22,7 +22,7 @@ need("uvicorn")
 need("httpx2" if sys.version_info >= (3, 11) else "httpx")
 from starlette.testclient import TestClient  # noqa: E402
 
-from chargpt import serve  # noqa: E402
+from chargpt.web import server as serve  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = "http://127.0.0.1"  # the Host the app answers by default (DNS-rebinding guard)

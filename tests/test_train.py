@@ -11,7 +11,7 @@ from conftest import TINY, run_cli
 from safetensors import safe_open
 
 import chargpt
-from chargpt import checkpoint, runtime, training
+from chargpt import engine, training
 from chargpt.checkpoint import load_model, save_model
 from chargpt.model import CharGPT
 from chargpt.runtime import pick_dtype
@@ -111,8 +111,8 @@ def test_auto_dtype_on_cuda_is_bf16_only_where_the_gpu_has_it_natively(monkeypat
     assert pick_dtype("bfloat16", cuda)[0] == torch.bfloat16  # asked for by name: allowed where torch supports it
 
     model, vocab = CharGPT(tiny_config), Vocab("\nabcdefghij")
-    monkeypatch.setattr(runtime, "pick_device", lambda name: cuda)
-    monkeypatch.setattr(checkpoint, "load_model", lambda path, device: (model, vocab, {}))
+    monkeypatch.setattr(engine, "pick_device", lambda name: cuda)
+    monkeypatch.setattr(engine, "load_model", lambda path, device: (model, vocab, {}))
     assert chargpt.load("run").dtype == (torch.bfloat16 if dtype == torch.bfloat16 else torch.float32)
 
 

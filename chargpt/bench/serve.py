@@ -1,8 +1,8 @@
 """Benchmark: text through the web playground's stream against the library and sample.py, on one checkpoint.
 
-    python -m chargpt.bench_serve                                # a model of the device preset's size (random weights)
-    python -m chargpt.bench_serve --checkpoint checkpoints/NAME   # a trained run
-    python -m chargpt.bench_serve --write                        # ... appended to benchmarks/RESULTS.md
+    python -m chargpt.bench.serve                                # a model of the device preset's size (random weights)
+    python -m chargpt.bench.serve --checkpoint checkpoints/NAME   # a trained run
+    python -m chargpt.bench.serve --write                        # ... appended to benchmarks/RESULTS.md
 
 Time to first character (TTFC) and characters per second while streaming, for the same prompt, seed and
 settings, through three paths:
@@ -29,13 +29,13 @@ from urllib.parse import urlsplit
 
 import torch
 
-from .bench import machine
-from .checkpoint import save_model
-from .config import PRESETS, ModelConfig, device_preset
-from .model import CharGPT
-from .runtime import configure_threads, pick_device
-from .sampling import load
-from .tokenizer import Vocab
+from ..checkpoint import save_model
+from ..config import PRESETS, ModelConfig, device_preset
+from ..engine import load
+from ..model import CharGPT
+from ..runtime import configure_threads, pick_device
+from ..tokenizer import Vocab
+from .speed import machine
 
 PROMPT = "The "
 
@@ -179,7 +179,7 @@ def main(argv=None):
         path = Path("benchmarks/RESULTS.md")
         path.parent.mkdir(exist_ok=True)
         with open(path, "a", encoding="utf-8") as f:
-            f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M')} — python -m chargpt.bench_serve\n\n{text}\n")
+            f.write(f"\n## {time.strftime('%Y-%m-%d %H:%M')} — python -m chargpt.bench.serve\n\n{text}\n")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""Benchmarks: training and decoding speed, as ratios measured in one process (shared machines are noisy), the
-profile of a small training step, and learning at a fixed time budget.
+"""Benchmarks: training and decoding speed, as ratios measured in one process (shared machines are noisy), and the
+profile of a small training step (the command: chargpt/bench/__init__.py).
 
     python -m chargpt.bench                      # all speed parts; prints Markdown tables
     python -m chargpt.bench --write              # ... and adds them to benchmarks/RESULTS.md, under this machine's kind
@@ -7,8 +7,6 @@ profile of a small training step, and learning at a fixed time budget.
     python -m chargpt.bench --nanogpt ~/nanoGPT --data data/tinyshakespeare.txt   # against nanoGPT's train.py
     python -m chargpt.bench --quick              # every part on a tiny shape in seconds: a smoke test, not numbers
     python -m chargpt.bench profile              # torch.profiler on the 4x128 ctx64 b12 training loop: top items
-    python -m chargpt.bench quality --data data/tinyshakespeare.txt --max-time 120 [--candidates FILE]
-    python -m chargpt.bench pairs --data ../shared/data/tang_poems.txt --max-time 300   # decoder vs encoder-decoder
 
 Speed parts: peak (best matmul GFLOP/s per dtype), train (ms/step, chars/s, MFU against that peak and against an
 fp32 baseline; AdamW and Muon), compile (eager against torch.compile, compile time apart), decode (cached
@@ -16,26 +14,21 @@ chars/s at batch 1 in float32, bf16 and int8, with val loss per precision given 
 --nanogpt PATH). The machine's kind (CUDA, CPU with or without native bf16) decides which rows apply.
 """
 
-import argparse
 import copy
 import platform
-import re
 import statistics
-import sys
 import tempfile
 import time
-from dataclasses import fields
-from pathlib import Path
 
-import numpy as np
 import torch
 
-from .config import ModelConfig, SampleSettings, TrainConfig, field_type
-from .model import CharGPT
-from .optim import make_optimizer
-from .quantize import inference_model
-from .runtime import autocast, configure_threads, cpu_has_native_bf16, has_native_bf16, pick_device
-from .sampling import decode
+from ..config import ModelConfig, SampleSettings, TrainConfig
+from ..model import CharGPT
+from ..optim import make_optimizer
+from ..quantize import inference_model
+from ..runtime import autocast, cpu_has_native_bf16, has_native_bf16
+from ..sampling import decode
+from .quality import parse_sets
 
 SHAPES = {  # name: (model config, batch size)
     "4x128 ctx64 b12": (ModelConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128, dropout=0.0), 12),
@@ -45,7 +38,6 @@ DECODE_SHAPE = SHAPES["6x384 ctx256 b8"][0]
 QUICK_SHAPE = ModelConfig(vocab_size=65, block_size=16, n_layer=1, n_head=2, n_embd=16, dropout=0.0)  # --quick
 PROFILE_RECIPE = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, dropout=0.0,  # nanoGPT's CPU
                       optimizer="adamw", lr_schedule="cosine")  # recipe, with its optimizer and schedule
-RESULTS = Path("benchmarks/RESULTS.md")
 PARTS = ("peak", "train", "baseline", "compile", "decode")
 
 
@@ -213,8 +205,8 @@ def compile_rows(device, args):
 def decode_rows(device, args):
     """Cached decoding at batch 1 per precision (float32; bf16 where native; int8 on a CPU), against float32, and
     with --checkpoint the validation loss of each (chargpt.evaluate, consecutive windows): what the speed costs."""
-    from .checkpoint import load_model
-    from .evaluate import evaluate
+    from ..checkpoint import load_model
+    from ..evaluate import evaluate
     n = 20 if args.quick else 1000
     if args.checkpoint:
         base, _, _ = load_model(args.checkpoint, device)
@@ -262,17 +254,16 @@ def speed(parts, device, args):
     if "decode" in parts:
         rows += decode_rows(device, args)
     if args.nanogpt:
-        from .bench_nanogpt import side_by_side
+        from .nanogpt import side_by_side
         rows += side_by_side(args.nanogpt, args.data, device, steps=20 if args.quick else args.steps)
     return "\n".join(rows).rstrip()
-
 
 # --- profile ----------------------------------------------------------------------------------------------------
 def profile(args, device):
     """torch.profiler over the real training loop (4x128 ctx64 b12 by default), after warm-up steps: time per
     labelled phase of a step, then the top operators by self CPU time. Work that is not model math shows up as
     its own phase or operator."""
-    from .training import Trainer
+    from ..training import Trainer
     steps, warm = (20, 5) if args.quick else (args.steps, 20)
     recipe = {**(QUICK_SHAPE_FLAGS if args.quick else PROFILE_RECIPE), **parse_sets(args.set)}
     threads = {"threads": args.threads} if args.threads and device.type == "cpu" else {}
@@ -307,194 +298,3 @@ def profile(args, device):
 
 
 QUICK_SHAPE_FLAGS = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, dropout=0.0)
-
-
-# --- quality ----------------------------------------------------------------------------------------------------
-def quality_run(args, sets):
-    """Train with the defaults plus `sets` ({flag: value}) for --max-time seconds -> (full val loss, summary)."""
-    from .checkpoint import read_meta, resolve
-    from .evaluate import evaluate
-    from .training import train
-    out = tempfile.mkdtemp(prefix="chargpt-quality-")
-    summary = train(out_dir=out, data=args.data, max_time=args.max_time, sample_chars=0, device=args.device,
-                    log=lambda msg: None, **sets)
-    # consecutive windows (stride = context), as for the numbers already in benchmarks/RESULTS.md
-    block = read_meta(resolve(out))[0]["model_config"].block_size
-    val = evaluate(out, stride=block, device=args.device, progress=False)["loss"]
-    return val, summary
-
-
-def quality(args):
-    """Learning at a fixed budget: one run per candidate (the defaults, then each line of --candidates: NAME=VALUE
-    pairs over the defaults and --set), each the full validation loss of its best checkpoint."""
-    base = parse_sets(args.set)
-    candidates = [""] + (read_candidates(args.candidates) if args.candidates else [])
-    rows = [f"quality: --max-time {args.max_time:g} on {args.data or 'the built-in corpus'}"
-            + (f", over {' '.join(args.set)}" if args.set else ""), "",
-            "| settings | steps | full val loss | loop estimate |", "|---|---|---|---|"]
-    for line in candidates:
-        val, summary = quality_run(args, {**base, **parse_sets(line.split())})
-        rows.append(f"| {line or '(defaults)'} | {summary['step']} | {val:.4f} | {summary['best_val_loss']:.4f} |")
-        print(rows[-1], file=sys.stderr, flush=True)  # a long search shows each result as it comes
-    return "\n".join(rows)
-
-
-def read_candidates(path):
-    return [ln.split("#", 1)[0].strip() for ln in Path(path).read_text(encoding="utf-8").splitlines()
-            if ln.split("#", 1)[0].strip()]
-
-
-def parse_sets(items):
-    """['n-embd=192', 'optimizer=muon'] -> {'n_embd': 192, 'optimizer': 'muon'}, typed as the config fields."""
-    out = {}
-    for item in items:
-        key, _, value = item.partition("=")
-        out[key.replace("-", "_")] = type_of(key.replace("-", "_"))(value)
-    return out
-
-
-# pairs: decoder-only against encoder-decoder at about the same size (a decoder block has 12 C^2 weights, an encoder
-# block 12 C^2, a cross-attending decoder block 16 C^2: 5 layers = 60 C^2 against 2 + 2 = 56 C^2)
-PAIRS_ARCHS = {"decoder-only": dict(arch="decoder", n_layer=5),
-               "encoder-decoder": dict(arch="encoder-decoder", n_layer=2, n_enc_layer=2)}
-# evaluations during training only at the start and the end, on few batches: the scores come after, the same for both
-PAIRS_SETTINGS = dict(task="pairs", n_embd=128, n_head=4, block_size=32, dropout=0.0, batch_size=64,
-                      learning_rate=2e-3, warmup_iters=100, eval_interval=10**9, eval_iters=5, eval_pairs=0,
-                      sample_chars=0)
-# one couplet: a first line, its punctuation (mostly a comma), a second line, its end punctuation
-COUPLET = re.compile(r"([^，。？！；：\t]+)[，？！；]([^，。？！；：\t]+)[。？！]")
-
-
-def couplets(poems, out):
-    """Tang poems (chargpt's tang_poems.txt: title, author, then one couplet per line, `first，second。`) -> a TSV
-    of first line -> second line (punctuation dropped) at `out`; lines that are not one couplet are skipped.
-    -> number of pairs."""
-    n = 0
-    with open(poems, encoding="utf-8") as f, open(out, "w", encoding="utf-8") as w:
-        for line in f:
-            m = COUPLET.fullmatch(line.strip())
-            if m:
-                w.write(f"{m[1]}\t{m[2]}\n")
-                n += 1
-    return n
-
-
-def pairs(args):
-    """Both architectures, --max-time seconds of training each on the same couplets; -> a Markdown table of val loss,
-    chrF and exact match (greedy) on the same --eval-pairs validation pairs, and training chars/s."""
-    import tempfile
-
-    from .evaluate import score_pairs
-    from .pairs import encode_pairs, split_pairs
-    from .sampling import load
-    from .training import train
-    from .translate import chrf, exact_match
-    if not args.data:
-        raise SystemExit("pairs needs --data: the Tang poems (tang_poems.txt)")
-    work = Path(args.out_dir or tempfile.mkdtemp(prefix="chargpt-pairs-"))
-    work.mkdir(parents=True, exist_ok=True)
-    n = couplets(args.data, work / "couplets.tsv")
-    enc = encode_pairs(str(work / "couplets.tsv"), log=lambda m: None)
-    _, val = split_pairs(enc.n_pairs, 0.1)
-    block = PAIRS_SETTINGS["block_size"]  # scored on pairs both architectures can hold (the decoder-only's limit)
-    fits = [p for p in map(enc.pair, np.random.default_rng(0).permutation(val)) if len(p[0]) + len(p[1]) < block]
-    sample = fits[:args.eval_pairs]
-    rows = [f"{n:,} couplets of {Path(args.data).name} (first line -> second), {args.max_time:g} s of training each "
-            f"on {machine()}", "", "| model | parameters | steps | train chars/s | val loss (nats/char) | chrF | "
-            "exact match |", "|---|---|---|---|---|---|---|"]
-    for name, arch in PAIRS_ARCHS.items():
-        out = work / name
-        overrides = {**PAIRS_SETTINGS, **arch, **parse_sets(args.set), "max_time": args.max_time}
-        summary = train(data=str(work / "couplets.tsv"), out_dir=str(out), device=args.device, **overrides,
-                        log=lambda m: print(m, file=sys.stderr))  # stdout: the table alone
-        gen = load(out, device=args.device)  # its best checkpoint
-        cfg = gen.model.config
-        name += f" {cfg.n_enc_layer}+{cfg.n_layer}" if cfg.n_enc_layer else f" {cfg.n_layer}"
-        name += f" x {cfg.n_embd}"
-        hyps, refs = gen.translate([s for s, _ in sample]), [t for _, t in sample]
-        total, scored = score_pairs(gen.model, gen.vocab, sample, dtype=gen.dtype)[:2]
-        score = chrf(hyps, refs)
-        shown = "n/a" if score is None else f"{score:.1f}"
-        rows.append(f"| {name} | {gen.model.num_params() / 1e6:.2f}M | {summary['step']:,} | "
-                    f"{summary['chars_per_s']:,.0f} | {total / scored:.4f} | {shown} | {exact_match(hyps, refs):.1%} |")
-    return "\n".join(rows + ["", f"(on the same {len(sample)} validation pairs: val loss of the target characters "
-                                 f"given the source, and chrF and exact match of greedy translations; chars/s: "
-                                 f"characters of the examples, source and target, per second of training)"])
-
-
-def type_of(name):
-    for f in fields(ModelConfig) + fields(TrainConfig):
-        if f.name == name:
-            t = field_type(f)
-            return (lambda v: v.lower() in ("1", "true", "yes")) if t is bool else t
-    raise SystemExit(f"unknown setting {name}")
-
-
-# --- results file ---------------------------------------------------------------------------------------------
-def write_results(report, kind, title, path=RESULTS):
-    """Add the report to RESULTS.md at the end of this machine kind's section (made if missing): numbers are
-    compared within one kind of machine."""
-    text = path.read_text(encoding="utf-8") if path.exists() else "# Benchmark results\n"
-    heading = f"## Machine kind: {kind}"
-    entry = f"\n### {time.strftime('%Y-%m-%d %H:%M')} — {title}\n\n{report}\n"
-    if heading not in text:
-        text = text.rstrip("\n") + f"\n\n{heading}\n" + entry
-    else:
-        start = text.index(heading) + len(heading)
-        end = text.find("\n## ", start)
-        end = len(text) if end < 0 else end
-        text = text[:end].rstrip("\n") + "\n" + entry + text[end:]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-
-
-def main(argv=None, prog=None):
-    p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("mode", nargs="?", default="speed", choices=["speed", "profile", "quality", "pairs"])
-    p.add_argument("--only", nargs="*", default=list(PARTS), choices=PARTS,
-                   help="parts of the speed benchmark: " + " ".join(PARTS))
-    p.add_argument("--device", default="auto")
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--batch", type=int, default=None, help="speed: batch size of every training shape (a GPU needs "
-                   "64 or more to be busy) [default: each shape's own]")
-    p.add_argument("--checkpoint", default=None, help="decode: measure this run's model, and its val loss per "
-                   "precision (on --data, or its own validation split)")
-    p.add_argument("--nanogpt", default=None, metavar="PATH", help="speed: also time nanoGPT's train.py from this "
-                   "checkout against ours, same recipe, same machine, steady state (on --data)")
-    p.add_argument("--steps", type=int, default=200, help="profile, nanogpt: training steps to time")
-    p.add_argument("--top", type=int, default=15, help="profile: operators to list")
-    p.add_argument("--data", default=None, help="corpus for quality, profile, nanogpt and decode's val loss "
-                   "[default: the built-in corpus; for decode, the run's validation split]")
-    p.add_argument("--max-time", type=float, default=120.0, help="seconds of training (pairs: for each model)")
-    p.add_argument("--eval-pairs", type=int, default=1000, help="pairs: validation pairs scored (val loss) and "
-                   "translated (chrF, exact match)")
-    p.add_argument("--out-dir", default=None)
-    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                   help="quality, profile: override a training flag, e.g. --set n-embd=192 (repeatable)")
-    p.add_argument("--candidates", default=None, metavar="FILE", help="quality: one run per line of FILE, each "
-                   "line NAME=VALUE pairs over the defaults (# starts a comment)")
-    p.add_argument("--write", action="store_true", help="add the results to benchmarks/RESULTS.md, in this "
-                   "machine kind's section")
-    p.add_argument("--quick", action="store_true", help="speed, profile: every part on a tiny shape in seconds, to "
-                   "check that the benchmark runs (its numbers mean nothing)")
-    args = p.parse_args(argv)
-    device = pick_device(args.device)
-    if device.type == "cpu":
-        configure_threads(args.threads)
-    if args.mode == "speed":
-        report = speed(set(args.only), device, args)
-    elif args.mode == "profile":
-        report = profile(args, device)
-    elif args.mode == "pairs":
-        report = pairs(args)
-    else:
-        report = quality(args)
-    print(report)
-    if args.write:
-        shown = " ".join(argv if argv is not None else sys.argv[1:])
-        write_results(report, machine_kind(device), f"python -m chargpt.bench {shown}".strip())
-
-
-if __name__ == "__main__":
-    main()
-

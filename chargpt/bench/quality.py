@@ -1,0 +1,61 @@
+"""The quality benchmark: learning at a fixed time budget, one run per candidate setting
+(`python -m chargpt.bench quality`), and the `--set NAME=VALUE` overrides every mode shares."""
+
+import sys
+import tempfile
+from dataclasses import fields
+from pathlib import Path
+
+from ..config import ModelConfig, TrainConfig, field_type
+
+
+def quality_run(args, sets):
+    """Train with the defaults plus `sets` ({flag: value}) for --max-time seconds -> (full val loss, summary)."""
+    from ..checkpoint import read_meta
+    from ..evaluate import evaluate
+    from ..rundir import resolve
+    from ..training import train
+    out = tempfile.mkdtemp(prefix="chargpt-quality-")
+    summary = train(out_dir=out, data=args.data, max_time=args.max_time, sample_chars=0, device=args.device,
+                    log=lambda msg: None, **sets)
+    # consecutive windows (stride = context), as for the numbers already in benchmarks/RESULTS.md
+    block = read_meta(resolve(out))[0]["model_config"].block_size
+    val = evaluate(out, stride=block, device=args.device, progress=False)["loss"]
+    return val, summary
+
+
+def quality(args):
+    """Learning at a fixed budget: one run per candidate (the defaults, then each line of --candidates: NAME=VALUE
+    pairs over the defaults and --set), each the full validation loss of its best checkpoint."""
+    base = parse_sets(args.set)
+    candidates = [""] + (read_candidates(args.candidates) if args.candidates else [])
+    rows = [f"quality: --max-time {args.max_time:g} on {args.data or 'the built-in corpus'}"
+            + (f", over {' '.join(args.set)}" if args.set else ""), "",
+            "| settings | steps | full val loss | loop estimate |", "|---|---|---|---|"]
+    for line in candidates:
+        val, summary = quality_run(args, {**base, **parse_sets(line.split())})
+        rows.append(f"| {line or '(defaults)'} | {summary['step']} | {val:.4f} | {summary['best_val_loss']:.4f} |")
+        print(rows[-1], file=sys.stderr, flush=True)  # a long search shows each result as it comes
+    return "\n".join(rows)
+
+
+def read_candidates(path):
+    return [ln.split("#", 1)[0].strip() for ln in Path(path).read_text(encoding="utf-8").splitlines()
+            if ln.split("#", 1)[0].strip()]
+
+
+def parse_sets(items):
+    """['n-embd=192', 'optimizer=muon'] -> {'n_embd': 192, 'optimizer': 'muon'}, typed as the config fields."""
+    out = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        out[key.replace("-", "_")] = type_of(key.replace("-", "_"))(value)
+    return out
+
+
+def type_of(name):
+    for f in fields(ModelConfig) + fields(TrainConfig):
+        if f.name == name:
+            t = field_type(f)
+            return (lambda v: v.lower() in ("1", "true", "yes")) if t is bool else t
+    raise SystemExit(f"unknown setting {name}")

@@ -1,0 +1,112 @@
+"""What a run learns: plain text (a language model) or sentence pairs (a translator). The one place that knows
+the difference, so the trainer asks its task instead of testing `cfg.task` at every turn.
+
+    task = make_task(cfg)                      # Text() or Pairs()
+    corpus = task.encode(cfg, block_size, log) # cached ids on disk, memory-mapped
+    batches = task.batches(corpus, cfg, mcfg, device, log)
+
+Text trains on random windows of the corpus; Pairs on whole pairs (padded, loss on the target only), scores
+greedy translations of fixed validation pairs at each evaluation and shows a few when training ends.
+"""
+
+import numpy as np
+
+from .data import Batches, encode_corpus, split_sizes
+from .pairs import PairBatches, encode_pairs
+from .translate import CHRF_MISSING, chrf, exact_match, translate
+
+SHOWN_PAIRS = 5  # validation pairs translated when a pairs run ends
+
+
+def make_task(cfg):
+    return Pairs() if cfg.task == "pairs" else Text()
+
+
+class Text:
+    name = "text"
+
+    def encode(self, cfg, block_size, log):
+        return encode_corpus(cfg.data, cfg.encoding, cfg.encoding_errors, cfg.cache_dir, log=log,
+                             check_length=lambda n: split_sizes(n, cfg.val_fraction, block_size))
+
+    def batches(self, corpus, cfg, mcfg, device, log):
+        """Random windows of the text; self.chars_per_example: characters an example trains on."""
+        self.chars_per_example = mcfg.block_size
+        return Batches(corpus.ids(), cfg.val_fraction, mcfg.block_size, cfg.batch_size, device)
+
+    def describe_corpus(self, corpus):
+        return f"{corpus.length:,} characters"
+
+    def describe_examples(self, mcfg):
+        return f"sequences of {mcfg.block_size} chars"
+
+    def scores(self, model, corpus, dtype, log):
+        return {}
+
+    def closing_sample(self, trainer):
+        """A sample of text as the run ends (a pairs run shows translations instead)."""
+        cfg = trainer.cfg
+        text = trainer.sample(cfg.sample_chars)
+        return (f"\n--- sample from {trainer.out_dir} ({cfg.sample_chars} characters, temperature 0.8) "
+                f"---\n{cfg.sample_prompt or ''}{text}\n---")
+
+
+class Pairs:
+    name = "pairs"
+
+    def __init__(self):
+        self.chrf_missing_said = False
+
+    def encode(self, cfg, block_size, log):
+        return encode_pairs(cfg.data, cfg.target_data, cfg.encoding, cfg.encoding_errors, cfg.cache_dir, log=log)
+
+    def batches(self, corpus, cfg, mcfg, device, log):
+        """Random whole pairs; self.chars_per_example is their mean length (the positions run), and eval_rows the
+        fixed validation pairs translated at each evaluation."""
+        batches = PairBatches(corpus, cfg.val_fraction, mcfg.block_size, cfg.batch_size, device, mcfg.arch, log=log)
+        train = batches.index[batches.splits["train"]]  # (pairs, 3): start, source, target lengths
+        self.chars_per_example = float(train[:, 1:].sum(axis=1).mean()) + 1  # + SEP
+        self.eval_rows = fixed_sample(batches.splits["val"], cfg.eval_pairs)
+        self.val_rows = batches.splits["val"]
+        return batches
+
+    def describe_corpus(self, corpus):
+        return f"{corpus.n_pairs:,} sentence pairs, {corpus.length:,} characters"
+
+    def describe_examples(self, mcfg):
+        return f"pairs (of at most {mcfg.block_size} chars a side, {self.chars_per_example:.0f} on average)"
+
+    def scores(self, model, corpus, dtype, log):
+        """{exact_match, chrf} of greedy translations of the fixed validation pairs. chrF needs sacrebleu:
+        without it, the first evaluation says how to get it, and only exact match is kept."""
+        if not len(self.eval_rows):
+            return {}
+        match, score = translation_scores(model, corpus, self.eval_rows, dtype)
+        if score is None and not self.chrf_missing_said:
+            log(CHRF_MISSING)
+            self.chrf_missing_said = True
+        return {"exact_match": round(match, 6), **({"chrf": round(score, 4)} if score is not None else {})}
+
+    def closing_sample(self, trainer):
+        """A few greedy translations of validation pairs, with the reference where they differ."""
+        rows = self.val_rows[:SHOWN_PAIRS]
+        sources, refs = zip(*(trainer.corpus.pair(int(i)) for i in rows))
+        hyps = translate(trainer.model, trainer.corpus.vocab, list(sources), dtype=trainer.dtype)
+        lines = [f"{src}\n  -> {hyp}" + ("" if hyp == ref else f"   (reference: {ref})")
+                 for src, hyp, ref in zip(sources, hyps, refs)]
+        return (f"\n--- greedy translations of {len(rows)} validation pairs by {trainer.out_dir} ---\n"
+                + "\n".join(lines) + "\n---")
+
+
+def translation_scores(model, pairs, rows, dtype):
+    """Greedy translations of the validation pairs `rows` -> (exact-match rate, chrF or None without sacrebleu)."""
+    sources, refs = zip(*(pairs.pair(int(i)) for i in rows))
+    hyps = translate(model, pairs.vocab, list(sources), dtype=dtype)
+    return exact_match(hyps, refs), chrf(hyps, refs)
+
+
+def fixed_sample(rows, n):
+    """At most n of the validation rows, the same ones at every evaluation of every run on that data."""
+    if n >= len(rows):
+        return rows
+    return np.sort(np.random.default_rng(0).choice(rows, size=n, replace=False))
