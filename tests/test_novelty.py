@@ -91,7 +91,8 @@ def test_a_slice_of_the_training_text_is_copied_at_its_true_line(text_index):
     report = index.score(at_line(text, 57, 150))
     assert report.train.copied_fraction == 1.0 and report.train.longest.length == 150
     assert report.summary()["longest_line"] == 57 and len(report.train.spans) == 1
-    assert report.train.longest.excerpt == at_line(text, 57, 60) + "…" and report.train.longest.context == ""
+    assert report.train.longest.excerpt == at_line(text, 57, novelty.EXCERPT_CHARS) + "…"
+    assert report.train.longest.context == ""
     assert report.train.starting.tolist() == list(range(150, 0, -1))
     assert report.train.ending.tolist() == list(range(1, 151))
     assert novelty.format_summary(report) == "copied: 100% in spans of 20+; longest 150 chars, from line 57"
@@ -282,7 +283,7 @@ def test_the_playground_api_marks_copied_segments(run):
     need("starlette")
     from starlette.testclient import TestClient
 
-    from chargpt import serve
+    from chargpt.web import server as serve
     _, _, text, _ = run
     client = TestClient(serve.create_app(run[0].parent, device="cpu"), base_url="http://127.0.0.1")
     sample = "zz " + at_line(text, 20, 40)
