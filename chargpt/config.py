@@ -253,6 +253,10 @@ class TrainConfig:
     seed: int = opt(1337, "random seed (model init, batches, dropout), 0 to 2**63 - 1")
     resume: bool = opt(False, "continue the run in --out-dir from its latest state, with its budget; a finished "
                               "run needs a new one (--max-iters or --max-time)")
+    init_from: str | None = opt(None, "start a new run from a trained one: a run directory (its best weights) or a "
+                                      "checkpoint file (RUN/latest.safetensors for its latest); its architecture, "
+                                      "--data's new characters added to its vocabulary, a fresh optimizer, schedule "
+                                      "and budget [default: none, random weights]")
     label_smoothing: float = opt(0.0, "spread this much of each target's probability over the whole vocabulary "
                                       "in the training loss (0.1 in the 2017 paper; 0: plain cross-entropy); the "
                                       "losses reported are plain cross-entropy either way")

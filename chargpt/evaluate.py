@@ -35,6 +35,7 @@ from tqdm import tqdm
 from .checkpoint import load_model
 from .data import corpus_sources, encode_corpus, iter_text, split_sizes
 from .errors import ConfigError, DataError
+from .init_from import in_vocab, run_vocab
 from .pairs import END, SEP, context_needed, encode_pairs, pair_stream, split_pairs
 from .quantize import check_precision, inference_model
 from .rundir import resolve
@@ -101,8 +102,7 @@ def encode_text(vocab, data, encoding="utf-8", errors="strict"):
     ids, known, unknown = [], [], Counter()
     for text in iter_text(sources, encoding, errors):
         pts = codepoints(text)
-        pos = np.minimum(np.searchsorted(vocab.points, pts), len(vocab) - 1)  # vocab.points is sorted
-        ok = vocab.points[pos] == pts
+        pos, ok = vocab.lookup(pts)
         ids.append(np.where(ok, pos, stand_in).astype(vocab.id_dtype))
         known.append(ok)
         if not ok.all():
@@ -120,6 +120,8 @@ def validation_split(meta, vocab, block_size):
         raise DataError("this checkpoint records no training run, so it has no validation split; pass --data FILE")
     corpus = encode_corpus(cfg.get("data"), cfg.get("encoding", "utf-8"), cfg.get("encoding_errors", "strict"),
                            cfg.get("cache_dir"), log=lambda m: print(m, file=sys.stderr))  # stdout may be --json
+    if run_vocab(meta, corpus.vocab) == vocab:  # a run started with --init-from: its ids in the run's vocabulary
+        corpus = in_vocab(corpus, vocab)
     if corpus.vocab != vocab:
         raise DataError(f"the run's corpus {cfg.get('data') or corpus.name} has changed since training (its "
                         f"characters differ); pass --data FILE to score a text")
@@ -190,7 +192,7 @@ def run_validation_pairs(meta, vocab):
     pairs = encode_pairs(cfg.get("data"), cfg.get("target_data"), cfg.get("encoding", "utf-8"),
                          cfg.get("encoding_errors", "strict"), cfg.get("cache_dir"),
                          log=lambda m: print(m, file=sys.stderr))
-    if pairs.vocab != vocab:
+    if pairs.vocab != vocab and run_vocab(meta, pairs.vocab) != vocab:  # texts: decoded in the pairs' own
         raise DataError(f"the run's pairs {cfg.get('data')} have changed since training (their characters differ); "
                         f"pass --data PAIRS to score a pairs file")
     _, val = split_pairs(pairs.n_pairs, cfg.get("val_fraction", 0.1))

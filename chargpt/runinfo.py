@@ -16,6 +16,7 @@ from safetensors import safe_open
 
 from .checkpoint import read_meta
 from .config import ModelConfig, describe_model
+from .init_from import describe_lineage, read_lineage
 from .rundir import LATEST, METRICS, read_metrics, resolve
 
 PREVIEW_CHARS = 80
@@ -77,6 +78,7 @@ def run_info(path, preview=PREVIEW_CHARS):
         "training_time_s": state.get("elapsed"), "eval_time_s": state.get("eval_time"),
         "characters_seen": step * per_step if per_step else None, "characters_per_step": per_step or None,
         "processes": processes, "evaluations": len(rows), "saved_at": latest.get("saved_at"),
+        "init_from": read_lineage(meta),  # the run it started from (--init-from), or None
         "files": {f.name: f.stat().st_size for f in files if f.is_file() and not f.name.startswith(".")},
     }
 
@@ -123,6 +125,8 @@ def format_info(info):
             ("best val loss", best + (f", {info['evaluations']} evaluations" if info["evaluations"] else "")),
             ("corpus", f"{info['corpus'] or '?'} ({t.get('data') or 'built-in'}, {t.get('encoding', 'utf-8')}, "
                        f"last {t.get('val_fraction', 0.1):g} validates)" if t else info["corpus"] or "unknown"),
+            *([("started from", f"{describe_lineage(info['init_from'])}; {info['init_from'].get('added_chars', 0)} "
+                                f"characters added to its vocabulary")] if info.get("init_from") else []),
             ("saved", info["saved_at"] or "unknown"),
             ("files", ", ".join(f"{name} {_size(n)}" for name, n in info["files"].items()))]
     width = max(len(k) for k, _ in rows + [("training config", "")])

@@ -45,6 +45,7 @@ HARDWARE = ("device", "dtype", "threads", "compile", "attention")  # how a run i
 FLAGS = "flags"  # the source name of the top layer: the command line, or chargpt.train's keyword arguments
 NOT_IN_FILE = {"config": "config files do not include one another", "resume": "pass --resume on the command line"}
 NOT_WRITTEN = ("config", "resume", "out_dir")  # a repeat is a new run, in a new run directory
+PATHS = ("data", "cache_dir", "init_from")  # written absolute, compared as files
 WANT = {bool: "true or false", int: "a whole number", float: "a number", str: "a string (in quotes)"}
 
 
@@ -149,14 +150,19 @@ class Settings:
         """The source that set `name` (the highest layer holding it), or None."""
         return next((source for source, values in reversed(self.layers) if name in values), None)
 
-    def pick_preset(self, device_type, current=None):
-        """The preset: the one named (by the flags or the file), else the device's. On --resume (device_type None)
-        only a preset named that is not the run's `current` one is a layer."""
+    def pick_preset(self, device_type, current=None, fallback=None):
+        """The preset: the one named (by the flags or the file), else `fallback` (name, source) if given, else the
+        device's. On --resume (device_type None) only a preset named that is not the run's `current` one is a
+        layer."""
         named = self.merged().get("preset")
         check_preset(named)
         if device_type is None and named in (None, current):
             return
-        self.preset, self.preset_source = named or device_preset(device_type), self.source("preset")
+        if named is None and fallback is not None:
+            named, source = fallback
+        else:
+            source = self.source("preset")
+        self.preset, self.preset_source = named or device_preset(device_type), source
         self.device_type = device_type
         self.layers.insert(0, (f"preset {self.preset}", PRESETS[self.preset]))
 
@@ -187,7 +193,7 @@ class Settings:
 
 def _same(name, a, b):
     """Whether two values of a setting mean the same (a path, relative or absolute, is the same file)."""
-    if name in ("data", "cache_dir") and isinstance(a, str) and isinstance(b, str):
+    if name in PATHS and isinstance(a, str) and isinstance(b, str):
         return Path(a).resolve() == Path(b).resolve()
     return a == b
 
@@ -256,6 +262,9 @@ def _resumed_configs(meta, settings: Settings):
     saved_train = {k: v for k, v in (meta.get("train_config") or {}).items() if k not in HARDWARE}
     settings.pick_preset(None, current=saved_train.get("preset"))  # only another preset named now
     settings.keep_changes({**asdict(saved_model), **saved_train})
+    if settings.merged().get("init_from"):
+        raise ConfigError(f"--resume continues the run's own weights and optimizer; {param('init_from')} starts a "
+                          f"new run from another's weights: drop one of them")
     model_kw, train_kw = split_overrides(settings.merged())
     clashes = [f"--{flag(k)} {v}" + (f" from {settings.source(k)}" if settings.source(k) != FLAGS else "")
                + f" (checkpoint: {getattr(saved_model, k)})" for k, v in model_kw.items()
@@ -307,6 +316,55 @@ def _resumed_state(meta, flags, resumed: Resumed, out_dir):
     return s
 
 
+# --- the settings of a run started from another (--init-from) -------------------------------------------------------
+@dataclass
+class Initialised:
+    """What a new run started from a trained one trains with: the model fields (the base's architecture, all but
+    the vocabulary size), the training config, and the notes the start-up log prints."""
+    model_kw: dict
+    cfg: TrainConfig
+    notes: list = field(default_factory=list)
+
+
+def init_settings(meta, settings: Settings, device_type, base_name):
+    """The base run's checkpoint metadata (checkpoint.read_meta) + the settings given now -> Initialised.
+
+    The architecture is the base's: model settings from a config file or the flags must agree with it, but for
+    dropout (which may change) and --block-size (at most the base's learned positions; any with sinusoidal ones).
+    A preset's model settings do not apply. Training settings are a new run's (defaults <- preset <- config file
+    <- flags), the preset by default the base's, --task by default the base's: a fresh optimizer, schedule and
+    budget, in a new run directory."""
+    base = meta["model_config"]
+    base_train = meta.get("train_config") or {}
+    preset = base_train.get("preset") if base_train.get("preset") in PRESETS else None
+    settings.pick_preset(device_type, fallback=(preset, f"the base run {base_name}") if preset else None)
+    given = {k: v for source, values in settings.layers if not source.startswith("preset ")
+             for k, v in values.items()}
+    model_given, _ = split_overrides(given)
+    _, train_kw = split_overrides(settings.merged())
+    clashes = [f"--{flag(k)} {v}" + (f" from {settings.source(k)}" if settings.source(k) != FLAGS else "")
+               + f" (base: {getattr(base, k)})" for k, v in model_given.items()
+               if k not in ("dropout", "block_size") and getattr(base, k) != v]
+    if clashes:
+        raise ConfigError(f"{param('init_from')}: settings disagree with the base model {base_name}: "
+                          f"{'; '.join(clashes)}; drop them (a run started from another keeps its architecture)")
+    model = {**{k: v for k, v in asdict(base).items() if k != "vocab_size"},
+             **{k: model_given[k] for k in ("dropout", "block_size") if k in model_given}}
+    if base.pos_emb == "learned" and model["block_size"] > base.block_size:
+        raise ConfigError(f"{param('init_from')}: {param('block_size', model['block_size'])} is longer than the "
+                          f"{base.block_size} positions the base model {base_name} learned; pass "
+                          f"{param('block_size', base.block_size)} or less")
+    train_kw.setdefault("task", meta["task"])
+    if base.arch == "encoder-decoder" and train_kw["task"] != "pairs":
+        raise ConfigError(f"{param('init_from')}: the base model {base_name} is an encoder-decoder (a translator); "
+                          f"it continues only as {param('task', 'pairs')}, or start from a decoder run")
+    cfg = TrainConfig(**{**train_kw, "preset": settings.preset}).validate()
+    notes = [f"dropout {model['dropout']} (base: {base.dropout})"] if model["dropout"] != base.dropout else []
+    if model["block_size"] != base.block_size:
+        notes.append(f"context {model['block_size']} characters (base: {base.block_size})")
+    return Initialised(model, cfg, notes)
+
+
 # --- writing config.toml ---------------------------------------------------------------------------------------
 def toml_value(value):
     if isinstance(value, bool):
@@ -327,7 +385,7 @@ def config_toml(mcfg: ModelConfig, tcfg: TrainConfig):
             value = getattr(cfg, spec.dest)
             if spec.dest in NOT_WRITTEN or value is None:
                 continue
-            if spec.dest in ("data", "cache_dir"):
+            if spec.dest in PATHS:
                 value = str(Path(value).resolve())
             unlimited = spec.dest == "max_iters" and value >= UNLIMITED
             lines.append(f"{spec.name} = {toml_value(value)}" + ("  # no step limit: max-time decides" if unlimited

@@ -1,7 +1,9 @@
 """The character vocabulary: build it from text, encode, decode, and decide what to do with unknown characters.
 
 A vocabulary is the sorted list of distinct characters (Unicode code points) of the corpus; a character's id is
-its index in that list. Encoding large text is vectorised: the text becomes an array of code points
+its index in that list. A run started from another (--init-from) keeps the base's ids and appends the new text's
+characters after them (Vocab.extended), so its list is sorted only piecewise.
+Encoding large text is vectorised: the text becomes an array of code points
 (via UTF-32) and a lookup table indexed by code point maps every one to its id at once.
 """
 
@@ -34,10 +36,10 @@ class Vocab:
         chars = list(chars)
         if not chars:
             raise ChargptError("the vocabulary is empty: the corpus has no characters")
-        if any(len(c) != 1 for c in chars) or len(set(chars)) != len(chars) or chars != sorted(chars):
-            raise ChargptError("vocabulary must be a sorted list of distinct single characters")
+        if any(len(c) != 1 for c in chars) or len(set(chars)) != len(chars):
+            raise ChargptError("vocabulary must be a list of distinct single characters")
         self.chars = chars
-        self.points = codepoints("".join(chars))  # sorted like chars: id i is code point points[i]
+        self.points = codepoints("".join(chars))  # in id order: id i is code point points[i]
         lone = self.points[(self.points >= SURROGATES[0]) & (self.points <= SURROGATES[1])]
         if len(lone):
             raise ChargptError(f"the vocabulary holds {len(lone)} lone surrogate(s), U+{int(lone[0]):04X} first: "
@@ -53,6 +55,11 @@ class Vocab:
     def from_codepoints(cls, points):
         return cls(chr(int(p)) for p in np.unique(points))
 
+    def extended(self, other):
+        """This vocabulary's characters, then those of `other` it lacks, in other's order: every id of self keeps
+        its character, so a model's rows for them stay valid (chargpt/init_from.py)."""
+        return Vocab(self.chars + [c for c in other.chars if c not in self.stoi])
+
     def __len__(self):
         return len(self.chars)
 
@@ -64,13 +71,18 @@ class Vocab:
         """The smallest unsigned dtype that holds every id."""
         return np.uint16 if len(self) <= 65535 else np.uint32
 
-    def ids_from_codepoints(self, points):
-        """Vectorised code points -> ids (in id_dtype); raises if any code point is outside the vocabulary."""
+    def lookup(self, points):
+        """Vectorised code points -> (ids in id_dtype, known mask); an unknown code point's id is meaningless."""
         if self._table is None:  # 1.1M entries (2 or 4 MB); the largest value of the dtype marks "not in it"
             self._table = np.full(MAX_CODEPOINT + 1, np.iinfo(self.id_dtype).max, dtype=self.id_dtype)
             self._table[self.points] = np.arange(len(self), dtype=self.id_dtype)
         ids = self._table[points]
-        bad = ids == np.iinfo(self.id_dtype).max
+        return ids, ids != np.iinfo(self.id_dtype).max
+
+    def ids_from_codepoints(self, points):
+        """Vectorised code points -> ids (in id_dtype); raises if any code point is outside the vocabulary."""
+        ids, known = self.lookup(points)
+        bad = ~known
         if bad.any():
             raise ChargptError(f"{int(bad.sum())} characters are not in the vocabulary")
         return ids

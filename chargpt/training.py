@@ -25,7 +25,7 @@ import torch
 from tqdm import tqdm
 
 from . import checkpoint as ckpt
-from . import errors, rundir
+from . import errors, init_from, rundir
 from .config import UNLIMITED, ModelConfig, TrainConfig, check_task, describe_model, param, split_overrides
 from .data import corpus_sources
 from .errors import ChargptError, CheckpointError, ConfigError, Interrupted
@@ -46,7 +46,7 @@ from .runtime import (
     stream_seed,
 )
 from .schedules import describe_budget, finished, lr_at
-from .settings import HARDWARE, RunState, Settings, config_toml, resolve, resume_settings
+from .settings import HARDWARE, RunState, Settings, config_toml, init_settings, resolve, resume_settings
 from .tasks import make_task
 from .tokenizer import describe_chars
 
@@ -127,10 +127,17 @@ class Trainer:
         resume = given.get("resume", False)
         self.out_dir = self._claim_run_dir(given, resume)
         meta = ckpt.read_meta(self.out_dir / STATE)[0] if resume else None
+        self.base = self.lineage = None  # --init-from: the run this one starts from, and what checkpoints record
         if resume:
             resumed = resume_settings(meta, self.settings, self.out_dir)
             model_kw, self.cfg, self.state = resumed.model_kw, resumed.cfg, resumed.state
             self.notes += resumed.notes
+        elif given.get("init_from"):
+            self.base = init_from.read_base(given["init_from"])
+            started = init_settings(self.base.meta, self.settings, self.device.type, given["init_from"])
+            model_kw, self.cfg, self.state = started.model_kw, started.cfg, RunState()
+            self.cfg.out_dir = str(self.out_dir)
+            self.notes += started.notes
         else:
             model_kw, self.cfg = resolve(self.settings, self.device.type)[:2]
             self.cfg.out_dir, self.state = str(self.out_dir), RunState()
@@ -138,6 +145,7 @@ class Trainer:
         self.task = make_task(self.cfg)
         self._setup_hardware()
         self.corpus = self._prepare_corpus(model_kw["block_size"])
+        self._run_vocab(meta)
         if resume and meta["vocab"] != self.corpus.vocab:
             raise ConfigError(f"--resume: the corpus's vocabulary ({len(self.corpus.vocab)} characters) differs from "
                               f"the checkpoint's ({len(meta['vocab'])}); resume with the same --data")
@@ -149,6 +157,18 @@ class Trainer:
             self._restore(meta)
         self._wrap_model()
         self._log_start(meta)
+
+    def _run_vocab(self, meta):
+        """A run started from another trains in the base's vocabulary extended by the corpus's new characters (on
+        --resume, the one its checkpoint holds): the corpus's ids are remapped into it (chargpt/init_from.py)."""
+        if self.base is not None:
+            vocab = self.base.vocab.extended(self.corpus.vocab)
+            self.lineage = init_from.lineage(self.base, vocab)
+        elif meta is not None and (vocab := init_from.run_vocab(meta, self.corpus.vocab)) is not None:
+            self.lineage = init_from.read_lineage(meta)
+        else:
+            return
+        self.corpus = init_from.in_vocab(self.corpus, vocab)
 
     def _check_sample_prompt(self):
         unknown = self.corpus.vocab.unknown(self.cfg.sample_prompt or "")
@@ -219,6 +239,9 @@ class Trainer:
             n = 12 * mcfg.n_layer * mcfg.n_embd ** 2 + (mcfg.vocab_size + mcfg.block_size) * mcfg.n_embd
             raise ConfigError(f"a model of about {n / 1e6:,.0f}M parameters does not fit in {self.device} memory; "
                               f"lower --n-embd, --n-layer or --block-size") from None
+        if self.base is not None:  # its weights over the fresh ones; new characters keep their fresh rows
+            init_from.load_base_weights(self.model, self.base)
+            self.base.weights = {}  # copied: the memory goes back
         self.model.set_attention(cfg.attention)
         self.optimizer = make_optimizer(self.model, cfg, self.device)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
@@ -248,7 +271,11 @@ class Trainer:
         if cfg.optimizer == "muon":
             self.log(f"optimizer: Muon (lr {cfg.muon_lr:g}, momentum {cfg.muon_momentum:g}) for the block matrices, "
                      f"AdamW (lr {cfg.learning_rate:g}) for the rest; {cfg.lr_schedule} schedule")
-        if meta is None:
+        if self.base is not None:
+            self.log(f"starting from {init_from.describe_lineage(self.lineage)}; model: {describe_model(mcfg)}, "
+                     f"{self.model.num_params() / 1e6:.2f}M parameters; fresh optimizer and schedule")
+            self.notes.insert(0, init_from.describe_added(corpus.vocab, self.lineage["base_vocab_size"]))
+        elif meta is None:
             self.log(f"model: {describe_model(mcfg)}, {self.model.num_params() / 1e6:.2f}M parameters")
         else:
             s = self.state
@@ -318,6 +345,8 @@ class Trainer:
                      corpus=self.corpus.name, corpus_key=self.corpus.key, run_state=asdict(s),
                      hardware=self._hardware(), world_size=self.dist.world_size, chars_per_step=self.chars_per_step,
                      corpus_chars=self.corpus.length)  # for model cards (chargpt export); the key: chargpt novelty
+        if self.lineage:  # the run this one started from (--init-from)
+            extra[init_from.LINEAGE] = self.lineage
         if self.scaler.is_enabled():  # fp16 loss scale: part of exact resume
             extra["scaler"] = self.scaler.state_dict()
         train_cfg = asdict(self.cfg)

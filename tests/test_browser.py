@@ -10,7 +10,8 @@ import os
 import shutil
 
 import pytest
-from webutil import TINY, need, train_tiny
+import webutil
+from webutil import need, train_tiny
 
 import chargpt
 
@@ -217,6 +218,28 @@ def test_write_becomes_a_translation_box_for_pairs_runs(browser, pairs_site, tmp
     assert not errors, errors
 
 
+def test_runs_view_says_which_run_a_run_started_from(browser, tmp_path_factory):
+    """A run trained with --init-from names its base (path, weights, step, corpus, val loss) and the characters it
+    added; a run from scratch shows no such line."""
+    root = tmp_path_factory.mktemp("lineage")
+    base = train_tiny(root.parent / "lineage-base", steps=10)
+    new = root.parent / "lineage-code.txt"
+    new.write_text("".join(f"def f{i}(x): return [x * {i}]  # QZ!\n" for i in range(80)), encoding="utf-8")
+    chargpt.train(data=str(new), out_dir=str(root / "ft"), init_from=str(base), max_iters=2, eval_interval=2,
+                  log=lambda *a: None, **webutil.TINY)
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.set_default_timeout(WAIT_MS)
+    with serve.running(serve.create_app(root, device="cpu")) as url:
+        page.goto(url)
+        page.wait_for_selector("body[data-ready='1']")
+        page.click(".tab[data-view='runs']")
+        page.wait_for_selector("#run-detail .lineage")
+        text = page.inner_text("#run-detail .lineage")
+    assert text.startswith(f"started from {(base / 'best.safetensors').resolve()} (best weights, step 10 on ")
+    assert "characters added to its vocabulary" in text
+    page.close()
+
+
 def test_write_marks_the_text_a_sample_copied_with_its_source_line(browser, tmp_path_factory, tmp_path):
     """A run trained on one repeated character writes it back (greedy): its whole sample is copied, so it is shaded,
     and each shaded span names the line it comes from."""
@@ -225,7 +248,7 @@ def test_write_marks_the_text_a_sample_copied_with_its_source_line(browser, tmp_
     corpus.write_text("a" * 3000 + "\n", encoding="utf-8")
     chargpt.train(data=str(corpus), out_dir=str(root / "parrot"), cache_dir=str(root.parent / f"{root.name}-cache"),
                   max_iters=40, eval_interval=20, learning_rate=1e-2, warmup_iters=2, log=lambda *a: None,
-                  **TINY)
+                  **webutil.TINY)
     with serve.running(serve.create_app(root, device="cpu")) as url:
         page = browser.new_page(viewport={"width": 1280, "height": 900})
         page.set_default_timeout(WAIT_MS)

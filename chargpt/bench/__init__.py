@@ -68,6 +68,9 @@ def main(argv=None, prog=None):
                    help="quality, profile: override a training flag, e.g. --set n-embd=192 (repeatable)")
     p.add_argument("--candidates", default=None, metavar="FILE", help="quality: one run per line of FILE, each "
                    "line NAME=VALUE pairs over the defaults (# starts a comment)")
+    p.add_argument("--init-from", default=None, metavar="BASE_DATA", help="quality: train a base --base-time seconds "
+                   "on BASE_DATA, then --max-time seconds on --data from the base and from scratch; compare val loss")
+    p.add_argument("--base-time", type=float, default=120.0, help="quality --init-from: seconds of the base's training")
     p.add_argument("--write", action="store_true", help="add the results to benchmarks/RESULTS.md, in this "
                    "machine kind's section")
     p.add_argument("--quick", action="store_true", help="speed, profile: every part on a tiny shape in seconds, to "
@@ -84,6 +87,10 @@ def main(argv=None, prog=None):
     elif args.mode == "pairs":
         from .pairs import pairs
         report = pairs(args)
+    elif args.init_from:
+        from .quality import init_from_quality, parse_sets
+        report = init_from_quality(args.init_from, args.data, args.base_time, args.max_time, args.device,
+                                   parse_sets(args.set), args.out_dir)
     else:
         from .quality import quality
         report = quality(args)

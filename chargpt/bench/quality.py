@@ -39,6 +39,31 @@ def quality(args):
     return "\n".join(rows)
 
 
+def init_from_quality(base_data, new_data, base_time=120.0, new_time=30.0, device="auto", sets=None, work=None):
+    """--init-from at a fixed budget: a base trained base_time seconds on base_data, then new_time seconds on
+    new_data from the base and from scratch (the same settings `sets` otherwise) -> a Markdown table of the full
+    validation loss on new_data of each (its best checkpoint, consecutive windows as in quality)."""
+    from ..checkpoint import read_meta
+    from ..evaluate import evaluate
+    from ..rundir import resolve
+    from ..training import train
+    from .speed import machine
+    work, sets = Path(work or tempfile.mkdtemp(prefix="chargpt-init-from-")), sets or {}
+    common = dict(sample_chars=0, device=device, curves=False, log=lambda m: print(m, file=sys.stderr), **sets)
+    base = train(data=base_data, out_dir=str(work / "base"), max_time=base_time, **common)
+    rows = [f"--init-from: a base trained {base_time:g} s on {Path(base_data).name} ({base['step']:,} steps, val "
+            f"loss {base['best_val_loss']:.4f}), then {new_time:g} s on {Path(new_data).name}, on {machine()}", "",
+            "| start | steps | full val loss on the new text | loop estimate |", "|---|---|---|---|"]
+    for name, extra in (("from the base", {"init_from": str(work / "base")}), ("from scratch", {})):
+        out = work / name.replace(" ", "-")
+        summary = train(data=new_data, out_dir=str(out), max_time=new_time, **common, **extra)
+        block = read_meta(resolve(out))[0]["model_config"].block_size
+        val = evaluate(out, stride=block, device=device, progress=False)["loss"]
+        rows.append(f"| {name} | {summary['step']:,} | {val:.4f} | {summary['best_val_loss']:.4f} |")
+    return "\n".join(rows + ["", "(the run from the base predicts over its larger vocabulary: the base's characters "
+                                 "and the new text's)"])
+
+
 def read_candidates(path):
     return [ln.split("#", 1)[0].strip() for ln in Path(path).read_text(encoding="utf-8").splitlines()
             if ln.split("#", 1)[0].strip()]

@@ -623,10 +623,19 @@ async function showRunDetail() {
     el("pre", {}, el("span", {class: "prompt", text: String(s.prompt ?? "")}), el("span", {class: "gen", text: String(s.text ?? "")}))));
   box.replaceChildren(el("h2", {text: `${r.name}`}),
     el("p", {class: "hint", text: `saved ${r.saved_at || "?"} · corpus ${r.corpus} · vocabulary (${r.vocab_size}):`}),
-    el("p", {class: "vocab", text: r.vocab_preview}),
+    el("p", {class: "vocab", text: r.vocab_preview}), ...lineage(r),
     el("h3", {text: "Sample"}), note, button, el("div", {class: "sample"}, out),
     ...(during.length ? [el("h3", {text: `Samples while training (${during.length})`}), ...during] : []),
     el("div", {class: "config"}, table("Model", r.model_config), table("Training", tc), table("Files", files)));
+}
+
+// the run this one started from (train --init-from RUN), as chargpt info shows it; nothing for a run from scratch
+function lineage(r) {
+  const b = r.init_from;
+  if (!b) return [];
+  const val = typeof b.val_loss === "number" ? `, val loss ${fmt(b.val_loss, 4)}` : "";
+  return [el("p", {class: "hint lineage", text: `started from ${b.path} (${b.weights || "?"} weights, step ` +
+    `${b.step ?? 0} on ${b.corpus || "?"}${val}); ${b.added_chars ?? 0} characters added to its vocabulary`})];
 }
 
 // --- wiring --------------------------------------------------------------------------------------------------

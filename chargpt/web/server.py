@@ -179,6 +179,7 @@ class Runs:
         samples = self._file(run, SAMPLES)  # read_metrics reads any of a run's step-keyed JSON lines
         return {**summary, "model_config": info["model_config"], "train_config": finite(info["train_config"]),
                 "saved_at": info["saved_at"], "vocab_preview": info["vocab_preview"], "files": info["files"],
+                "init_from": finite(info.get("init_from")),  # the run it started from (--init-from), or None
                 "samples": read_metrics(samples)[-MAX_SAMPLE_ROWS:] if samples else []}
 
     def metrics(self, name):

@@ -1,0 +1,234 @@
+"""--init-from RUN: a new run from a trained run's weights. Old characters keep their rows exactly, new ones get a
+fresh model's rows, a tied head stays tied, the lineage is recorded and shown, mismatches are one-line errors,
+and a resumed fine-tuned run continues bit for bit."""
+
+import shutil
+
+import pytest
+import torch
+from click.testing import CliRunner
+from conftest import TINY, run_chargpt
+from pairsutil import write_cipher
+from safetensors.torch import load_file, save_file
+
+import chargpt
+from chargpt import rundir
+from chargpt.checkpoint import load_model, read_meta
+from chargpt.cli import train_cli
+from chargpt.config import ModelConfig
+from chargpt.evaluate import evaluate
+from chargpt.init_from import transplant
+from chargpt.model import build_model
+from chargpt.pairs import END, SEP
+from chargpt.runinfo import format_info, run_info
+from chargpt.training import Trainer
+
+# the model of conftest's tiny_run; float32 and AdamW pinned so that exact comparisons mean the same everywhere
+KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
+          threads=1, sample_chars=0, dtype="float32", optimizer="adamw", curves=False, warmup_iters=0)
+NEW_TEXT = "".join(f"def f{i}(x): return [x * {i}]  # QZ!\n" for i in range(80))  # '#()*QZ[]fx!' are new
+
+
+def train(**kw):
+    return chargpt.train(log=lambda msg: None, **{**KW, **kw})
+
+
+@pytest.fixture
+def new_text(tmp_path):
+    path = tmp_path / "code.txt"
+    path.write_text(NEW_TEXT, encoding="utf-8")
+    return path
+
+
+def started(**kw):
+    """The model of a new run as set up, before its first step -> (model, vocabulary)."""
+    trainer = Trainer({**KW, "max_iters": 1, **kw}, log=lambda msg: None)
+    trainer.close()
+    return trainer.model, trainer.corpus.vocab
+
+
+def fresh_model(mcfg, seed=1337):
+    """A model as a new run builds it before any training (the run's seed, before anything else draws)."""
+    torch.manual_seed(seed)
+    return build_model(mcfg)
+
+
+def test_old_characters_keep_their_weights_and_new_ones_start_like_a_fresh_model(tmp_path, tiny_run, new_text):
+    model, vocab = started(data=str(new_text), out_dir="ft", init_from=str(tiny_run))
+    base, base_vocab, _ = load_model(tiny_run / rundir.BEST)
+    n_old = len(base_vocab)
+    assert vocab.chars[:n_old] == base_vocab.chars  # every old id keeps its character
+    assert sorted(vocab.chars[n_old:]) == sorted(set(NEW_TEXT) - set(base_vocab.chars))
+    assert vocab.chars[n_old:] == sorted(vocab.chars[n_old:])  # appended in a stable (code point) order
+    sd, old = model.state_dict(), base.state_dict()
+    assert torch.equal(sd["wte.weight"][:n_old], old["wte.weight"])
+    fresh = fresh_model(model.config).state_dict()
+    assert torch.equal(sd["wte.weight"][n_old:], fresh["wte.weight"][n_old:])
+    for name in sd:
+        if name not in ("wte.weight", "lm_head.weight"):
+            assert torch.equal(sd[name], old[name]), name
+    assert model.lm_head.weight is model.wte.weight  # tied as the base was
+    assert vocab.encode("QZ")  # a prompt may use the new characters
+
+
+def test_an_untied_head_copies_old_rows_and_initialises_new_ones_like_a_fresh_model(tmp_path, corpus, new_text):
+    train(data=str(corpus), out_dir="base", tie_weights=False, max_iters=2, eval_interval=2)
+    model, _ = started(data=str(new_text), out_dir="ft", init_from="base")
+    base, base_vocab, _ = load_model("base")
+    n_old, sd, fresh = len(base_vocab), model.state_dict(), fresh_model(model.config).state_dict()
+    assert not model.config.tie_weights and model.lm_head.weight is not model.wte.weight
+    for name in ("wte.weight", "lm_head.weight"):
+        assert torch.equal(sd[name][:n_old], base.state_dict()[name])
+        assert torch.equal(sd[name][n_old:], fresh[name][n_old:])
+
+
+def test_a_tied_head_stays_tied_while_training():
+    base = build_model(ModelConfig(vocab_size=5, block_size=8, n_layer=1, n_head=2, n_embd=8))
+    model = build_model(ModelConfig(vocab_size=7, block_size=4, n_layer=1, n_head=2, n_embd=8))
+    fresh = {k: v.clone() for k, v in model.state_dict().items()}
+    model.load_state_dict(transplant(base.state_dict(), fresh, 5))
+    assert model.lm_head.weight is model.wte.weight
+    assert torch.equal(model.wpe.weight, base.wpe.weight[:4])  # a shorter context keeps the first positions
+    model.wte.weight.grad = torch.ones_like(model.wte.weight)
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    assert torch.equal(model.lm_head.weight, model.wte.weight)
+
+
+def test_lineage_is_recorded_and_shown_by_info_and_the_playground(tmp_path, tiny_run, new_text):
+    logs = []
+    chargpt.train(log=logs.append, **{**KW, "data": str(new_text), "out_dir": "ft", "init_from": str(tiny_run),
+                                      "max_iters": 2, "eval_interval": 2})
+    base_meta = read_meta(tiny_run / rundir.BEST)[0]
+    line = read_meta("ft/best.safetensors")[0]["init_from"]
+    assert line["path"] == str((tiny_run / rundir.BEST).resolve()) and line["weights"] == "best"
+    assert (line["step"], line["corpus"], line["val_loss"]) == (base_meta["step"], "corpus", base_meta["val_loss"])
+    assert any(m.startswith(f"starting from {line['path']} (best weights") for m in logs)
+    assert any(f"{line['added_chars']} characters the base never saw" in m for m in logs)
+    info = run_info("ft")
+    assert info["init_from"] == line
+    assert "lm_head.weight" not in load_file("ft/best.safetensors")  # a tied head is stored once, as always
+    assert f"started from     {line['path']}" in format_info(info)
+    assert run_info(tiny_run)["init_from"] is None
+    shown = run_chargpt("info", "ft")
+    assert shown.returncode == 0 and "started from" in shown.stdout and "characters added" in shown.stdout
+
+    from starlette.testclient import TestClient
+
+    from chargpt.web.server import create_app
+    details = TestClient(create_app(tmp_path, device="cpu"), base_url="http://127.0.0.1").get("/api/runs/ft").json()
+    assert details["init_from"]["path"] == line["path"]
+
+
+def test_latest_weights_on_request_and_eval_of_the_run_s_own_split(tmp_path, tiny_run, new_text):
+    train(data=str(new_text), out_dir="ft", init_from=str(tiny_run / rundir.LATEST), max_iters=2, eval_interval=2)
+    assert read_meta("ft/best.safetensors")[0]["init_from"]["weights"] == "latest"
+    result = evaluate("ft", device="cpu", progress=False)  # the corpus is re-read in the run's vocabulary
+    assert result["data"].startswith("validation split of code") and result["characters"] > 0
+
+
+def test_dropout_may_change_and_training_settings_are_the_new_run_s_own(tmp_path, tiny_run, new_text):
+    logs = []
+    summary = chargpt.train(log=logs.append, **{**KW, "data": str(new_text), "out_dir": "ft", "dropout": 0.1,
+                                                "init_from": str(tiny_run), "max_iters": 3, "eval_interval": 3,
+                                                "learning_rate": 1e-4})
+    meta = read_meta("ft/state.safetensors")[0]
+    assert meta["model_config"].dropout == 0.1 and "dropout 0.1 (base: 0.0)" in logs
+    assert summary["step"] == 3 and meta["run_state"]["step"] == 3  # its own budget, counted from 0
+    assert meta["train_config"]["learning_rate"] == 1e-4 and meta["train_config"]["data"] == str(new_text)
+
+
+def cli(*args):
+    return CliRunner().invoke(train_cli, [*TINY, "--max-iters", "2", *map(str, args)])
+
+
+def one_line_error(result, *words):
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in result.output, result.output
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--n-layer", "2"], ["--n-layer 2 (base: 1)", "keeps its architecture"]),
+    (["--block-size", "32"], ["--block-size 32 is longer than the 16 positions", "--block-size 16 or less"]),
+    (["--resume"], ["--resume continues", "--init-from"]),
+])
+def test_mismatches_are_one_line_errors_and_create_nothing(tmp_path, tiny_run, new_text, flags, words):
+    if "--resume" in flags:  # a run to resume, so that the error is about the combination
+        train(data=str(new_text), out_dir="ft", max_iters=2, eval_interval=2)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    one_line_error(cli("--data", new_text, "--out-dir", "ft", "--init-from", tiny_run, *flags), *words)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_a_file_that_is_not_a_run_is_a_one_line_error(tmp_path, new_text):
+    (tmp_path / "junk.safetensors").write_bytes(b"not a checkpoint at all")
+    one_line_error(cli("--data", new_text, "--init-from", "junk.safetensors"),
+                   "--init-from: junk.safetensors is not a readable safetensors checkpoint")
+    one_line_error(cli("--data", new_text, "--init-from", "nowhere"), "--init-from: checkpoint not found: nowhere")
+    (tmp_path / "empty").mkdir()
+    one_line_error(cli("--data", new_text, "--init-from", "empty"), "--init-from: no checkpoint in empty",
+                   "pass a trained run's directory")
+    save_file({"weight": torch.zeros(2)}, str(tmp_path / "foreign.safetensors"))
+    one_line_error(cli("--data", new_text, "--init-from", "foreign.safetensors"),
+                   "--init-from: foreign.safetensors is a safetensors file but not a chargpt checkpoint")
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_pairs_runs_start_from_a_text_run_or_an_encoder_decoder(tmp_path, tiny_run):
+    pairs = write_cipher(tmp_path / "cipher.tsv", n=200)
+    # a decoder-only pairs run from a text run: its markers are new characters, the text run's rows are kept
+    train(data=str(pairs), task="pairs", out_dir="dec", init_from=str(tiny_run), max_iters=2, eval_interval=2,
+          eval_pairs=2)
+    model, vocab, meta = load_model("dec")
+    base, base_vocab, _ = load_model(tiny_run)
+    assert meta["task"] == "pairs" and {SEP, END} <= set(vocab.chars[len(base_vocab):])
+    assert model.config.arch == "decoder"
+    assert evaluate("dec", device="cpu", progress=False)["data"].startswith("validation pairs of cipher")
+    # an encoder-decoder from an encoder-decoder; the base's arch and task carry over without flags
+    train(data=str(pairs), task="pairs", arch="encoder-decoder", out_dir="ed", max_iters=2, eval_interval=2,
+          eval_pairs=2)
+    model, vocab = started(data=str(pairs), out_dir="ed2", init_from="ed", eval_pairs=2)
+    ed, ed2 = load_model("ed")[0].state_dict(), model.state_dict()
+    assert model.config.arch == "encoder-decoder" and all(torch.equal(ed[k], ed2[k]) for k in ed)
+    # an encoder-decoder base for a decoder or a text run: one line each
+    one_line_error(cli("--data", pairs, "--task", "pairs", "--arch", "decoder", "--init-from", "ed"),
+                   "--arch decoder (base: encoder-decoder)")
+    one_line_error(cli("--data", tmp_path / "cipher.tsv", "--task", "text", "--init-from", "ed"),
+                   "is an encoder-decoder", "--task pairs")
+
+
+def test_resuming_a_fine_tuned_run_is_exact(tmp_path, tiny_run, new_text):
+    """N steps, then --resume for N more == 2N steps in one go, for a run started from another (whose corpus is
+    re-read in its extended vocabulary on resume). Dropout and accumulation on: random streams matter too."""
+    n, kw = 4, dict(data=str(new_text), init_from=str(tiny_run), eval_interval=2, lr_decay_iters=8, dropout=0.1,
+                    grad_accum=2)
+    train(out_dir="whole", max_iters=2 * n, **kw)
+    train(out_dir="split", max_iters=n, **kw)
+    resume_kw = {k: v for k, v in kw.items() if k != "init_from"}
+    train(out_dir="split", resume=True, max_iters=2 * n, **resume_kw)
+    whole, split = load_file("whole/" + rundir.STATE), load_file("split/" + rundir.STATE)
+    assert whole.keys() == split.keys()
+    for name in whole:
+        assert torch.equal(whole[name], split[name]), name
+    assert read_meta("split/" + rundir.STATE)[0]["init_from"] == read_meta("whole/" + rundir.STATE)[0]["init_from"]
+
+
+def test_resume_refuses_a_different_corpus_for_a_fine_tuned_run(tmp_path, tiny_run, new_text):
+    train(data=str(new_text), out_dir="ft", init_from=str(tiny_run), max_iters=2, eval_interval=2)
+    other = tmp_path / "other.txt"
+    shutil.copy(new_text, other)
+    other.write_text(NEW_TEXT + "ÆØÅ\n" * 10, encoding="utf-8")
+    one_line_error(cli("--data", other, "--out-dir", "ft", "--resume", "--max-iters", "4"), "vocabulary")
+
+
+def test_the_init_from_benchmark_runs_on_tiny_sizes(tmp_path, corpus, new_text):
+    from chargpt.bench.quality import init_from_quality
+    sets = {k: v for k, v in KW.items() if k not in ("device", "sample_chars", "curves")}
+    report = init_from_quality(str(corpus), str(new_text), base_time=0.3, new_time=0.3, device="cpu",
+                               sets={**sets, "eval_interval": 5}, work=tmp_path / "bench")
+    rows = [r for r in report.splitlines() if r.startswith("| from")]
+    assert [r.split(" | ")[0] for r in rows] == ["| from the base", "| from scratch"]
+    assert all(float(r.split(" | ")[2]) > 0 for r in rows)
