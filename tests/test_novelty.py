@@ -63,6 +63,14 @@ def test_suffix_arrays_sort_the_suffixes(vocab):
             assert novelty.suffix_array(ids, "pydivsufsort").tolist() == expected
 
 
+def test_without_pydivsufsort_numpy_builds_the_index(monkeypatch):
+    monkeypatch.setattr(novelty, "pydivsufsort", None)
+    ids = np.random.default_rng(0).integers(0, 4, 500).astype(np.uint16)
+    assert novelty.suffix_array(ids).tolist() == sorted(range(500), key=lambda i: ids[i:].tolist())
+    with pytest.raises(chargpt.ChargptError, match=r"pip install -e \"\.\[novelty\]\""):
+        novelty.suffix_array(ids, "pydivsufsort")
+
+
 def test_matching_statistics_against_brute_force():
     rng = np.random.default_rng(1)
     for _ in range(30):
@@ -262,7 +270,7 @@ def test_a_missing_corpus_asks_for_data_and_checks_it_by_hash(run, tmp_path):
         cache.with_suffix(".gone").rename(cache)
 
 
-def test_sample_novelty_prints_a_line_per_sample_and_a_json_object(run):
+def test_sample_novelty_prints_a_line_per_sample_and_a_json_object(run, tmp_path):
     done = invoke(sample_cli, "--checkpoint", run[0], "--novelty", "--max-new-tokens", "30", "--num-samples", "2",
                   "--seed", "3", "--device", "cpu")
     assert done.exit_code == 0, done.stderr
@@ -274,6 +282,10 @@ def test_sample_novelty_prints_a_line_per_sample_and_a_json_object(run):
     record = json.loads(done.stdout)
     assert set(record["novelty"]) >= {"copied_fraction", "min_span", "longest", "longest_line"}
     assert record["novelty"]["min_span"] == 8
+    done = invoke(sample_cli, "--checkpoint", run[0], "--novelty", "--output", tmp_path / "s.txt", "--seed", "3",
+                  "--max-new-tokens", "30", "--device", "cpu")
+    assert done.exit_code == 0 and (tmp_path / "s.txt").read_text(encoding="utf-8").strip()
+    assert sum(line.startswith("copied: ") for line in done.stderr.splitlines()) == 1
     done = invoke(sample_cli, "--checkpoint", run[0], "--min-span", "5", "--device", "cpu")
     assert done.exit_code == 1 and "--novelty" in done.stderr
 
