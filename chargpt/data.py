@@ -294,6 +294,17 @@ def _ids_in_range(corpus):
     return all(int(ids[i:i + CHECK_CHUNK].max()) < limit for i in range(0, corpus.length, CHECK_CHUNK))
 
 
+def cached_corpus(cache_dir, key, name="corpus"):
+    """The corpus encoded under `key` in cache_dir, without its source files (a run that recorded its key finds
+    its text again: chargpt.novelty), or None when that entry is missing or damaged."""
+    cache_dir = Path(cache_dir)
+    found = _read_cache(cache_dir / f"{key}.json", cache_dir / f"{key}.bin")
+    if found is None:
+        return None
+    corpus = EncodedCorpus(name, found[0], cache_dir / f"{key}.bin", found[1])
+    return corpus if _ids_in_range(corpus) else None
+
+
 def _read_cache(meta_path, ids_path):
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))

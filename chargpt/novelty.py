@@ -494,7 +494,8 @@ def run_corpus(meta, data=None, cache_dir=None, run="the run", log=print):
     recorded = meta.get("corpus_key")
     path = data if data is not None else tc.get("data")
     if data is None and recorded:
-        corpus = _from_cache(task, cache, recorded, meta.get("corpus") or "corpus")
+        name = meta.get("corpus") or "corpus"
+        corpus = (corpus_pairs.cached_pairs if task == "pairs" else corpus_data.cached_corpus)(cache, recorded, name)
         if corpus is not None:
             return _same_vocab(corpus, meta, run)
     if data is None and path is not None and not Path(path).expanduser().exists():
@@ -513,20 +514,6 @@ def run_corpus(meta, data=None, cache_dir=None, run="the run", log=print):
     else:
         corpus = corpus_data.encode_corpus(path, encoding, errors, cache, log=log)
     return _same_vocab(corpus, meta, run)
-
-
-def _from_cache(task, cache, key, name):
-    from . import data as corpus_data
-    from . import pairs as corpus_pairs
-    if task == "pairs":
-        paths = {part: cache / f"{key}.{part}.bin" for part in ("ids", "mask", "index")}
-        found = corpus_pairs._read_cache(cache / f"{key}.pairs.json", paths)
-        return corpus_pairs.EncodedPairs(name, *found) if found else None
-    found = corpus_data._read_cache(cache / f"{key}.json", cache / f"{key}.bin")
-    if found is None:
-        return None
-    corpus = corpus_data.EncodedCorpus(name, found[0], cache / f"{key}.bin", found[1])
-    return corpus if corpus_data._ids_in_range(corpus) else None
 
 
 def _same_vocab(corpus, meta, run):

@@ -241,6 +241,14 @@ def encode_pairs(data, target_data=None, encoding="utf-8", errors="strict", cach
     return EncodedPairs(name, vocab, paths, length, n_pairs)
 
 
+def cached_pairs(cache_dir, key, name="pairs"):
+    """The pairs encoded under `key` in cache_dir, without their source files (as data.cached_corpus), or None."""
+    cache_dir = Path(cache_dir)
+    found = _read_cache(cache_dir / f"{key}.pairs.json",
+                        {part: cache_dir / f"{key}.{part}.bin" for part in ("ids", "mask", "index")})
+    return EncodedPairs(name, *found) if found else None
+
+
 def _read_cache(meta_path, paths):
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))

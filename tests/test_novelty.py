@@ -254,6 +254,8 @@ def test_a_missing_corpus_asks_for_data_and_checks_it_by_hash(run, tmp_path):
     cache = run_dir.parent / "cache"
     try:
         corpus.rename(corpus.with_suffix(".gone"))
+        done = invoke(novelty_cli, "--checkpoint", moved, at_line(text, 5, 30))  # found by its recorded cache key
+        assert done.exit_code == 0 and "from line 5" in done.stdout, done.stderr
         cache.rename(cache.with_suffix(".gone"))  # the recorded cache entry is gone too
         done = invoke(novelty_cli, "--checkpoint", moved, "some text")
         assert done.exit_code == 1 and len(done.stderr.strip().splitlines()) == 1
