@@ -87,7 +87,9 @@ def score_ids(model, ids, known=None, stride=None, batch_size=None, dtype=torch.
                 scored &= known[s[:, None] + 1 + positions]
             with autocast(device, dtype):
                 logits, _ = model(window[:, :-1])  # (B, L, V)
-            nll = F.cross_entropy(logits.float().transpose(1, 2), window[:, 1:], reduction="none")  # (B, L)
+            # rows of V contiguous: the (B, V, L) layout cross_entropy also takes measured 2.5x slower at V 10,000
+            nll = F.cross_entropy(logits.float().flatten(0, 1), window[:, 1:].flatten(), reduction="none")
+            nll = nll.view(window.size(0), -1)  # (B, L)
             total += nll[torch.from_numpy(scored).to(device)].double().sum()
             count += int(scored.sum())
             bar.update(int(new.sum()))

@@ -24,6 +24,7 @@ from torch.nn import functional as F
 
 from .config import ModelConfig
 from .errors import ConfigError
+from .loss import head_loss, use_fused
 
 
 class KVCache:
@@ -255,6 +256,19 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if cfg.tie_weights:
             self.lm_head.weight = self.wte.weight  # weight tying (Press & Wolf 2017)
+        self.loss_kernel = "auto"  # "auto" | "fused" | "full"; set with set_loss
+
+    def head(self, x, targets=None, loss_mask=None, label_smoothing=0.0):
+        """decoder_stack's output x (B, T, C) -> (logits (B, T, V), loss or None) against targets (B, T) over the
+        positions where loss_mask (B, T) is set (default all). With targets and the fused loss (chargpt.loss: the
+        default for large vocabularies), the loss comes without the logits, and logits is None."""
+        if targets is not None and use_fused(self.loss_kernel, self.config.vocab_size):
+            C = x.size(-1)
+            mask = None if loss_mask is None else loss_mask.reshape(-1)
+            return None, head_loss(x.reshape(-1, C), self.lm_head.weight, targets.reshape(-1), self.lm_head.bias,
+                                   mask, label_smoothing)
+        logits = self.lm_head(x)  # (B, T, V)
+        return logits, None if targets is None else lm_loss(logits, targets, loss_mask, label_smoothing)
 
     def init_weights(self, n_residual):
         self.apply(self._init_weights)
@@ -309,6 +323,12 @@ class Transformer(nn.Module):
             if isinstance(m, Attention):
                 m.kernel = kernel
 
+    def set_loss(self, kernel):
+        """'auto' (fused from chargpt.loss.FUSED_MIN_VOCAB characters up), 'fused' (chargpt.loss.head_loss: the loss
+        without the full logits) or 'full' (the logits, then lm_loss)."""
+        use_fused(kernel, self.config.vocab_size)  # checks the name
+        self.loss_kernel = kernel
+
     def num_params(self):
         return sum(p.numel() for p in self.parameters())  # tied weights are counted once
 
@@ -333,13 +353,13 @@ class CharGPT(Transformer):
 
     def forward(self, idx, targets=None, cache=None, loss_mask=None, label_smoothing=0.0, attn_weights=None):
         """idx (B, T) ids -> (logits, loss). logits are (B, T, V); loss is the mean cross-entropy against
-        targets (B, T) over the positions where loss_mask (B, T) is set (default all), or None. With a KVCache,
+        targets (B, T) over the positions where loss_mask (B, T) is set (default all), or None. logits is None
+        when the fused loss computed the loss without them (Transformer.head). With a KVCache,
         idx continues the cached text and only the last position's logits are computed (B, 1, V): that is all
         decoding needs. attn_weights: an optional list that receives each layer's attention weights
         (B, nh, T, S), computed on the explicit softmax path."""
-        logits = self.lm_head(self.decoder_stack(idx, cache, attn_weights=attn_weights))  # (B, T, V)
-        loss = None if targets is None else lm_loss(logits, targets, loss_mask, label_smoothing)
-        return logits, loss
+        return self.head(self.decoder_stack(idx, cache, attn_weights=attn_weights), targets, loss_mask,
+                         label_smoothing)
 
 
 class EncoderDecoder(Transformer):
@@ -370,10 +390,10 @@ class EncoderDecoder(Transformer):
         return self.lm_head(self.decoder_stack(tgt, cache, memory=memory))
 
     def forward(self, src, tgt, targets=None, src_mask=None, loss_mask=None, label_smoothing=0.0):
-        """-> (logits (B, T, V), loss or None); targets (B, T) are tgt shifted by one (the loss as CharGPT's)."""
-        logits = self.decode(tgt, self.encode(src, src_mask))
-        loss = None if targets is None else lm_loss(logits, targets, loss_mask, label_smoothing)
-        return logits, loss
+        """-> (logits (B, T, V) or None, loss or None); targets (B, T) are tgt shifted by one (the loss and the
+        logits as CharGPT's)."""
+        x = self.decoder_stack(tgt, memory=self.encode(src, src_mask))  # (B, T, C)
+        return self.head(x, targets, loss_mask, label_smoothing)
 
 
 def build_model(cfg: ModelConfig):

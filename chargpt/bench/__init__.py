@@ -11,7 +11,7 @@ profile of a small training step, and learning at a fixed time budget.
     python -m chargpt.bench pairs --data data/tang_poems.txt --max-time 300   # decoder vs encoder-decoder
     python -m chargpt.bench.serve                # the playground's stream against the library and sample.py
 
-The modules: speed.py (peak, train, compile, decode; profile), nanogpt.py (against nanoGPT's train.py),
+The modules: speed.py (peak, train, compile, decode, vocab; profile), nanogpt.py (against nanoGPT's train.py),
 quality.py (a fixed time budget per candidate setting), pairs.py (decoder-only against encoder-decoder on
 couplets), serve.py (the web playground's stream); this file is the command and the results file.
 """

@@ -4,6 +4,7 @@ profile of a small training step (the command: chargpt/bench/__init__.py).
     python -m chargpt.bench                      # all speed parts; prints Markdown tables
     python -m chargpt.bench --write              # ... and adds them to benchmarks/RESULTS.md, under this machine's kind
     python -m chargpt.bench --only decode --checkpoint RUN --data FILE   # one part; decoding with its cost in loss
+    python -m chargpt.bench --only vocab         # ms/step and peak memory at vocabularies 65, 2,000 and 10,000
     python -m chargpt.bench --nanogpt ~/nanoGPT --data data/tinyshakespeare.txt   # against nanoGPT's train.py
     python -m chargpt.bench --quick              # every part on a tiny shape in seconds: a smoke test, not numbers
     python -m chargpt.bench profile              # torch.profiler on the 4x128 ctx64 b12 training loop: top items
@@ -11,7 +12,9 @@ profile of a small training step (the command: chargpt/bench/__init__.py).
 Speed parts: peak (best matmul GFLOP/s per dtype), train (ms/step, chars/s, MFU against that peak and against an
 fp32 baseline; AdamW and Muon), compile (eager against torch.compile, compile time apart), decode (cached
 chars/s at batch 1 in float32, bf16 and int8, with val loss per precision given --checkpoint), nanogpt (with
---nanogpt PATH). The machine's kind (CUDA, CPU with or without native bf16) decides which rows apply.
+--nanogpt PATH), vocab (a training step at 65, 2,000 and 10,000 characters on the cpu and gpu presets' shapes,
+against 65 in the same run, with the step's peak memory; the fused head + loss of chargpt.loss against the full
+logits). The machine's kind (CUDA, CPU with or without native bf16) decides which rows apply.
 """
 
 import copy
@@ -38,7 +41,7 @@ DECODE_SHAPE = SHAPES["6x384 ctx256 b8"][0]
 QUICK_SHAPE = ModelConfig(vocab_size=65, block_size=16, n_layer=1, n_head=2, n_embd=16, dropout=0.0)  # --quick
 PROFILE_RECIPE = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, dropout=0.0,  # nanoGPT's CPU
                       optimizer="adamw", lr_schedule="cosine")  # recipe, with its optimizer and schedule
-PARTS = ("peak", "train", "baseline", "compile", "decode")
+PARTS = ("peak", "train", "baseline", "compile", "decode", "vocab")
 
 
 def sync(device):
@@ -241,6 +244,106 @@ def decode_rows(device, args):
     return rows + [""]
 
 
+# --- vocabulary size: what 10,000 characters (Chinese) cost against 65 (English) -------------------------------
+VOCAB_SIZES = (65, 2000, 10000)
+VOCAB_PRESETS = {"cpu": "cpu", "gpu": "shakespeare-char"}  # the shapes the two devices train by default
+
+
+def vocab_shapes(quick, batch=None):
+    """{label: (ModelConfig, TrainConfig)} for the cpu and gpu presets (config.PRESETS over the defaults): their
+    shape, dropout and optimizer. --quick: one tiny shape with the cpu preset's optimizer."""
+    from ..config import PRESETS, split_overrides
+    out = {}
+    for kind, preset in VOCAB_PRESETS.items():
+        settings = {**PRESETS[preset], **(QUICK_SHAPE_FLAGS if quick else {})}
+        settings = {**settings, "batch_size": batch or settings.get("batch_size", TrainConfig.batch_size)}
+        m, t = split_overrides(settings)
+        mcfg, tcfg = ModelConfig(**m), TrainConfig(**t)
+        out[f"{kind} preset {mcfg.n_layer}x{mcfg.n_embd} ctx{mcfg.block_size} b{tcfg.batch_size}"] = (mcfg, tcfg)
+        if quick:
+            break
+    return out
+
+
+def step_peak(step, device):
+    """Bytes a training step allocates at its peak above what it held when it began: on CUDA the allocator's peak
+    (torch.cuda.max_memory_allocated); elsewhere the running sum of torch.profiler's memory events (every torch
+    CPU allocation and free; tracemalloc does not see them)."""
+    if device.type == "cuda":
+        sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        step()
+        sync(device)
+        return torch.cuda.max_memory_allocated(device) - base
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    now = peak = 0
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        now += e.nbytes()
+        peak = max(peak, now)
+    return peak
+
+
+def time_vocab_step(mcfg, tcfg, device, dtype, loss="auto", compile=False, steps=8, warmup=3):
+    """-> (median seconds of a training step as train.py takes it: forward and backward under autocast, clipping,
+    the preset's optimizer; peak bytes of one more step (step_peak)). loss: the model's loss kernel (set_loss);
+    compile: torch.compile the model (the first warm-up step compiles)."""
+    torch.manual_seed(0)
+    model = CharGPT(mcfg).to(device)
+    model.set_loss(loss)
+    opt = make_optimizer(model, tcfg, device)  # AdamW, or Muon + AdamW
+    step_model = torch.compile(model) if compile else model
+    x, y = (torch.randint(0, mcfg.vocab_size, (tcfg.batch_size, mcfg.block_size), device=device) for _ in range(2))
+
+    def step():
+        with autocast(device, dtype):
+            _, out = step_model(x, y)
+        out.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip or float("inf"))
+        for part in opt.parts.values():
+            part.step()
+        opt.zero_grad(set_to_none=True)
+
+    times = []
+    for _ in range(warmup + steps):
+        t0 = time.perf_counter()
+        step()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[warmup:]), step_peak(step, device)
+
+
+def vocab_rows(device, args):
+    """ms/step per vocabulary size on the cpu and gpu presets' shapes, in the dtype training picks, each against
+    vocabulary 65 in the same run; the loss as training computes it (auto) and, where auto fuses, the full logits
+    (what it replaced). Peak: the step's own allocations (step_peak); logits: one float32 copy of them. Eager or
+    compiled as training is by default (--compile auto)."""
+    from ..loss import use_fused
+    from ..runtime import pick_compile, pick_dtype
+    dtype, compiled = pick_dtype("auto", device)[0], pick_compile("auto", device)[0]
+    step_kw = dict(steps=2, warmup=1) if args.quick else dict(steps=5, warmup=2)
+    step_kw["compile"] = compiled and not args.quick
+    how = "torch.cuda.max_memory_allocated" if device.type == "cuda" else "torch.profiler memory events"
+    rows = [f"training step by vocabulary size, {name_of(dtype)}, {'compiled' if step_kw['compile'] else 'eager'}; "
+            f"peak: above what the step began with ({how})", "",
+            "| shape | vocab | loss | ms/step | vs vocab 65 | peak MB | float32 logits MB |",
+            "|---|---|---|---|---|---|---|"]
+    for name, (mcfg, tcfg) in vocab_shapes(args.quick, args.batch).items():
+        base = None
+        for V in VOCAB_SIZES:
+            cfg = ModelConfig(**{**vars(mcfg), "vocab_size": V})
+            for loss in ("auto", "full") if use_fused("auto", V) else ("auto",):
+                t, peak = time_vocab_step(cfg, tcfg, device, dtype, loss, **step_kw)
+                base = base or t
+                label = ("fused" if use_fused(loss, V) else "full") + (" (auto)" if loss == "auto" else "")
+                logits = tcfg.batch_size * cfg.block_size * V * 4
+                rows.append(f"| {name} | {V:,} | {label} | {t * 1e3:.1f} | {t / base:.2f}x | {peak / 2**20:,.1f} | "
+                            f"{logits / 2**20:,.1f} |")
+    return rows + [""]
+
+
 def speed(parts, device, args):
     rows = [f"machine: {machine()}", f"kind: {machine_kind(device)}", ""]
     peaks = {}
@@ -253,6 +356,8 @@ def speed(parts, device, args):
         rows += compile_rows(device, args)
     if "decode" in parts:
         rows += decode_rows(device, args)
+    if "vocab" in parts:
+        rows += vocab_rows(device, args)
     if args.nanogpt:
         from .nanogpt import side_by_side
         rows += side_by_side(args.nanogpt, args.data, device, steps=20 if args.quick else args.steps)
