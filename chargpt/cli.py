@@ -159,6 +159,42 @@ def unescape(text):
     return re.sub(r"\\([ntr\\])", lambda m: {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}[m.group(1)], text)
 
 
+def _novelty_scorer(gen, path, wanted, min_span, data, interactive):
+    """With --novelty: a function text -> novelty Report against the run's training text (its index is built or
+    loaded now, so a missing corpus fails before any sampling); else None."""
+    if not wanted:
+        if min_span is not None or data is not None:
+            raise ChargptError("--min-span and --data go with --novelty; add --novelty, or drop them")
+        return None
+    if interactive:
+        raise ChargptError("--novelty scores printed samples, not --interactive ones; drop one of them")
+    from . import novelty
+    min_span = novelty.DEFAULT_MIN_SPAN if min_span is None else min_span
+    novelty.check_min_span(min_span)
+    index = novelty.for_meta(gen.meta, str(path), data, log=lambda m: click.echo(m, err=True))
+    return lambda text: index.score(text, min_span)
+
+
+def _novelty_records(scorer, n, as_json):
+    """For textio.all_samples: (sample index, text) -> {"novelty": its summary}, added to its JSON record; as
+    printed, its line goes to stderr instead. None without --novelty."""
+    if scorer is None:
+        return None
+
+    def record(i, text):
+        report = scorer(text)
+        if as_json:
+            return {"novelty": report.summary()}
+        _say_novelty(report, i, n)
+        return {}
+    return record
+
+
+def _say_novelty(report, i, n):
+    """One line per sample on stderr: copied: 23% in spans of 20+; longest 57 chars, from line 2,317."""
+    click.echo(("" if n == 1 else f"sample {i + 1}: ") + report.line(), err=True)
+
+
 def _check_interactive(prompt, prompt_file, output, as_json, num_samples):
     given = [name for name, on in (("--prompt", prompt is not None), ("--prompt-file", prompt_file is not None),
                                    ("--output", output is not None), ("--json", as_json),
@@ -204,8 +240,14 @@ def _sample_settings(flags):
               help="int8: int8 weights for faster decoding on a CPU (torch's dynamic quantisation; `chargpt bench "
                    "--only decode` measures its speed and its cost in loss)")
 @click.option("--no-cache", is_flag=True, help="decode without the KV cache (the slow reference path)")
+@click.option("--novelty", is_flag=True, help="say how much of each sample is copied from the training text: one "
+              "line per sample on stderr, or a `novelty` object in each --json record (chargpt novelty)")
+@click.option("--min-span", type=int, default=None, help="copied text is in spans of at least this many characters "
+              "that occur verbatim in the training text; shorter ones are chance [default: 20]")
+@click.option("--data", "novelty_data", default=None, help="the run's training text, for --novelty and chargpt "
+              "novelty when the path it trained on has moved (checked to be the same corpus by its hash)")
 def sample_cli(checkpoint_path, prompt, prompt_file, num_samples, seed, unknown, output, as_json, interactive,
-               device, dtype, quantize, no_cache, **flags):
+               device, dtype, quantize, no_cache, novelty, min_span, novelty_data, **flags):
     """Write text in the style of a trained run. The text goes to stdout (with a separator line above each
     sample when there are several); everything else goes to stderr."""
     def main():
@@ -219,6 +261,7 @@ def sample_cli(checkpoint_path, prompt, prompt_file, num_samples, seed, unknown,
         path = checkpoint_path or latest_run()
         gen = load(path, device=device, dtype=dtype, quantize=quantize)
         click.echo(f"loaded {path} ({_describe_run(gen)}) on {gen.device}, {gen.precision}", err=True)
+        scorer = _novelty_scorer(gen, path, novelty, min_span, novelty_data, interactive)  # before any sample
         textio.tolerant_stdout()
         if interactive:
             from .repl import repl
@@ -230,11 +273,14 @@ def sample_cli(checkpoint_path, prompt, prompt_file, num_samples, seed, unknown,
         if seed is None and settings["temperature"] > 0:  # greedy text does not depend on the seed
             click.echo(f"seed: {use_seed}", err=True)
         if not (as_json or output):
-            textio.stream_samples(gen, text, num_samples, use_seed, settings, unknown, sys.stdout,
-                                  use_cache=not no_cache)
+            texts = textio.stream_samples(gen, text, num_samples, use_seed, settings, unknown, sys.stdout,
+                                          use_cache=not no_cache)
+            for i, t in enumerate(texts if scorer else ()):
+                _say_novelty(scorer(t), i, num_samples)
             return
         body = textio.all_samples(gen, text, num_samples, use_seed, settings, unknown, as_json,
-                                  use_cache=not no_cache, ascii_json=not output and not textio.utf_stream(sys.stdout))
+                                  use_cache=not no_cache, ascii_json=not output and not textio.utf_stream(sys.stdout),
+                                  novelty=_novelty_records(scorer, num_samples, as_json))
         if output:
             textio.write_output(output, body)
             click.echo(f"wrote {num_samples} sample(s) to {output}", err=True)
@@ -327,6 +373,44 @@ def eval_cli(checkpoint_path, device, data, target_data, encoding, encoding_erro
                           stride=stride, batch_size=batch_size, device=device, target_data=target_data)
         click.echo(json.dumps(result, ensure_ascii=False) if as_json else format_result(result))
     run_guarded(run, "lower --batch-size (windows per forward pass)")
+
+
+NOVELTY_MAX_BYTES = 1 << 24  # text scored by `chargpt novelty` (16 MiB; its JSON lists two numbers per character)
+
+
+@_with(_param(sample_cli, "checkpoint_path"))
+@click.command("novelty", context_settings=CONTEXT)
+@click.argument("text", required=False)
+@click.option("--input", "input_path", default=None, help="score this UTF-8 file ('-': stdin) instead of TEXT")
+@_reused(_param(sample_cli, "min_span"), _param(sample_cli, "novelty_data"))
+@JSON_OPTION
+def novelty_cli(checkpoint_path, text, input_path, min_span, novelty_data, as_json):
+    """Is it writing or copying? Which spans of TEXT (or --input FILE) occur verbatim in the text the run trained
+    on: the share of characters in copied spans of --min-span or more, and each span with the line it comes from;
+    the same against the run's validation text. The first use builds an index of the corpus (cached beside it).
+    With --json, also the longest copied span starting and ending at every position (`starting`, `ending`)."""
+    def run():
+        from . import novelty
+        from .rundir import latest_run
+        span = novelty.DEFAULT_MIN_SPAN if min_span is None else min_span
+        novelty.check_min_span(span)
+        body = _novelty_input(text, input_path)
+        index = novelty.for_run(checkpoint_path or latest_run(), novelty_data, log=lambda m: click.echo(m, err=True))
+        report = index.score(body, span)
+        textio.tolerant_stdout()
+        click.echo(json.dumps(report.to_json(), ensure_ascii=not textio.utf_stream(sys.stdout)) if as_json
+                   else novelty.format_report(report))
+    run_guarded(run)
+
+
+def _novelty_input(text, input_path):
+    """TEXT, or --input FILE / '-' (stdin), read no further than NOVELTY_MAX_BYTES."""
+    if (text is None) == (input_path is None):
+        raise ChargptError("give the text to score as an argument or with --input FILE ('-': stdin), one of them")
+    if text is not None:
+        return text
+    data = textio.read_bounded(input_path, NOVELTY_MAX_BYTES, "--input")
+    return textio.decode_utf8(data, "stdin (--input -)" if input_path == "-" else f"--input {input_path}")
 
 
 @click.command("info", context_settings=CONTEXT)
@@ -521,6 +605,7 @@ def main():
       chargpt train --task pairs --data ita.tsv --arch encoder-decoder
       chargpt translate "Good morning."
       chargpt eval --data new_text.txt
+      chargpt novelty "text to check for copying"
       chargpt info
       chargpt plot -o curves.png
       chargpt export --to my-model-hf
@@ -531,6 +616,6 @@ def main():
 
 
 for _name, _command in {"train": train_cli, "sample": sample_cli, "translate": translate_cli, "eval": eval_cli,
-                        "info": info_cli, "plot": plot_cli, "bench": bench_command, "data": data_cli,
-                        "serve": serve_cli, "export": export_cli}.items():
+                        "info": info_cli, "novelty": novelty_cli, "plot": plot_cli, "bench": bench_command,
+                        "data": data_cli, "serve": serve_cli, "export": export_cli}.items():
     main.add_command(_command, _name)

@@ -176,6 +176,15 @@ class EncodedCorpus:
     ids_path: Path
     length: int
 
+    @property
+    def key(self):
+        """The cache key (a hash of the corpus bytes): runs record it, to find their text again (chargpt.novelty)."""
+        return self.ids_path.stem
+
+    @property
+    def cache_dir(self):
+        return self.ids_path.parent
+
     def ids(self):
         """The ids as a read-only memory map (nothing is loaded into RAM up front)."""
         if self.length == 0:
@@ -283,6 +292,17 @@ def _ids_in_range(corpus):
     IndexError). One pass over the memory map, in chunks; it costs less than hashing the corpus for its key."""
     ids, limit = corpus.ids(), len(corpus.vocab)
     return all(int(ids[i:i + CHECK_CHUNK].max()) < limit for i in range(0, corpus.length, CHECK_CHUNK))
+
+
+def cached_corpus(cache_dir, key, name="corpus"):
+    """The corpus encoded under `key` in cache_dir, without its source files (a run that recorded its key finds
+    its text again: chargpt.novelty), or None when that entry is missing or damaged."""
+    cache_dir = Path(cache_dir)
+    found = _read_cache(cache_dir / f"{key}.json", cache_dir / f"{key}.bin")
+    if found is None:
+        return None
+    corpus = EncodedCorpus(name, found[0], cache_dir / f"{key}.bin", found[1])
+    return corpus if _ids_in_range(corpus) else None
 
 
 def _read_cache(meta_path, ids_path):

@@ -146,6 +146,15 @@ class EncodedPairs:
     length: int  # characters in all examples, markers included
     n_pairs: int
 
+    @property
+    def key(self):
+        """The cache key (as EncodedCorpus.key)."""
+        return self.paths["ids"].name.split(".")[0]
+
+    @property
+    def cache_dir(self):
+        return self.paths["ids"].parent
+
     def ids(self):
         return np.memmap(self.paths["ids"], dtype=self.vocab.id_dtype, mode="r", shape=(self.length,))
 
@@ -230,6 +239,14 @@ def encode_pairs(data, target_data=None, encoding="utf-8", errors="strict", cach
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
     return EncodedPairs(name, vocab, paths, length, n_pairs)
+
+
+def cached_pairs(cache_dir, key, name="pairs"):
+    """The pairs encoded under `key` in cache_dir, without their source files (as data.cached_corpus), or None."""
+    cache_dir = Path(cache_dir)
+    found = _read_cache(cache_dir / f"{key}.pairs.json",
+                        {part: cache_dir / f"{key}.{part}.bin" for part in ("ids", "mask", "index")})
+    return EncodedPairs(name, *found) if found else None
 
 
 def _read_cache(meta_path, paths):

@@ -32,6 +32,23 @@ def read_file(path, what):
         raise ChargptError(f"cannot read {what} {path}: {e.strerror}") from None
 
 
+def read_bounded(path, limit, what):
+    """A file's bytes, or stdin's for '-', read no further than `limit`: more is a one-line error, not a read
+    that never ends."""
+    try:
+        if path == "-":
+            stream = sys.stdin.buffer if hasattr(sys.stdin, "buffer") else io.BytesIO(sys.stdin.read().encode())
+            data = stream.read(limit + 1)
+        else:
+            with open(path, "rb") as f:
+                data = f.read(limit + 1)
+    except OSError as e:
+        raise ChargptError(f"cannot read {what} {path}: {e.strerror}") from None
+    if len(data) > limit:
+        raise ChargptError(f"{what} {path} is over {limit:,} bytes; give a part of it")
+    return data
+
+
 def decode_utf8(data, source):
     """bytes -> text as UTF-8 (an opening BOM is dropped); anything else is one line naming `source`."""
     try:
@@ -118,16 +135,18 @@ def stream_samples(gen, prompt, n, seed, settings, unknown, out, use_cache=True)
     return texts
 
 
-def all_samples(gen, prompt, n, seed, settings, unknown, as_json, use_cache=True, ascii_json=False):
+def all_samples(gen, prompt, n, seed, settings, unknown, as_json, use_cache=True, ascii_json=False, novelty=None):
     """Decode all samples, then -> the text to write: as printed, or one JSON object per line (\\u escapes for
-    every non-ASCII character with ascii_json, for an output that cannot hold them: still exact JSON)."""
+    every non-ASCII character with ascii_json, for an output that cannot hold them: still exact JSON).
+    `novelty(i, text)`, if given, is called for every sample in order: its dict joins that sample's record."""
     prompt = gen.prompt_text(prompt, unknown)
     texts = gen.generate(prompt, num_samples=n, seed=seed, use_cache=use_cache, **settings)
+    extra = [novelty(i, t) if novelty else {} for i, t in enumerate(texts)]
     if not as_json:
         return "".join(format_sample(i, n, seed, shown_prompt(gen, prompt), t) for i, t in enumerate(texts))
     record = {**settings, "num_samples": n, "unknown": unknown}  # with the seed, enough to reproduce the text
-    return "".join(json.dumps({"sample": i, "prompt": prompt, "text": t, "seed": seed, "settings": record},
-                              ensure_ascii=ascii_json) + "\n" for i, t in enumerate(texts))
+    return "".join(json.dumps({"sample": i, "prompt": prompt, "text": t, "seed": seed, "settings": record, **x},
+                              ensure_ascii=ascii_json) + "\n" for i, (t, x) in enumerate(zip(texts, extra)))
 
 
 def translations(gen, lines, name, options):

@@ -350,9 +350,9 @@ class Trainer:
             return
         s = self.state
         extra = dict(step=s.step, val_loss=val_loss, best_val_loss=s.best_val if s.best_val < float("inf") else None,
-                     corpus=self.corpus.name, run_state=asdict(s), hardware=self._hardware(),
-                     world_size=self.dist.world_size, chars_per_step=self.chars_per_step,
-                     corpus_chars=self.corpus.length,  # for model cards (chargpt export)
+                     corpus=self.corpus.name, corpus_key=self.corpus.key, run_state=asdict(s),
+                     hardware=self._hardware(), world_size=self.dist.world_size, chars_per_step=self.chars_per_step,
+                     corpus_chars=self.corpus.length,  # for model cards (chargpt export); the key: chargpt novelty
                      closing_prompt=getattr(self.task, "closing_prompt", None))  # the playground's "Write a sample"
         if self.lineage:  # the run this one started from (--init-from)
             extra[init_from.LINEAGE] = self.lineage
@@ -606,9 +606,29 @@ class Trainer:
             return
         t0, s, prompt = time.perf_counter(), self.state, self.cfg.sample_prompt or ""
         text = self.sample(self.cfg.sample_chars)
-        rundir.append_jsonl(self.out_dir / SAMPLES, {"step": s.step, "prompt": prompt, "text": text})
-        self.log(f"--- sample at step {s.step} ---\n{prompt}{text}\n---")
+        report = self._novelty(text)
+        record = {"step": s.step, "prompt": prompt, "text": text, **({"novelty": report.summary()} if report else {})}
+        rundir.append_jsonl(self.out_dir / SAMPLES, record)
+        self.log(f"--- sample at step {s.step} ---\n{prompt}{text}\n---" + (f"\n{report.line()}" if report else ""))
         self._pause_speed(time.perf_counter() - t0)
+
+    def _novelty(self, text):
+        """How much of a sample is copied from the training text (a chargpt.novelty Report), so that samples.jsonl
+        and the log show memorisation grow; the index is built at the first sample (once per corpus, then cached).
+        None if it cannot be built: a sample's score is not worth stopping a training for."""
+        from . import novelty
+        index = getattr(self, "novelty_index", None)
+        if index is False:
+            return None
+        try:
+            if index is None:
+                index = self.novelty_index = novelty.index_corpus(self.corpus, self.cfg.val_fraction, log=self.log,
+                                                                  split=getattr(self.task, "split", None))
+            return index.score(text)
+        except (ChargptError, OSError, MemoryError) as e:
+            self.log(f"warning: no novelty score for the samples ({e}); they are recorded without one")
+            self.novelty_index = False
+            return None
 
     def _pause_speed(self, seconds):
         """Leave `seconds` out of the speeds shown: chars/s (see _log_progress) and the bar's own steps/s and ETA

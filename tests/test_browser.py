@@ -1,7 +1,8 @@
 """The playground in a real browser: headless Chromium (Debian's `chromium`, driven by Playwright) against a
 server on a free localhost port with a tiny run trained here. It writes with a fixed seed and checks the text
 against the library, stops a generation, shows unknown characters, draws the inside view (surprise shading,
-a causal attention map) and the runs view (curves that follow a run still training). Each view is saved as a
+a causal attention map), the runs view (curves that follow a run still training) and the copied text of a sample
+(chargpt.novelty) shaded with its source line. Each view is saved as a
 screenshot under the test's tmp dir. Skipped only where Chromium or Playwright is missing outside CI."""
 
 import json
@@ -384,3 +385,35 @@ def test_runs_view_says_which_run_a_run_started_from(browser, tmp_path_factory):
     assert text.startswith(f"started from {(base / 'best.safetensors').resolve()} (best weights, step 10 on ")
     assert "characters added to its vocabulary" in text
     page.close()
+
+
+def test_write_marks_the_text_a_sample_copied_with_its_source_line(browser, tmp_path_factory, tmp_path):
+    """A run trained on one repeated character writes it back (greedy): its whole sample is copied, so it is shaded,
+    and each shaded span names the line it comes from."""
+    root = tmp_path_factory.mktemp("parrot")
+    corpus = root.parent / f"{root.name}.txt"
+    corpus.write_text("a" * 3000 + "\n", encoding="utf-8")
+    chargpt.train(data=str(corpus), out_dir=str(root / "parrot"), cache_dir=str(root.parent / f"{root.name}-cache"),
+                  max_iters=40, eval_interval=20, learning_rate=1e-2, warmup_iters=2, log=lambda *a: None,
+                  **webutil.TINY)
+    with serve.running(serve.create_app(root, device="cpu")) as url:
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.set_default_timeout(WAIT_MS)
+        errors = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(url)
+        page.wait_for_selector("body[data-ready='1']")
+        page.check("#novelty")
+        write(page, "a", temperature=0, length=60)
+        page.wait_for_selector("#outputs[data-novelty='done']")
+        marks = page.locator(".sample[data-i='0'] .gen mark.copied")
+        assert marks.count() == 1 and marks.first.text_content() == "a" * 60
+        assert "copied from line 1 of the training text" in marks.first.get_attribute("title")
+        assert sample_text(page, 0) == "a" * 60  # the text itself is unchanged
+        assert page.inner_text(".sample[data-i='0'] .novelty").startswith("copied: 100% in spans of 20+")
+        page.screenshot(path=tmp_path / "copied.png", full_page=True)
+        page.uncheck("#novelty")
+        write(page, "a", temperature=0, length=30)
+        assert page.locator("mark.copied").count() == 0
+        page.close()
+        assert not errors, errors

@@ -568,7 +568,7 @@ def test_readme_runs_as_written(after_readme):
     assert {"pydoc-topics", "tinyshakespeare", "my_poems", "notes"} <= runs  # the first command, then your text
 
 
-RUN_GUIDES = [g for g in GUIDES if g.name in ("training.md", "sampling.md", "runs.md", "translation.md")]
+RUN_GUIDES = [g for g in GUIDES if g.name in ("training.md", "sampling.md", "runs.md", "translation.md", "novelty.md")]
 
 
 @pytest.mark.parametrize("guide", RUN_GUIDES, ids=lambda p: p.name)

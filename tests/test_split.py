@@ -155,3 +155,21 @@ def test_an_old_run_resumes_and_evaluates_with_the_tail_split_it_was_trained_on(
     with pytest.raises(ConfigError, match="trained with --val-split tail"):
         chargpt.train(data=str(data), out_dir="run", resume=True, max_iters=8, val_split="blocks",
                       log=lambda m: None, **TINY_KW)
+
+
+def test_novelty_indexes_the_split_the_run_trained_with(tmp_path):
+    """A line of validation text is copied from the validation split, never from training, under the blocks
+    split too (chargpt novelty, sample.py --novelty, the playground)."""
+    from chargpt import novelty
+    data = write_drifting(tmp_path / "drift.txt")
+    chargpt.train(data=str(data), out_dir="run", max_iters=2, eval_interval=2, log=lambda m: None, **TINY_KW)
+    index = novelty.for_run(tmp_path / "run", log=lambda m: None)
+    ids, vocab = encoded(data.read_text(encoding="utf-8"))
+    split = split_of(ids, vocab, 0.1, 16, "blocks")
+    a, b = split.val[len(split.val) // 2]
+    line = vocab.decode(ids[a:b]).split("\n")[1]  # "song 123: the river runs to the sea": unique by its number
+    report = index.score(line)
+    assert report.val.longest.length == len(line) and report.train.longest.length < len(line)
+    a, b = split.train[1]
+    line = vocab.decode(ids[a:b]).split("\n")[1]
+    assert index.score(line).train.longest.length == len(line)

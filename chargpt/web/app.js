@@ -113,6 +113,7 @@ function forgetOutputs() {
 
 function clearWrite() {
   $("outputs").replaceChildren();
+  delete $("outputs").dataset.novelty;
   $("prompt-marks").hidden = true;
   status("write-status", "");
   $("to-inside").disabled = true;
@@ -271,6 +272,7 @@ async function onGenerate() {
     status("write-status", `${what}${count} · ${chars} characters in ${fmt(seconds, 2)} s (${rate} chars/s) · ` +
       `seed ${state.job.seed}` + (state.job.warning ? ` · ${state.job.warning}` : ""), Boolean(done.error));
     $("to-inside").disabled = false;
+    if ($("novelty").checked && !done.error) await markCopied(body.run, texts, nodes, stale);
   } catch (err) {
     if (stale()) return;
     outputs.replaceChildren();  // an error is the whole answer: no half of an earlier request under it
@@ -283,6 +285,36 @@ async function onGenerate() {
     $("generate").disabled = false;
     $("stop-button").disabled = true;
   }
+}
+
+async function markCopied(run, texts, nodes, stale = () => false) {
+  // shade the spans of each sample that occur verbatim in the run's training text (chargpt.novelty), the line
+  // they come from in each one's tooltip, and the share copied under the sample
+  $("outputs").dataset.novelty = "checking";
+  for (let i = 0; i < texts.length; i++) {
+    const box = nodes[i].box;
+    let data;
+    try { data = await api("/api/novelty", {run, text: texts[i]}); } catch (err) {
+      if (stale()) return;
+      box.append(el("p", {class: "novelty status error", text: `copied text: ${err.message}`}));
+      continue;
+    }
+    if (stale()) return;  // another run or request is on screen now
+    const chars = Array.from(texts[i]), pieces = [];  // offsets count code points, as in Python
+    let at = 0;
+    for (const s of data.segments) {
+      if (s.start > at) pieces.push(chars.slice(at, s.start).join(""));
+      pieces.push(el("mark", {class: "copied", "data-line": String(s.line),
+                              title: `copied from ${data.unit} ${s.line.toLocaleString("en")} of the training text: ` +
+                                     (s.context ? `(${s.context}) ` : "") + s.excerpt},
+                         chars.slice(s.start, s.end).join("")));
+      at = s.end;
+    }
+    if (at < chars.length) pieces.push(chars.slice(at).join(""));
+    box.querySelector(".gen").replaceChildren(...pieces);
+    box.append(el("p", {class: "novelty hint", text: data.summary}));
+  }
+  $("outputs").dataset.novelty = "done";
 }
 
 function markUnknown(prompt, found) {

@@ -31,6 +31,9 @@ API (JSON in, JSON out; generation as server-sent events):
   POST /api/inside                {run, text, top, end} -> surprise, expected characters, attention maps (of the
                                   context window ending before position `end`, by default the text's end);
                                   decoder-only runs (an encoder-decoder is refused with 400)
+  POST /api/novelty               {run, text, min_span} -> how much of text is copied from the run's training text
+                                  (chargpt.novelty): copied_fraction, longest, longest_line, summary (one line), and
+                                  `segments` to shade [{start, end, line, excerpt, context}] (character offsets)
   GET  /api/status                generations running and the limit
 """
 
@@ -85,6 +88,7 @@ MAX_TOP_K = 1_000_000
 MAX_SEED = 2**63 - 1
 MAX_STOPS, MAX_STOP_CHARS = 4, 100
 MAX_INSIDE_CHARS = 2_000  # text analysed by Look inside
+MAX_NOVELTY_CHARS = MAX_PROMPT_CHARS + MAX_NEW_CHARS  # text checked for copying (a prompt and its sample)
 MAX_TOP = 10  # expected characters listed per position
 VOCAB_PREVIEW = 300  # vocabulary characters a run's details show
 MAX_BUSY = 2  # generations and analyses at once; the next request gets 429
@@ -103,6 +107,7 @@ GENERATE = {"run": (str, REQUIRED), "prompt": (str, ""), "max_new_tokens": (int,
             "top_p": ((*NUMBER, type(None)), None), "num_samples": (int, 1), "seed": ((int, type(None)), None),
             "unknown": (str, "error"), "stop": (list, [])}
 INSIDE = {"run": (str, REQUIRED), "text": (str, REQUIRED), "top": (int, 5), "end": ((int, type(None)), None)}
+NOVELTY = {"run": (str, REQUIRED), "text": (str, REQUIRED), "min_span": ((int, type(None)), None)}
 STOP = {"id": (str, REQUIRED)}
 
 
@@ -508,6 +513,40 @@ def inside_json(view):
             "attention": base64.b64encode(quantised).decode("ascii")}
 
 
+class NoveltyIndexes:
+    """The novelty index (chargpt.novelty) of each run asked about, by run directory: built or loaded once, in a
+    worker thread (the first build of a large corpus takes a while), one at a time."""
+
+    def __init__(self):
+        self.loaded, self.lock = {}, threading.Lock()
+
+    def get(self, path):
+        from ..novelty import for_run
+        with self.lock:
+            if path.parent not in self.loaded:
+                self.loaded[path.parent] = for_run(path, log=lambda m: print(m, file=sys.stderr))
+            return self.loaded[path.parent]
+
+
+async def novelty(request):
+    from ..novelty import DEFAULT_MIN_SPAN, format_summary, segments
+    s = state(request)
+    req = fields(await read_json(request), NOVELTY)
+    if len(req["text"]) > MAX_NOVELTY_CHARS:
+        raise RequestError(400, f"text is {len(req['text'])} characters; the limit is {MAX_NOVELTY_CHARS}")
+    span = DEFAULT_MIN_SPAN if req["min_span"] is None else req["min_span"]
+    in_range("min_span", span, 1, MAX_NOVELTY_CHARS)
+    path = s.runs.checkpoint(req["run"])
+    s.busy.take()
+    try:
+        index = await run_in_threadpool(s.novelty.get, path)
+        report = await run_in_threadpool(index.score, req["text"], span)
+    finally:
+        s.busy.give()
+    return JSONResponse({**report.to_json(positions=False), "summary": format_summary(report),
+                         "segments": segments(report.train.spans)})
+
+
 async def status(request):
     s = state(request)
     return JSONResponse({"busy": s.busy.count, "max_busy": s.busy.limit, "generations": sorted(s.jobs)})
@@ -548,6 +587,7 @@ def create_app(checkpoints, device="auto", hosts=LOOPBACK_NAMES, max_busy=MAX_BU
               Route("/api/runs", list_runs), Route("/api/runs/{name}", run_details),
               Route("/api/runs/{name}/metrics", run_metrics), Route("/api/generate", generate, methods=["POST"]),
               Route("/api/stop", stop, methods=["POST"]), Route("/api/inside", inside, methods=["POST"]),
+              Route("/api/novelty", novelty, methods=["POST"]),
               Route("/api/status", status)]
     middleware = [Middleware(SecurityHeaders)]
     if hosts:
@@ -556,6 +596,7 @@ def create_app(checkpoints, device="auto", hosts=LOOPBACK_NAMES, max_busy=MAX_BU
                     exception_handlers={RequestError: refused, ChargptError: unusable, HTTPException: http_error})
     app.state.runs, app.state.models, app.state.busy = Runs(checkpoints), Models(device, max_models), Busy(max_busy)
     app.state.jobs = {}  # id -> Generation in flight
+    app.state.novelty = NoveltyIndexes()
     app.state.closing = False  # set by stop_all when the server is asked to stop
 
     def finished(job):

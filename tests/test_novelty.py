@@ -1,0 +1,318 @@
+"""Is it writing or copying (chargpt/novelty.py): the suffix arrays against plain sorting, the scores against brute
+force, and what a user reads: a slice of the training text is copied at its true line, random text is not, a
+splice shows its two sources, validation text is found in the validation split only, CJK, the cache, a missing
+corpus, and the JSON of `chargpt novelty`, `sample.py --novelty` and samples.jsonl."""
+
+import json
+import random
+import shutil
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from conftest import run_chargpt
+
+import chargpt
+from chargpt import novelty
+from chargpt.cli import novelty_cli, sample_cli
+from chargpt.data import encode_corpus
+from chargpt.pairs import encode_pairs
+
+WORDS = ("time love night king lord death heaven blood sweet fair honour grace noble gentle heart hand eyes tongue "
+         "sword crown peace war friend brother father mother daughter soul fortune nature virtue reason truth").split()
+TINY = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
+            threads=1, dtype="float32", curves=False, log=lambda *a: None)
+
+
+def invoke(cli, *args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def verse(lines=400, seed=0, words=WORDS):
+    """Lines of random words: every span of 20+ characters is (almost surely) in one place only."""
+    rng = random.Random(seed)
+    return "".join(f"{' '.join(rng.choice(words) for _ in range(rng.randint(5, 9)))}.\n" for _ in range(lines))
+
+
+def at_line(text, line, chars):
+    """`chars` characters of text from the start of line `line` (1-based)."""
+    start = sum(len(x) + 1 for x in text.split("\n")[:line - 1])
+    return text[start:start + chars]
+
+
+@pytest.fixture
+def text_index(tmp_path):
+    """(corpus text, Novelty over it): the last 10% validate."""
+    text = verse()
+    path = tmp_path / "verse.txt"
+    path.write_text(text, encoding="utf-8")
+    corpus = encode_corpus(str(path), cache_dir=tmp_path / "cache")
+    return text, novelty.index_corpus(corpus, 0.1, log=lambda *a: None)
+
+
+# --- the index and the search, against references -------------------------------------------------------------------
+@pytest.mark.parametrize("vocab", [2, 5, 300])  # 300: ids past one byte (pydivsufsort's two-byte path)
+def test_suffix_arrays_sort_the_suffixes(vocab):
+    rng = np.random.default_rng(vocab)
+    for n in (1, 2, 7, 64, 300):
+        ids = rng.integers(0, vocab, n).astype(np.uint16)
+        expected = sorted(range(n), key=lambda i: ids[i:].tolist())
+        assert novelty.suffix_array_numpy(ids).tolist() == expected
+        assert novelty.suffix_array(ids).tolist() == expected  # pydivsufsort where installed, else the same
+        if novelty.pydivsufsort is not None:
+            assert novelty.suffix_array(ids, "pydivsufsort").tolist() == expected
+
+
+def test_without_pydivsufsort_numpy_builds_the_index(monkeypatch):
+    monkeypatch.setattr(novelty, "pydivsufsort", None)
+    ids = np.random.default_rng(0).integers(0, 4, 500).astype(np.uint16)
+    assert novelty.suffix_array(ids).tolist() == sorted(range(500), key=lambda i: ids[i:].tolist())
+    with pytest.raises(chargpt.ChargptError, match=r"pip install -e \"\.\[novelty\]\""):
+        novelty.suffix_array(ids, "pydivsufsort")
+
+
+def test_matching_statistics_against_brute_force():
+    rng = np.random.default_rng(1)
+    for _ in range(30):
+        ids = rng.integers(0, 3, int(rng.integers(1, 80))).astype(np.uint16)
+        query = rng.integers(-1, 3, int(rng.integers(1, 40)))  # -1: a character the corpus lacks
+        starting, where = novelty.matching_statistics(ids, novelty.suffix_array(ids), query, block=3)
+        for i in range(len(query)):
+            best = max(_common(query[i:], ids[j:]) for j in range(len(ids)))
+            assert starting[i] == best
+            assert ids[where[i]:where[i] + best].tolist() == query[i:i + best].tolist()
+        ends = np.arange(len(query)) + starting
+        for j, got in enumerate(novelty.spans_ending(ends)):
+            assert got == max([j - i + 1 for i in range(j + 1) if starting[i] >= j - i + 1], default=0)
+
+
+def _common(a, b):
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+# --- scores a user reads ------------------------------------------------------------------------------------------
+def test_a_slice_of_the_training_text_is_copied_at_its_true_line(text_index):
+    text, index = text_index
+    report = index.score(at_line(text, 57, 150))
+    assert report.train.copied_fraction == 1.0 and report.train.longest.length == 150
+    assert report.summary()["longest_line"] == 57 and len(report.train.spans) == 1
+    assert report.train.longest.excerpt == at_line(text, 57, novelty.EXCERPT_CHARS) + "…"
+    assert report.train.longest.context == ""
+    assert report.train.starting.tolist() == list(range(150, 0, -1))
+    assert report.train.ending.tolist() == list(range(1, 151))
+    assert novelty.format_summary(report) == "copied: 100% in spans of 20+; longest 150 chars, from line 57"
+    mid_line = index.score(at_line(text, 57, 150)[12:]).train.longest  # its context: the line before the span
+    assert mid_line.line == 57 and mid_line.context == at_line(text, 57, 12)
+
+
+def test_random_characters_score_about_zero(text_index):
+    _, index = text_index
+    rng = random.Random(5)
+    report = index.score("".join(rng.choice(index.vocab.chars) for _ in range(1000)))
+    assert report.train.copied_fraction == 0 and report.train.longest.length < 8 and not report.train.spans
+    nothing = index.score("\u00a7" * 30)  # no character of it is in the corpus
+    assert nothing.train.longest is None and nothing.summary()["longest_line"] is None
+    assert novelty.format_summary(nothing) == "copied: 0% in spans of 20+; longest 0 chars"
+    assert index.score("").summary()["copied_fraction"] == 0
+
+
+def test_a_splice_of_two_slices_shows_two_spans_with_their_lines(text_index):
+    text, index = text_index
+    report = index.score(at_line(text, 30, 80) + at_line(text, 300, 90))
+    spans = report.train.spans
+    assert [s.line for s in spans] == [30, 300]
+    assert spans[0].start == 0 and spans[1].end == 170 and report.train.copied_fraction == 1.0
+    assert report.summary()["longest"] >= 90 and report.summary()["longest_line"] == 300
+
+
+def test_validation_text_is_copied_from_the_validation_split_not_training(text_index):
+    text, index = text_index
+    line = text[:int(len(text) * 0.9)].count("\n") + 10  # well inside the last 10%
+    report = index.score(at_line(text, line, 120))
+    assert report.train.copied_fraction == 0 and report.val.copied_fraction == 1.0
+    assert report.val.longest.line == line  # counted in the whole file, as an editor shows it
+    assert report.summary()["val_copied_fraction"] == 1.0 and "from the validation text: 100%" in \
+        novelty.format_summary(report)
+
+
+def test_min_span_decides_what_counts_as_copied(text_index):
+    text, index = text_index
+    piece = at_line(text, 12, 30) + "\u00a7" + at_line(text, 40, 12)  # a character the corpus lacks between them
+    assert index.score(piece, min_span=20).train.copied_fraction == pytest.approx(30 / 43)
+    assert index.score(piece, min_span=10).train.copied_fraction == pytest.approx(42 / 43)
+    with pytest.raises(chargpt.ChargptError, match="--min-span"):
+        index.score(piece, min_span=0)
+
+
+def test_cjk_text_is_indexed_by_characters(tmp_path):
+    chars = [chr(c) for c in range(0x4E00, 0x4E00 + 400)]  # 400 distinct: ids take two bytes
+    text = verse(lines=300, seed=3, words=["".join(random.Random(i).choices(chars, k=4)) for i in range(150)])
+    path = tmp_path / "tang.txt"
+    path.write_text(text, encoding="utf-8")
+    index = novelty.index_corpus(encode_corpus(str(path), cache_dir=tmp_path / "c"), 0.1, log=lambda *a: None)
+    assert len(index.vocab) > 256
+    report = index.score("한" + at_line(text, 101, 40))  # a character the corpus does not have
+    assert report.train.copied_fraction == pytest.approx(40 / 41) and report.train.longest.line == 101
+    assert report.train.longest.excerpt == at_line(text, 101, 40)
+
+
+def test_the_index_is_built_once_cached_and_memory_mapped(text_index, tmp_path, monkeypatch):
+    text, _ = text_index
+    corpus = encode_corpus(str(tmp_path / "verse.txt"), cache_dir=tmp_path / "cache")
+    monkeypatch.setattr(novelty, "suffix_array", lambda ids: pytest.fail("the cached index was rebuilt"))
+    index = novelty.index_corpus(corpus, 0.1, log=lambda *a: None)
+    assert all(isinstance(s.sa, np.memmap) for s in index.splits.values())
+    assert index.score(at_line(text, 3, 40)).train.copied_fraction == 1.0
+    assert not list((tmp_path / "cache").glob(".*tmp*"))  # written atomically: no temporary file left
+    # a damaged index (a position past the text) is rebuilt, not trusted
+    monkeypatch.undo()
+    path = next((tmp_path / "cache").glob("*.sa-train-*.npy"))
+    damaged = np.load(path).copy()
+    damaged[5] = len(damaged) + 7
+    np.save(path, damaged)
+    index = novelty.index_corpus(corpus, 0.1, log=lambda *a: None)
+    assert index.score(at_line(text, 3, 40)).train.copied_fraction == 1.0
+
+
+def test_sentence_pairs_are_scored_per_split_and_located_by_pair(tmp_path):
+    rng = random.Random(2)
+    rows = [(f"{' '.join(rng.choices(WORDS, k=4))}", f"{' '.join(rng.choices(WORDS, k=5))}") for _ in range(200)]
+    path = tmp_path / "pairs.tsv"
+    path.write_text("".join(f"{s}\t{t}\n" for s, t in rows), encoding="utf-8")
+    corpus = encode_pairs(str(path), cache_dir=tmp_path / "c")
+    index = novelty.index_corpus(corpus, 0.1, log=lambda *a: None)
+    from chargpt.pairs import split_pairs
+    train, val = split_pairs(len(rows), 0.1)
+    report = index.score(rows[train[7]][1])
+    assert report.train.copied_fraction == 1.0 and report.unit == "pair" and report.train.longest.line == train[7] + 1
+    assert report.train.longest.excerpt == rows[train[7]][1]
+    assert report.train.longest.context.endswith(rows[train[7]][0][-5:] + "\t")  # its source, before a tab
+    report = index.score(rows[val[3]][1])
+    assert report.val.copied_fraction == 1.0 and report.val.longest.line == val[3] + 1
+
+
+# --- a run's own corpus, and the commands ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """(run directory, corpus path, corpus text, its log lines): a tiny run that samples (and scores) every 5
+    steps."""
+    root = tmp_path_factory.mktemp("novelty_run")
+    text = verse(seed=9)
+    corpus = root / "verse.txt"
+    corpus.write_text(text, encoding="utf-8")
+    logs = []
+    chargpt.train(data=str(corpus), out_dir=str(root / "run"), cache_dir=str(root / "cache"), max_iters=10,
+                  eval_interval=5, sample_every=5, sample_chars=40, **{**TINY, "log": logs.append})
+    return root / "run", corpus, text, logs
+
+
+def test_samples_written_while_training_record_their_novelty(run):
+    rows = [json.loads(line) for line in (run[0] / "samples.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [5, 10]
+    for r in rows:
+        assert set(r["novelty"]) >= {"copied_fraction", "min_span", "longest", "longest_line"}
+        assert r["novelty"]["min_span"] == 20 and 0 <= r["novelty"]["copied_fraction"] <= 1
+    shown = [line for line in run[3] if line.startswith("--- sample at step")]
+    assert len(shown) == 2 and all(line.splitlines()[-1].startswith("copied: ") for line in shown)
+
+
+def test_novelty_command_finds_the_run_s_corpus_and_prints_spans(run):
+    _, _, text, _ = run
+    done = run_chargpt("novelty", "--checkpoint", run[0], at_line(text, 44, 60))  # as a user runs it
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "copied: 100% in spans of 20+; longest 60 chars, from line 44"
+    assert "line 44" in done.stdout.splitlines()[2]
+    done = invoke(novelty_cli, "--checkpoint", run[0], "--json", "--min-span", "12", at_line(text, 44, 60))
+    out = json.loads(done.stdout)
+    assert out["copied_fraction"] == 1.0 and out["min_span"] == 12 and out["longest"] == 60
+    assert out["longest_line"] == 44 and out["train"]["starting"][:3] == [60, 59, 58]
+    assert out["train"]["ending"][-1] == 60 and 0 < out["val"]["copied_fraction"] < 1  # 12+: chance phrases too
+    assert out["train"]["spans"][0]["line"] == 44
+
+
+def test_novelty_reads_input_files_and_refuses_bad_input(run, tmp_path):
+    _, _, text, _ = run
+    f = tmp_path / "sample.txt"
+    f.write_text(at_line(text, 8, 50), encoding="utf-8")
+    done = invoke(novelty_cli, "--checkpoint", run[0], "--input", f)
+    assert done.exit_code == 0 and "from line 8" in done.stdout
+    for args, said in ((["--input", f, "also text"], "one of them"), ([], "one of them"),
+                       (["--min-span", "0", "x"], "--min-span"), (["--input", tmp_path / "no.txt"], "cannot read")):
+        done = invoke(novelty_cli, "--checkpoint", run[0], *args)
+        assert done.exit_code == 1 and done.stderr.startswith("error: ") and said in done.stderr
+
+
+def test_a_missing_corpus_asks_for_data_and_checks_it_by_hash(run, tmp_path):
+    run_dir, corpus, text, _ = run
+    moved = tmp_path / "run"
+    shutil.copytree(run_dir, moved)
+    elsewhere = tmp_path / "kept.txt"
+    shutil.copy(corpus, elsewhere)
+    cache = run_dir.parent / "cache"
+    try:
+        corpus.rename(corpus.with_suffix(".gone"))
+        done = invoke(novelty_cli, "--checkpoint", moved, at_line(text, 5, 30))  # found by its recorded cache key
+        assert done.exit_code == 0 and "from line 5" in done.stdout, done.stderr
+        cache.rename(cache.with_suffix(".gone"))  # the recorded cache entry is gone too
+        done = invoke(novelty_cli, "--checkpoint", moved, "some text")
+        assert done.exit_code == 1 and len(done.stderr.strip().splitlines()) == 1
+        assert "is gone" in done.stderr and "--data FILE" in done.stderr
+        other = tmp_path / "other.txt"
+        other.write_text(text.replace("king", "kings"), encoding="utf-8")
+        done = invoke(novelty_cli, "--checkpoint", moved, "--data", other, "some text")
+        assert done.exit_code == 1 and "hash differs" in done.stderr
+        done = invoke(novelty_cli, "--checkpoint", moved, "--data", elsewhere, at_line(text, 5, 30))
+        assert done.exit_code == 0 and "from line 5" in done.stdout, done.stderr
+    finally:
+        corpus.with_suffix(".gone").rename(corpus)
+        shutil.rmtree(cache, ignore_errors=True)  # what --data encoded there
+        cache.with_suffix(".gone").rename(cache)
+
+
+def test_sample_novelty_prints_a_line_per_sample_and_a_json_object(run, tmp_path):
+    done = invoke(sample_cli, "--checkpoint", run[0], "--novelty", "--max-new-tokens", "30", "--num-samples", "2",
+                  "--seed", "3", "--device", "cpu")
+    assert done.exit_code == 0, done.stderr
+    lines = [x for x in done.stderr.splitlines() if "copied:" in x]
+    assert len(lines) == 2 and lines[0].startswith("sample 1: copied: ") and "in spans of 20+" in lines[0]
+    assert "copied" not in done.stdout  # stdout keeps the text alone
+    done = invoke(sample_cli, "--checkpoint", run[0], "--novelty", "--json", "--min-span", "8",
+                  "--max-new-tokens", "30", "--seed", "3", "--device", "cpu")
+    record = json.loads(done.stdout)
+    assert set(record["novelty"]) >= {"copied_fraction", "min_span", "longest", "longest_line"}
+    assert record["novelty"]["min_span"] == 8
+    done = invoke(sample_cli, "--checkpoint", run[0], "--novelty", "--output", tmp_path / "s.txt", "--seed", "3",
+                  "--max-new-tokens", "30", "--device", "cpu")
+    assert done.exit_code == 0 and (tmp_path / "s.txt").read_text(encoding="utf-8").strip()
+    assert sum(line.startswith("copied: ") for line in done.stderr.splitlines()) == 1
+    done = invoke(sample_cli, "--checkpoint", run[0], "--min-span", "5", "--device", "cpu")
+    assert done.exit_code == 1 and "--novelty" in done.stderr
+
+
+def test_the_playground_api_marks_copied_segments(run):
+    from webutil import need
+    need("starlette")
+    from starlette.testclient import TestClient
+
+    from chargpt.web import server as serve
+    _, _, text, _ = run
+    client = TestClient(serve.create_app(run[0].parent, device="cpu"), base_url="http://127.0.0.1")
+    sample = "zz " + at_line(text, 20, 40)
+    r = client.post("/api/novelty", json={"run": "run", "text": sample})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["segments"] == [{"start": 3, "end": 43, "line": 20, "excerpt": at_line(text, 20, 40), "context": ""}]
+    assert body["summary"].startswith("copied: 93% in spans of 20+")
+    r = client.post("/api/novelty", json={"run": "run", "text": "x" * (serve.MAX_NOVELTY_CHARS + 1)})
+    assert r.status_code == 400 and "limit" in r.json()["error"]
+
+
+def test_the_benchmark_runs_on_small_sizes():
+    r = novelty.bench_one(n_chars=20_000, sample_chars=200)
+    assert r["chars"] == 20_000 and r["score_chars"] == 200 and r["longest"] >= 100  # the first half is copied
+    assert set(r) >= {"build_s", "build_extra_mb", "score_s", "builder"}
+    (result,) = novelty.bench([{"n_chars": 5_000, "builder": "numpy"}], sample_chars=100)
+    assert result["chars"] == 5_000 and result["builder"] == "numpy"
