@@ -41,11 +41,45 @@ def pick_device(name="auto"):
     return device
 
 
-def cpu_has_native_bf16():
-    """True when the CPU computes bf16 matmuls in hardware (AVX512-BF16 or AMX); emulated bf16 is far slower
-    than fp32 (about 1 GFLOP/s against 150 measured on an AVX2-only EPYC)."""
+# CHARGPT_CPU_BF16=1 / =0 makes chargpt treat any CPU as one with / without native bf16, for every choice of its own
+# that the detection below drives (--dtype auto, Muon's iteration in an auto run, the benchmarks' rows); unset, the
+# hardware decides. bf16 math runs on every CPU (emulated it is only slower), so the test suite can run both kinds
+# of machine on one: .ci/run runs the dtype-sensitive tests again under the setting this machine does not have.
+CPU_BF16_ENV = "CHARGPT_CPU_BF16"
+
+
+def cpu_bf16_override():
+    """-> True/False where CHARGPT_CPU_BF16 forces the answer of cpu_has_native_bf16(), None where it is unset."""
+    value = os.environ.get(CPU_BF16_ENV, "").strip()
+    if value == "":
+        return None
+    if value not in ("0", "1"):
+        raise ConfigError(f"{CPU_BF16_ENV}={value!r}: use 1 (treat this CPU as having native bf16), 0 (as lacking "
+                          f"it), or leave it unset to detect")
+    return value == "1"
+
+
+def cpu_detects_native_bf16():
+    """What the hardware says: True when the CPU computes bf16 matmuls in hardware (AVX512-BF16 or AMX); emulated
+    bf16 is far slower than fp32 (about 1 GFLOP/s against 150 measured on an AVX2-only EPYC)."""
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+
+
+def cpu_has_native_bf16():
+    """Whether chargpt treats this CPU as computing bf16 natively: the hardware's answer, unless CHARGPT_CPU_BF16
+    overrides it."""
+    forced = cpu_bf16_override()
+    return cpu_detects_native_bf16() if forced is None else forced
+
+
+def describe_cpu_bf16(native):
+    """Why chargpt counts this CPU as one with native bf16 (native=True) or without: the hardware, or
+    CHARGPT_CPU_BF16."""
+    forced = cpu_bf16_override()
+    if forced is not None:
+        return f"{CPU_BF16_ENV}={int(forced)}: treated as a CPU {'with' if forced else 'without'} native bf16"
+    return "CPU has native bf16" if native else "no native bfloat16 on this CPU"
 
 
 def cuda_has_native_bf16(device):
@@ -62,8 +96,10 @@ def pick_dtype(name, device):
             if cuda_has_native_bf16(device):
                 return torch.bfloat16, "bfloat16 autocast (GPU has native bf16)"
             return torch.float16, "float16 autocast with loss scaling (GPU lacks native bf16: compute capability < 8.0)"
-        if device.type == "cpu" and cpu_has_native_bf16():
-            return torch.bfloat16, "bfloat16 autocast (CPU has native bf16)"
+        if device.type == "cpu":
+            native = cpu_has_native_bf16()
+            return (torch.bfloat16, f"bfloat16 autocast ({describe_cpu_bf16(native)})") if native else \
+                (torch.float32, f"float32 ({describe_cpu_bf16(native)})")
         return torch.float32, "float32 (no native bfloat16 on this " + device.type.upper() + ")"
     if name not in DTYPES:
         raise ConfigError(f"unknown dtype {name!r}; use auto, float32, bfloat16 or float16")
