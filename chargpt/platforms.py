@@ -67,7 +67,8 @@ def portable_name(name, fallback="corpus"):
     name = _NOT_IN_NAMES.sub("_", name).rstrip(" .")
     if not name.strip(" ."):
         return fallback
-    return name + "_" if _RESERVED.fullmatch(name) else name
+    reserved = _RESERVED.fullmatch(name)  # reserved with any extension: the '_' goes before it
+    return f"{reserved[1]}_{reserved[2] or ''}" if reserved else name
 
 
 # --- sockets --------------------------------------------------------------------------------------------------

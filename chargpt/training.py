@@ -31,6 +31,7 @@ from .data import corpus_sources
 from .errors import ChargptError, CheckpointError, ConfigError, Interrupted
 from .model import build_model
 from .optim import describe_numerics, make_optimizer
+from .platforms import STOP_SIGNALS
 from .rundir import CONFIG, METRICS, SAMPLES, STATE
 from .runtime import (
     autocast,
@@ -663,7 +664,7 @@ class _SignalFlag:
 
     def __enter__(self):
         try:
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in STOP_SIGNALS:  # SIGINT, SIGTERM, and Ctrl-Break (SIGBREAK) on Windows
                 self.old[sig] = signal.signal(sig, self._handle)
         except ValueError:  # not the main thread: signals stay as they are
             pass
