@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+import shutil
 from dataclasses import dataclass
 
 import torch
@@ -143,12 +144,22 @@ def pick_decode_dtype(name, device):
 def pick_compile(setting, device):
     """--compile auto|on|off -> (whether to compile, reason printed at start)."""
     if setting == "on":
+        if device.type == "cpu" and cpp_compiler() is None:
+            raise ConfigError("--compile on: torch.compile turns CPU code into C++ and no C++ compiler was found (g++ "
+                              "or clang++; on Windows MSVC's cl, from a Developer Command Prompt; or set CXX); "
+                              "install one, or train with --compile off")
         return True, "torch.compile (requested)"
     if setting == "off":
         return False, "eager (--compile off)"
     if device.type == "cuda":
         return True, "torch.compile (--compile auto: it wins on CUDA)"
     return False, f"eager (--compile auto: torch.compile has not measured faster on {device.type.upper()})"
+
+
+def cpp_compiler():
+    """The C++ compiler torch.compile's CPU backend would find ($CXX, else the usual names on PATH), or None."""
+    names = [os.environ.get("CXX")] + ["cl", "clang-cl"] * (os.name == "nt") + ["g++", "clang++", "c++"]
+    return next((found for found in map(shutil.which, filter(None, names)) if found), None)
 
 
 def autocast(device, dtype):
@@ -234,6 +245,9 @@ def init_distributed(device_name):
     world = _world_size()
     if world <= 1:
         return Dist()
+    if not torch.distributed.is_available():
+        raise ConfigError(f"torchrun started {world} processes, but this torch build has no torch.distributed; train "
+                          f"in one process (python train.py), or install a torch build with it")
     import torch.distributed as dist
     d = Dist(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0)), world,
              int(os.environ.get("LOCAL_WORLD_SIZE", world)))
@@ -247,6 +261,9 @@ def init_distributed(device_name):
                               f"LOCAL_RANK; pass --device cuda (or auto) and pick GPUs with CUDA_VISIBLE_DEVICES")
         if not torch.cuda.is_available():
             raise ConfigError(f"--device {device_name}: this machine has no CUDA GPU; use --device cpu")
+        if not dist.is_nccl_available():
+            raise ConfigError("several processes on CUDA GPUs need NCCL, which this torch build lacks (torch has it on "
+                              "Linux only); train in one process, or with --device cpu under torchrun")
         if d.local_rank >= torch.cuda.device_count():
             raise ConfigError(f"torchrun started {d.local_world_size} processes on this machine but it has "
                               f"{torch.cuda.device_count()} GPU(s); use --nproc-per-node "

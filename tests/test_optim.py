@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 import chargpt
 from chargpt import checkpoint as ckpt
-from chargpt import optim, rundir, training
+from chargpt import optim, rundir, runtime, training
 from chargpt.cli import train_cli
 from chargpt.config import ModelConfig, TrainConfig
 from chargpt.errors import CheckpointError, ConfigError
@@ -226,10 +226,15 @@ def test_wsd_trains_and_logs_its_rates(tmp_path, corpus):
 
 
 # --- --compile auto|on|off ------------------------------------------------------------------------------------
-def test_compile_auto_uses_torch_compile_on_cuda_only_and_says_so(tmp_path, corpus):
+def test_compile_auto_uses_torch_compile_on_cuda_only_and_says_so(tmp_path, corpus, monkeypatch):
     assert pick_compile("auto", torch.device("cuda", 0))[0] is True
     assert pick_compile("auto", CPU)[0] is False
+    monkeypatch.setattr(runtime, "cpp_compiler", lambda: "/usr/bin/g++")  # whether this machine has one or not
     assert pick_compile("on", CPU) == (True, "torch.compile (requested)")
+    monkeypatch.setattr(runtime, "cpp_compiler", lambda: None)  # Windows without MSVC, say: one line at start
+    with pytest.raises(ConfigError, match=r"--compile on: torch.compile turns CPU code into C\+\+ and no C\+\+ "
+                                          r"compiler was found .* or train with --compile off"):
+        pick_compile("on", CPU)
     logs = []
     chargpt.train(log=logs.append, data="corpus.txt", out_dir="run", max_iters=2, eval_interval=2, **TINY_KW)
     device_line = next(line for line in logs if line.startswith("device: cpu"))

@@ -108,3 +108,23 @@ def test_a_console_that_cannot_show_the_corpus_gets_escapes_on_stderr_not_a_cras
     err = r.stderr.decode("ascii")  # every byte ASCII: what such a console can show
     assert r.returncode == 0 and "Traceback" not in err, err
     assert "--- sample from run" in err and "\\u" in err and "4/4" in err
+
+
+def test_torchrun_where_torch_lacks_what_it_needs_is_one_line_at_start(monkeypatch):
+    """torch.distributed is missing from some builds, and NCCL (several processes on CUDA) exists on Linux only."""
+    import torch
+
+    from chargpt.errors import ConfigError
+    from chargpt.runtime import init_distributed
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(torch.distributed, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"torchrun started 2 processes, but this torch build has no "
+                                          r"torch.distributed; train in one process"):
+        init_distributed("cpu")
+    monkeypatch.setattr(torch.distributed, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: False)  # as on Windows and macOS
+    with pytest.raises(ConfigError, match=r"several processes on CUDA GPUs need NCCL, which this torch build lacks"):
+        init_distributed("cuda")
