@@ -132,9 +132,8 @@ def orthogonalize_all(updates, coefficients, steps, eps, dtype):
 class Muon(torch.optim.Muon):
     """torch.optim.Muon (same hyperparameters, state and update) with the Newton-Schulz iteration in `ns_dtype`,
     batched over matrices of one shape. torch always runs it in bf16; here it follows the run's dtype
-    (newton_schulz_dtype): bf16 in a bf16 run, float32 in a float32 one, so --dtype float32 is float32 everywhere
-    (and a CPU without native bf16, which emulates bf16 matmuls at about 1 GFLOP/s, 100x slower than fp32, and
-    whose auto dtype is float32, never runs it in bf16)."""
+    (newton_schulz_dtype), so --dtype float32 means float32 everywhere, and an auto run on a CPU without native
+    bf16 (which emulates bf16 matmuls at about 1 GFLOP/s, 100x slower than fp32) runs it in float32."""
 
     def __init__(self, params, ns_dtype=torch.bfloat16, **kw):
         super().__init__(params, **kw)
