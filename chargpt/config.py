@@ -246,7 +246,12 @@ class TrainConfig:
                           choices=SAVE_STATES)
     # hardware
     device: str = opt("auto", "auto (CUDA, then Apple MPS, then CPU), cpu, cuda, cuda:N or mps")
-    dtype: str = opt("auto", "auto (bfloat16 where the hardware has it, else float32), float32, bfloat16, float16",
+    dtype: str = opt("auto", "auto (bfloat16 where the hardware has it natively, else float32; CHARGPT_CPU_BF16=0|1 "
+                             "overrides a CPU's detection), float32 (everything in float32, Muon's iteration "
+                             "included), bfloat16 or float16 (the forward and backward matmuls under autocast, "
+                             "float16 with loss scaling; Muon's iteration in bfloat16 in a bfloat16 run, else "
+                             "float32); weights, gradients and optimizer states are float32 always; the start-up "
+                             "line 'numerics:' says which",
                      choices=("auto", "float32", "bfloat16", "float16"))
     compile: str | bool = opt("auto", "torch.compile the model: auto where it measurably wins (CUDA: yes, CPU: no; "
                                       "the rule is runtime.pick_compile, printed at start), on, off; --compile alone "

@@ -18,7 +18,6 @@ import math
 import torch
 
 from .config import TrainConfig
-from .runtime import has_native_bf16
 
 
 class Optimizers:
@@ -64,14 +63,35 @@ def adamw(groups, cfg: TrainConfig, device):
         return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=betas)
 
 
-def make_optimizer(model, cfg: TrainConfig, device):
-    """-> Optimizers: AdamW alone, or Muon for the matrices + AdamW for the rest (cfg.optimizer)."""
+def newton_schulz_dtype(dtype):
+    """What Muon's iteration computes in, for a run computing in `dtype`: bfloat16 in a bf16 run (torch.optim.Muon's
+    own choice), float32 in any other (float32 means float32 everywhere; float16's narrow range is no place for an
+    iteration whose products are only known to stay bounded in exact arithmetic)."""
+    return torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+
+
+def describe_numerics(dtype, optimizer):
+    """The start-up line saying what each part of a training step computes in."""
+    def name(d):
+        return str(d).removeprefix("torch.")
+    if dtype == torch.float32:
+        step = "forward and backward in float32"
+    else:
+        scaled = " with loss scaling" if dtype == torch.float16 else ""
+        step = (f"forward and backward matmuls in {name(dtype)} (autocast{scaled}; the ops autocast keeps in float32, "
+                f"such as the loss, stay there)")
+    muon = f"; Muon's Newton-Schulz iteration in {name(newton_schulz_dtype(dtype))}" if optimizer == "muon" else ""
+    return f"numerics: {step}; weights, gradients and optimizer states in float32{muon}"
+
+
+def make_optimizer(model, cfg: TrainConfig, device, dtype=torch.float32):
+    """-> Optimizers: AdamW alone, or Muon for the matrices + AdamW for the rest (cfg.optimizer); Muon's iteration
+    computes in newton_schulz_dtype(dtype), for the run's dtype."""
     if cfg.optimizer == "adamw":
         return Optimizers({"optim": adamw(model.optimizer_groups(cfg.weight_decay), cfg, device)})
     matrices, rest = split_params(model, cfg.weight_decay)
     muon = Muon([{"params": matrices, "lr_scale": cfg.muon_lr / cfg.learning_rate}], lr=cfg.muon_lr,
-                weight_decay=cfg.weight_decay, momentum=cfg.muon_momentum,
-                ns_dtype=torch.bfloat16 if has_native_bf16(device) else torch.float32)
+                weight_decay=cfg.weight_decay, momentum=cfg.muon_momentum, ns_dtype=newton_schulz_dtype(dtype))
     return Optimizers({"optim": adamw(rest, cfg, device), "muon": muon})
 
 
@@ -111,9 +131,9 @@ def orthogonalize_all(updates, coefficients, steps, eps, dtype):
 
 class Muon(torch.optim.Muon):
     """torch.optim.Muon (same hyperparameters, state and update) with the Newton-Schulz iteration in `ns_dtype`,
-    batched over matrices of one shape. torch runs it in bf16, which is right where bf16 is native, but a CPU
-    without it emulates bf16 matmuls at about 1 GFLOP/s, 100x slower than fp32: there the iteration runs in
-    float32."""
+    batched over matrices of one shape. torch always runs it in bf16; here it follows the run's dtype
+    (newton_schulz_dtype), so --dtype float32 means float32 everywhere, and an auto run on a CPU without native
+    bf16 (which emulates bf16 matmuls at about 1 GFLOP/s, 100x slower than fp32) runs it in float32."""
 
     def __init__(self, params, ns_dtype=torch.bfloat16, **kw):
         super().__init__(params, **kw)

@@ -8,11 +8,13 @@ A run directory (checkpoints/<corpus name> by default) holds:
   config.toml          the run's resolved settings: chargpt train --config DIR/config.toml repeats it
   samples.jsonl        with --sample-every: one JSON line per sample shown while training (step, prompt, text)
   curves.png           loss curves, drawn when training ends (if matplotlib is installed)
-  .lock                while a training owns the directory: an OS lock, and that process's id
+  .lock, .owner        while a training owns the directory: its lock, and that process's id and host
 
 Every file is written to a temporary name, flushed to disk and renamed over the old one (write_atomic), so a
 crash or a full disk during a save leaves the previous file intact. One training at a time owns a directory
-(RunDir.claim): the lock is the kernel's (flock), so it dies with its process, even under kill -9.
+(RunDir.claim). The lock is filelock's: the kernel's on every system (flock on Linux and macOS, msvcrt's on Windows),
+so it dies with its process, even under kill -9; on a filesystem without OS locks (some network mounts), a marker
+file naming its process, which a later claim on the same machine takes over once that process is gone.
 """
 
 import contextlib
@@ -20,18 +22,20 @@ import json
 import math
 import os
 import socket
-import time
+import warnings
 from pathlib import Path
 
 from .errors import CheckpointError
+from .platforms import pid_alive, portable_name, replace
 
-try:
-    import fcntl
-except ImportError:  # Windows: no flock; runs are not locked there
-    fcntl = None
+with warnings.catch_warnings():  # where fcntl is missing, filelock warns once that it falls back to its marker lock
+    warnings.simplefilter("ignore")
+    import filelock
 
 LATEST, BEST, STATE, METRICS, LOCK = ("latest.safetensors", "best.safetensors", "state.safetensors",
                                       "metrics.jsonl", ".lock")
+OWNER = ".owner"  # beside the lock, not in it: on Windows a locked file cannot be read, and a marker lock is filelock's
+CLAIM_WAIT = 0.3  # seconds a claim retries a held lock: rides over lock_holder()'s brief probes
 CONFIG, SAMPLES = "config.toml", "samples.jsonl"
 LOSSES = "train_loss.jsonl"  # the running training loss, every few steps: the dense curve between evaluations
 RUN_FILES = (STATE, LATEST, BEST)
@@ -45,8 +49,9 @@ def holds_run(directory):
 
 def default_out_dir(name, resume, root=DEFAULT_ROOT):
     """checkpoints/<name>, or <name>-2, -3 ... so that a new run never overwrites an old one nor joins a
-    training that is still starting there; with --resume, the one whose state was saved last."""
-    root = Path(root)
+    training that is still starting there; with --resume, the one whose state was saved last. The corpus's name is
+    made one folder name every system accepts (platforms.portable_name)."""
+    root, name = Path(root), portable_name(name)
     candidates = [root / name] + [root / f"{name}-{i}" for i in range(2, 1000)]
     if resume:
         saved = [d for d in candidates if (d / STATE).is_file()]
@@ -102,14 +107,14 @@ class RunDir:
     def __init__(self, path):
         self.path = Path(path)
         self.created = []  # folders made by claim(), outermost first
-        self._fd = None  # the open lock file; closing it (or dying) releases the lock
+        self._lock = None  # the held lock; releasing it (or dying) gives the directory back
 
     def claim(self):
         check_writable(self.path)
         for _ in range(3):  # a failed start elsewhere may remove an empty folder between our mkdir and open
             try:
                 self._make_dirs()
-                return self._lock()
+                return self._take_lock()
             except FileNotFoundError:
                 continue
             except OSError as e:
@@ -126,82 +131,89 @@ class RunDir:
                     d.mkdir()
                     self.created.append(d)
 
-    def _lock(self):
-        path = self.path / LOCK
-        while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            if fcntl is None:
-                break
-            if not _flock(fd, retries=3):
-                holder = _read_holder(fd)
-                os.close(fd)
-                self.release()
-                raise CheckpointError(f"{self.path} is in use by another training ({holder}); wait for it to "
-                                      f"finish or stop it (Ctrl-C saves it), or pass another --out-dir")
-            # the holder before us may have removed the file between our open and our lock: lock the new one
-            with contextlib.suppress(FileNotFoundError):
-                if os.stat(path).st_ino == os.fstat(fd).st_ino:
-                    break
-            os.close(fd)
-        self._fd = fd
-        os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}).encode())
+    def _take_lock(self):
+        lock = _acquire(self.path / LOCK, CLAIM_WAIT)
+        if lock is None:
+            holder, elsewhere = _read_holder(self.path)
+            self.release()
+            gone = f"; if that training is gone, delete {self.path / LOCK}" if elsewhere else ""
+            raise CheckpointError(f"{self.path} is in use by another training ({holder}); wait for it to finish or "
+                                  f"stop it (Ctrl-C saves it), or pass another --out-dir{gone}")
+        self._lock = lock
+        with contextlib.suppress(OSError):  # only the message above reads it
+            write_text_atomic(self.path / OWNER, json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
         return self
 
     def release(self):
-        """Give the directory up: the lock file goes first (while still locked, so no one can lock the file
-        we are removing), then any folder claim() created that is still empty, then the lock itself."""
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(self.path / LOCK)
+        """Give the directory up: the owner and lock files go first (while still locked, so no one can lock the
+        file we are removing; where an open file cannot be removed, Windows, filelock removes it on release), then
+        the lock itself, then any folder claim() created that is still empty."""
+        if self._lock is not None:
+            for name in (OWNER, LOCK):
+                with contextlib.suppress(OSError):
+                    os.unlink(self.path / name)
+            self._lock.release()
+            self._lock = None
         for d in reversed(self.created):
             with contextlib.suppress(OSError):
                 d.rmdir()  # only succeeds on an empty folder: a saved run is never touched
         self.created = []
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
 
 
-def _flock(fd, retries):
-    """Take the lock without waiting; a few quick retries ride over lock_holder()'s brief probes."""
-    for attempt in range(retries):
+class _Unlocked:
+    """What _acquire gives where the filesystem supports no lock at all: training goes on, unlocked."""
+
+    def release(self):
+        pass
+
+
+def _acquire(path, wait):
+    """-> the lock at `path`, held, or None while another process holds it. filelock's FileLock takes the kernel's
+    lock (flock; msvcrt on Windows; without fcntl, its marker lock); a filesystem that refuses OS locks (ENOLCK on
+    some network mounts) gets the marker lock (SoftFileLock), and one that refuses both, none."""
+    for kind in (filelock.FileLock, filelock.SoftFileLock):
+        lock = kind(str(path))
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            time.sleep(0.05 * (attempt + 1))
-        except OSError:  # a filesystem without locks (some network mounts): go on unlocked
-            return True
-    return False
+            with warnings.catch_warnings():  # "falling back to SoftFileLock": this function says what it does
+                warnings.simplefilter("ignore")
+                lock.acquire(timeout=wait, poll_interval=0.05)
+            return lock
+        except filelock.Timeout:
+            return None
+        except FileNotFoundError:  # the folder went: claim() makes it again
+            raise
+        except (OSError, NotImplementedError):
+            continue
+    return _Unlocked()
 
 
-def _read_holder(fd):
+def _read_holder(directory):
+    """-> (how the message names the training that holds directory's lock, whether it runs on another machine)."""
     try:
-        info = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        info = json.loads((Path(directory) / OWNER).read_text(encoding="utf-8"))
         pid, host = int(info["pid"]), str(info["host"])
     except (OSError, ValueError, KeyError, TypeError):
-        return "a process that is still starting"
-    return f"pid {pid}" + ("" if host == socket.gethostname() else f" on {host}")
+        return "a process that is still starting", False
+    if host != socket.gethostname():
+        return f"pid {pid} on {host}", True
+    if pid != os.getpid() and not pid_alive(pid):  # a killed holder's file; the new holder has not written its own
+        return "a process that is still starting", False
+    return f"pid {pid}", False
 
 
 def lock_holder(directory):
     """'pid N' of the training that owns directory, or None if none does."""
-    if fcntl is None:
+    path = Path(directory) / LOCK
+    if not path.is_file():
         return None
     try:
-        fd = os.open(Path(directory) / LOCK, os.O_RDONLY)
+        lock = _acquire(path, 0)
     except OSError:
         return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return None
-    except BlockingIOError:
-        return _read_holder(fd)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)  # also drops the probe's shared lock
+    if lock is None:
+        return _read_holder(directory)[0]
+    lock.release()
+    return None
 
 
 # --- writing files ----------------------------------------------------------------------------------------
@@ -217,7 +229,7 @@ def write_atomic(path, write):
         os.chmod(tmp, _file_mode())  # some writers (safetensors) create files 0600; a run is meant to be shared
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        replace(tmp, path)
         _fsync_dir(path.parent)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -255,20 +267,10 @@ def remove_stale_temps(directory, patterns=(".*.tmp*", ".tmp??????")):
     safetensors itself, which writes through a temporary file of its own."""
     for p in (p for pattern in patterns for p in Path(directory).glob(pattern)):
         pid = p.name.rsplit(".tmp", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and pid_alive(int(pid)):
             continue
         with contextlib.suppress(OSError):
             p.unlink()
-
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists, owned by someone else
-        return True
-    return True
 
 
 # --- metrics.jsonl ----------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+import shutil
 from dataclasses import dataclass
 
 import torch
@@ -41,11 +42,45 @@ def pick_device(name="auto"):
     return device
 
 
-def cpu_has_native_bf16():
-    """True when the CPU computes bf16 matmuls in hardware (AVX512-BF16 or AMX); emulated bf16 is far slower
-    than fp32 (about 1 GFLOP/s against 150 measured on an AVX2-only EPYC)."""
+# CHARGPT_CPU_BF16=1 / =0 makes chargpt treat any CPU as one with / without native bf16, for every choice of its own
+# that the detection below drives (--dtype auto, Muon's iteration in an auto run, the benchmarks' rows); unset, the
+# hardware decides. bf16 math runs on every CPU (emulated it is only slower), so the test suite can run both kinds
+# of machine on one: .ci/run runs the dtype-sensitive tests again under the setting this machine does not have.
+CPU_BF16_ENV = "CHARGPT_CPU_BF16"
+
+
+def cpu_bf16_override():
+    """-> True/False where CHARGPT_CPU_BF16 forces the answer of cpu_has_native_bf16(), None where it is unset."""
+    value = os.environ.get(CPU_BF16_ENV, "").strip()
+    if value == "":
+        return None
+    if value not in ("0", "1"):
+        raise ConfigError(f"{CPU_BF16_ENV}={value!r}: use 1 (treat this CPU as having native bf16), 0 (as lacking "
+                          f"it), or leave it unset to detect")
+    return value == "1"
+
+
+def cpu_detects_native_bf16():
+    """What the hardware says: True when the CPU computes bf16 matmuls in hardware (AVX512-BF16 or AMX); emulated
+    bf16 is far slower than fp32 (about 1 GFLOP/s against 150 measured on an AVX2-only EPYC)."""
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+
+
+def cpu_has_native_bf16():
+    """Whether chargpt treats this CPU as computing bf16 natively: the hardware's answer, unless CHARGPT_CPU_BF16
+    overrides it."""
+    forced = cpu_bf16_override()
+    return cpu_detects_native_bf16() if forced is None else forced
+
+
+def describe_cpu_bf16(native):
+    """Why chargpt counts this CPU as one with native bf16 (native=True) or without: the hardware, or
+    CHARGPT_CPU_BF16."""
+    forced = cpu_bf16_override()
+    if forced is not None:
+        return f"{CPU_BF16_ENV}={int(forced)}: treated as a CPU {'with' if forced else 'without'} native bf16"
+    return "CPU has native bf16" if native else "no native bfloat16 on this CPU"
 
 
 def cuda_has_native_bf16(device):
@@ -62,8 +97,10 @@ def pick_dtype(name, device):
             if cuda_has_native_bf16(device):
                 return torch.bfloat16, "bfloat16 autocast (GPU has native bf16)"
             return torch.float16, "float16 autocast with loss scaling (GPU lacks native bf16: compute capability < 8.0)"
-        if device.type == "cpu" and cpu_has_native_bf16():
-            return torch.bfloat16, "bfloat16 autocast (CPU has native bf16)"
+        if device.type == "cpu":
+            native = cpu_has_native_bf16()
+            return (torch.bfloat16, f"bfloat16 autocast ({describe_cpu_bf16(native)})") if native else \
+                (torch.float32, f"float32 ({describe_cpu_bf16(native)})")
         return torch.float32, "float32 (no native bfloat16 on this " + device.type.upper() + ")"
     if name not in DTYPES:
         raise ConfigError(f"unknown dtype {name!r}; use auto, float32, bfloat16 or float16")
@@ -107,12 +144,22 @@ def pick_decode_dtype(name, device):
 def pick_compile(setting, device):
     """--compile auto|on|off -> (whether to compile, reason printed at start)."""
     if setting == "on":
+        if device.type == "cpu" and cpp_compiler() is None:
+            raise ConfigError("--compile on: torch.compile turns CPU code into C++ and no C++ compiler was found (g++ "
+                              "or clang++; on Windows MSVC's cl, from a Developer Command Prompt; or set CXX); "
+                              "install one, or train with --compile off")
         return True, "torch.compile (requested)"
     if setting == "off":
         return False, "eager (--compile off)"
     if device.type == "cuda":
         return True, "torch.compile (--compile auto: it wins on CUDA)"
     return False, f"eager (--compile auto: torch.compile has not measured faster on {device.type.upper()})"
+
+
+def cpp_compiler():
+    """The C++ compiler torch.compile's CPU backend would find ($CXX, else the usual names on PATH), or None."""
+    names = [os.environ.get("CXX")] + ["cl", "clang-cl"] * (os.name == "nt") + ["g++", "clang++", "c++"]
+    return next((found for found in map(shutil.which, filter(None, names)) if found), None)
 
 
 def autocast(device, dtype):
@@ -198,6 +245,9 @@ def init_distributed(device_name):
     world = _world_size()
     if world <= 1:
         return Dist()
+    if not torch.distributed.is_available():
+        raise ConfigError(f"torchrun started {world} processes, but this torch build has no torch.distributed; train "
+                          f"in one process (python train.py), or install a torch build with it")
     import torch.distributed as dist
     d = Dist(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0)), world,
              int(os.environ.get("LOCAL_WORLD_SIZE", world)))
@@ -211,6 +261,9 @@ def init_distributed(device_name):
                               f"LOCAL_RANK; pass --device cuda (or auto) and pick GPUs with CUDA_VISIBLE_DEVICES")
         if not torch.cuda.is_available():
             raise ConfigError(f"--device {device_name}: this machine has no CUDA GPU; use --device cpu")
+        if not dist.is_nccl_available():
+            raise ConfigError("several processes on CUDA GPUs need NCCL, which this torch build lacks (torch has it on "
+                              "Linux only); train in one process, or with --device cpu under torchrun")
         if d.local_rank >= torch.cuda.device_count():
             raise ConfigError(f"torchrun started {d.local_world_size} processes on this machine but it has "
                               f"{torch.cuda.device_count()} GPU(s); use --nproc-per-node "

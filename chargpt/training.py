@@ -31,7 +31,8 @@ from .config import UNLIMITED, ModelConfig, TrainConfig, check_task, describe_mo
 from .data import corpus_sources
 from .errors import ChargptError, CheckpointError, ConfigError, Interrupted
 from .model import build_model
-from .optim import make_optimizer
+from .optim import describe_numerics, make_optimizer
+from .platforms import STOP_SIGNALS
 from .rundir import CONFIG, LOSSES, METRICS, SAMPLES, STATE
 from .runtime import (
     autocast,
@@ -244,7 +245,7 @@ class Trainer:
             init_from.load_base_weights(self.model, self.base)
             self.base.weights = {}  # copied: the memory goes back
         self.model.set_attention(cfg.attention)
-        self.optimizer = make_optimizer(self.model, cfg, self.device)
+        self.optimizer = make_optimizer(self.model, cfg, self.device, self.dtype)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
         torch.manual_seed(stream_seed(cfg.seed, "dropout", self.dist.rank))
         self.data_gen = torch.Generator().manual_seed(stream_seed(cfg.seed, "data", self.dist.rank))
@@ -267,6 +268,7 @@ class Trainer:
                     "text)" if cfg.data is None else f" ({cfg.data})"))
         self.log(f"device: {self.device}, {self.dtype_reason}" + (f", {self.threads} threads" if self.threads else "")
                  + (f", {self.dist.world_size} processes" if self.dist.enabled else "") + f"; {self.compile_reason}")
+        self.log(describe_numerics(self.dtype, cfg.optimizer))
         for line in self.settings.describe():
             self.log(line)
         if cfg.optimizer == "muon":
@@ -684,7 +686,7 @@ class _SignalFlag:
 
     def __enter__(self):
         try:
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in STOP_SIGNALS:  # SIGINT, SIGTERM, and Ctrl-Break (SIGBREAK) on Windows
                 self.old[sig] = signal.signal(sig, self._handle)
         except ValueError:  # not the main thread: signals stay as they are
             pass

@@ -15,6 +15,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: runs on a CUDA GPU (tests/test_cuda.py); other tests run on the CPU")
+    config.addinivalue_line("markers", "dtype: what it checks depends on whether chargpt counts the CPU as having "
+                                       "native bf16; .ci/run runs these again with CHARGPT_CPU_BF16 set to the other "
+                                       "kind (docs/contributing.md)")
 
 
 @pytest.fixture(autouse=True)

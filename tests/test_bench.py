@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from conftest import ROOT
 
 from chargpt.bench import write_results
@@ -24,6 +25,7 @@ def bench(*args, cwd, timeout=180):
     return r.stdout
 
 
+@pytest.mark.dtype  # its rows and its machine kind follow the CPU's kind
 def test_quick_speed_benchmark_prints_every_part_and_writes_results(tmp_path, tiny_run):
     out = bench("--quick", "--checkpoint", tiny_run, "--write", cwd=tmp_path)
     assert out.startswith("machine: ") and f"\nkind: {KIND}\n" in out and "matmul peak float32: " in out

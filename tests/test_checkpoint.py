@@ -189,6 +189,7 @@ def test_resume_refuses_wrong_dtype_and_nonfinite_optimizer_state(corpus):
     assert "non-finite values (nan or inf) in optim.1.exp_avg_sq" in message
 
 
+@pytest.mark.dtype  # a float32 run resumed in auto: bf16 or float32 by the CPU's kind
 def test_resume_from_a_clean_state_still_works(corpus):
     chargpt.train(log=lambda msg: None, data=str(corpus), out_dir="run", **RUN_KW)
     assert chargpt.train(log=lambda msg: None, out_dir="run", resume=True, max_iters=3)["step"] == 3

@@ -12,13 +12,13 @@ from safetensors.torch import load_file
 
 import chargpt
 from chargpt import checkpoint as ckpt
-from chargpt import rundir, training
+from chargpt import optim, rundir, runtime, training
 from chargpt.cli import train_cli
 from chargpt.config import ModelConfig, TrainConfig
 from chargpt.errors import CheckpointError, ConfigError
 from chargpt.model import CharGPT, EncoderDecoder
-from chargpt.optim import Muon, make_optimizer, orthogonalize, orthogonalize_all, split_params
-from chargpt.runtime import pick_compile
+from chargpt.optim import Muon, describe_numerics, make_optimizer, orthogonalize, orthogonalize_all, split_params
+from chargpt.runtime import pick_compile, pick_dtype
 from chargpt.schedules import get_lr_wsd, lr_at
 from chargpt.settings import RunState
 from chargpt.tokenizer import Vocab
@@ -115,6 +115,37 @@ def test_a_few_muon_steps_reduce_the_loss_of_a_tiny_model(tiny_config):
     assert not torch.equal(before, model.h[0].mlp.c_fc.weight)  # Muon moved the matrices
 
 
+# --- what Muon computes in: the run's dtype -------------------------------------------------------------------
+@pytest.mark.parametrize("dtype,want", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                        (torch.float16, torch.float32)])
+def test_muons_iteration_computes_in_the_runs_dtype(tiny_config, dtype, want):
+    opt = make_optimizer(CharGPT(tiny_config), TrainConfig(optimizer="muon"), CPU, dtype)
+    assert opt.parts["muon"].ns_dtype == want
+    assert f"Muon's Newton-Schulz iteration in {str(want).removeprefix('torch.')}" in describe_numerics(dtype, "muon")
+
+
+@pytest.mark.dtype
+@pytest.mark.parametrize("dtype", ["float32", "auto"])
+def test_a_training_computes_where_its_flags_say_and_its_start_says_so(tmp_path, corpus, monkeypatch, dtype):
+    """--dtype float32 is float32 everywhere, Muon's iteration included, whichever kind of CPU this is; auto is the
+    dtype runtime picked for this CPU (CHARGPT_CPU_BF16 flips it, .ci/run runs this test both ways)."""
+    seen = set()
+
+    def spy(updates, coefficients, steps, eps, ns_dtype):
+        seen.add(ns_dtype)
+        return orthogonalize_all(updates, coefficients, steps, eps, ns_dtype)
+    monkeypatch.setattr(optim, "orthogonalize_all", spy)
+    logs = []
+    chargpt.train(log=logs.append, data="corpus.txt", out_dir="run", max_iters=2, eval_interval=2,
+                  **{**TINY_KW, "optimizer": "muon", "dtype": dtype})
+    ran = torch.float32 if dtype == "float32" else pick_dtype("auto", CPU)[0]
+    assert seen == {ran}
+    assert describe_numerics(ran, "muon") in logs
+    if dtype == "float32":
+        assert "numerics: forward and backward in float32; weights, gradients and optimizer states in float32; " \
+               "Muon's Newton-Schulz iteration in float32" in logs
+
+
 # --- checkpoints and resume ---------------------------------------------------------------------------------------
 def test_state_file_round_trips_both_optimizers(tmp_path, tiny_config):
     torch.manual_seed(0)
@@ -195,10 +226,15 @@ def test_wsd_trains_and_logs_its_rates(tmp_path, corpus):
 
 
 # --- --compile auto|on|off ------------------------------------------------------------------------------------
-def test_compile_auto_uses_torch_compile_on_cuda_only_and_says_so(tmp_path, corpus):
+def test_compile_auto_uses_torch_compile_on_cuda_only_and_says_so(tmp_path, corpus, monkeypatch):
     assert pick_compile("auto", torch.device("cuda", 0))[0] is True
     assert pick_compile("auto", CPU)[0] is False
+    monkeypatch.setattr(runtime, "cpp_compiler", lambda: "/usr/bin/g++")  # whether this machine has one or not
     assert pick_compile("on", CPU) == (True, "torch.compile (requested)")
+    monkeypatch.setattr(runtime, "cpp_compiler", lambda: None)  # Windows without MSVC, say: one line at start
+    with pytest.raises(ConfigError, match=r"--compile on: torch.compile turns CPU code into C\+\+ and no C\+\+ "
+                                          r"compiler was found .* or train with --compile off"):
+        pick_compile("on", CPU)
     logs = []
     chargpt.train(log=logs.append, data="corpus.txt", out_dir="run", max_iters=2, eval_interval=2, **TINY_KW)
     device_line = next(line for line in logs if line.startswith("device: cpu"))

@@ -89,6 +89,7 @@ def test_extending_a_finished_run_keeps_the_final_rate(tmp_path, corpus, extend)
     assert all(lr == pytest.approx(1e-3) for lr in after.values()), after
 
 
+@pytest.mark.dtype  # auto on resume: bf16 or float32 by the CPU's kind
 def test_resume_takes_hardware_settings_from_the_command_and_says_what_changed(tmp_path, corpus):
     train(out_dir="run", max_iters=2, eval_interval=2)  # threads 1, float32
     logs = []

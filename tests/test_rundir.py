@@ -1,10 +1,13 @@
-"""Run directories: one training owns one at a time (an OS lock that dies with its process), a failed start
-leaves nothing behind, latest-run selection, atomic writes and the clean-up of what killed writers left."""
+"""Run directories: one training owns one at a time (an OS lock that dies with its process; also without fcntl and
+on filesystems without OS locks), a failed start leaves nothing behind, portable names, latest-run selection, atomic
+writes and the clean-up of what killed writers left."""
 
 import errno
+import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,7 +23,7 @@ from chargpt.checkpoint import read_meta
 from chargpt.cli import train_cli
 from chargpt.data import corpus_key, corpus_sources, encode_corpus
 from chargpt.errors import CheckpointError
-from chargpt.rundir import LOCK, METRICS, STATE, RunDir, default_out_dir, latest_run, lock_holder
+from chargpt.rundir import LOCK, METRICS, OWNER, STATE, RunDir, default_out_dir, latest_run, lock_holder
 
 TINY_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
                threads=1, sample_chars=0, dtype="float32", warmup_iters=0)
@@ -88,12 +91,89 @@ def test_the_lock_names_its_holder_and_new_default_runs_step_around_it(tmp_path)
     assert not Path("checkpoints").exists()  # it created both folders, saved nothing: both are gone
 
 
-def test_without_fcntl_runs_are_simply_not_locked(tmp_path, monkeypatch):
-    monkeypatch.setattr(rundir, "fcntl", None)  # as on Windows
-    first, second = RunDir("run").claim(), RunDir("run").claim()
-    assert lock_holder("run") is None
-    second.release(), first.release()
-    assert not Path("run").exists()
+WITHOUT_FCNTL = "import runpy, sys; sys.modules['fcntl'] = None; sys.argv[0] = {script!r}; runpy.run_path(" \
+                "{script!r}, run_name='__main__')"  # train.py as on a system without fcntl (Windows has none)
+
+
+def train_without_fcntl(*args, **kw):
+    script = str(ROOT / "train.py")
+    return subprocess.Popen([sys.executable, "-c", WITHOUT_FCNTL.format(script=script), "--data", "corpus.txt",
+                             "--out-dir", "run", *TINY, *args], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            text=True, **kw)
+
+
+def test_without_fcntl_a_second_training_is_still_refused_and_a_killed_one_leaves_no_stale_lock(tmp_path, corpus):
+    """Where fcntl cannot be imported filelock locks with a marker file that names its process: a second training
+    is refused, naming the first, and once the first is killed (-9) the next one takes the directory over."""
+    err = open(tmp_path / "stderr.txt", "w")
+    first = train_without_fcntl("--max-iters", "100000", "--eval-interval", "5", stdout=subprocess.DEVNULL,
+                                stderr=err)
+    err.close()
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "run" / STATE).exists():  # it trains and has saved once
+            assert first.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr.txt").read_text()
+            time.sleep(0.01)
+        second = train_without_fcntl("--max-iters", "100000", "--resume", stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE)
+        out, err = second.communicate(timeout=120)
+        assert second.returncode == 1, err
+        assert err.strip() == (f"error: run is in use by another training (pid {first.pid}); wait for it to finish "
+                               f"or stop it (Ctrl-C saves it), or pass another --out-dir"), err
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+    step = read_meta(tmp_path / "run" / STATE)[0]["step"]
+    third = train_without_fcntl("--resume", "--max-iters", str(step + 2), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+    out, err = third.communicate(timeout=120)
+    assert third.returncode == 0, err
+    assert read_meta(tmp_path / "run" / STATE)[0]["step"] == step + 2
+    assert not (tmp_path / "run" / LOCK).exists() and not (tmp_path / "run" / OWNER).exists()
+
+
+def test_a_filesystem_without_os_locks_falls_back_to_a_marker_lock(tmp_path, monkeypatch):
+    """Some network mounts refuse flock (ENOLCK): the run directory is then locked by a marker file, still
+    refusing a second claim and naming its holder."""
+    def no_locks(self, *args, **kw):
+        raise OSError(errno.ENOLCK, "No locks available")
+    monkeypatch.setattr(rundir.filelock.FileLock, "acquire", no_locks)
+    held = RunDir("run").claim()
+    try:
+        assert lock_holder("run") == f"pid {os.getpid()}"
+        with pytest.raises(CheckpointError, match=rf"run is in use by another training \(pid {os.getpid()}\)"):
+            RunDir("run").claim()
+    finally:
+        held.release()
+    assert lock_holder("run") is None and not Path("run").exists()
+
+
+def test_a_holder_on_another_machine_is_named_with_how_to_clear_its_lock(tmp_path, monkeypatch):
+    held = RunDir("run").claim()
+    try:
+        (tmp_path / "run" / OWNER).write_text(json.dumps({"pid": 42, "host": "elsewhere"}))  # a shared filesystem
+        with pytest.raises(CheckpointError, match=r"in use by another training \(pid 42 on elsewhere\); .*; if that "
+                                                  r"training is gone, delete run/\.lock$"):
+            RunDir("run").claim()
+    finally:
+        held.release()
+
+
+def test_a_killed_holders_owner_file_is_not_taken_for_the_new_holder(tmp_path):
+    """The owner file is written just after the lock is taken; until then the last one a killed training left
+    is there, naming a dead process, which the message must not name."""
+    held = RunDir("run").claim()
+    try:
+        (tmp_path / "run" / OWNER).write_text(json.dumps({"pid": dead_pid(), "host": socket.gethostname()}))
+        assert lock_holder("run") == "a process that is still starting"
+    finally:
+        held.release()
+
+
+def test_corpus_names_become_one_portable_folder_name(tmp_path):
+    assert default_out_dir("a:b*c", resume=False) == Path("checkpoints/a_b_c")
+    assert default_out_dir(".", resume=False) == Path("checkpoints/corpus")  # the stem of a file named '..txt'
+    assert default_out_dir("con", resume=False) == Path("checkpoints/con_")  # a device name on Windows
 
 
 # --- a failed start leaves nothing behind ------------------------------------------------------------------

@@ -43,3 +43,25 @@ def test_explicit_choices(monkeypatch):
         pick_dtype("float16", CPU)
     with pytest.raises(ConfigError, match=r"unknown dtype 'float8'"):
         pick_dtype("float8", CPU)
+
+
+# --- CHARGPT_CPU_BF16: one CPU tested as either kind -----------------------------------------------------------
+@pytest.mark.parametrize("detected", [True, False], ids=["native", "emulated"])
+def test_the_switch_makes_any_cpu_count_as_either_kind_and_the_start_says_so(monkeypatch, detected):
+    monkeypatch.setattr(runtime, "cpu_detects_native_bf16", lambda: detected)
+    monkeypatch.delenv(runtime.CPU_BF16_ENV, raising=False)
+    assert runtime.cpu_has_native_bf16() is detected  # unset: the hardware decides
+    for value, dtype in (("1", torch.bfloat16), ("0", torch.float32)):
+        monkeypatch.setenv(runtime.CPU_BF16_ENV, value)
+        assert runtime.cpu_has_native_bf16() is (value == "1")
+        assert runtime.has_native_bf16(CPU) is (value == "1")
+        got, reason = pick_dtype("auto", CPU)
+        kind = "with" if value == "1" else "without"
+        assert got == dtype and f"CHARGPT_CPU_BF16={value}: treated as a CPU {kind} native bf16" in reason
+        assert pick_dtype("float32", CPU)[0] == torch.float32  # a named dtype is never overridden
+
+
+def test_a_bad_switch_value_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv(runtime.CPU_BF16_ENV, "yes")
+    with pytest.raises(ConfigError, match=r"CHARGPT_CPU_BF16='yes': use 1 .*, 0 .*, or leave it unset to detect"):
+        pick_dtype("auto", CPU)

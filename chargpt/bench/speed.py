@@ -29,7 +29,7 @@ from ..config import ModelConfig, SampleSettings, TrainConfig
 from ..model import CharGPT
 from ..optim import make_optimizer
 from ..quantize import inference_model
-from ..runtime import autocast, cpu_has_native_bf16, has_native_bf16
+from ..runtime import CPU_BF16_ENV, autocast, cpu_bf16_override, cpu_has_native_bf16, has_native_bf16
 from ..sampling import decode
 from .quality import parse_sets
 
@@ -68,8 +68,14 @@ def machine():
     except OSError:
         pass
     gpu = f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
-    return (f"{cpu}, {torch.get_num_threads()} threads, native bf16: {cpu_has_native_bf16()}{gpu}; "
+    return (f"{cpu}, {torch.get_num_threads()} threads, native bf16: {cpu_has_native_bf16()}{_forced()}{gpu}; "
             f"torch {torch.__version__}, Python {platform.python_version()}")
+
+
+def _forced():
+    """' (CHARGPT_CPU_BF16=0)' when the switch, not the hardware, decided which kind this CPU counts as."""
+    forced = cpu_bf16_override()
+    return "" if forced is None else f" ({CPU_BF16_ENV}={int(forced)})"
 
 
 def matmul_peak(device, dtype, sizes=None, seconds=0.5):
@@ -104,7 +110,7 @@ def time_train_step(cfg, batch, device, dtype, attention="auto", optimizer="fuse
     model = CharGPT(cfg).to(device)
     model.set_attention(attention)
     if optimizer == "muon":
-        opt = make_optimizer(model, TrainConfig(optimizer="muon"), device)
+        opt = make_optimizer(model, TrainConfig(optimizer="muon"), device, dtype)
         parts = list(opt.parts.values())
     else:
         fused = optimizer == "fused"

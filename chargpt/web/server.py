@@ -58,6 +58,7 @@ import torch
 from ..config import SampleSettings
 from ..errors import ChargptError
 from ..inside import look_inside
+from ..platforms import claim_port
 from ..rundir import BEST, LATEST, LOSSES, METRICS, SAMPLES, lock_holder, read_metrics
 from ..runinfo import escape, run_info
 from ..tokenizer import UNKNOWN_POLICIES, describe_chars
@@ -622,7 +623,7 @@ def bind(host, port):
                            f"(this machine only) or 0.0.0.0 (every network)") from None
     sock = socket.socket(family, kind, proto)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        claim_port(sock)  # fails while another server has the port, on Windows too
         sock.bind(addr)
         sock.listen(128)
     except OSError as e:
