@@ -26,6 +26,7 @@ POS_EMBS = ("learned", "sinusoidal")
 NORMS = ("pre", "post")
 ACTIVATIONS = ("gelu", "relu")
 TASKS = ("text", "pairs")
+VAL_SPLITS = ("blocks", "tail")
 # ModelConfig fields added after format 1 was released: a checkpoint without them gets the defaults (the GPT).
 ARCH_FIELDS = ("arch", "n_enc_layer", "pos_emb", "emb_scale", "norm", "activation")
 UNLIMITED = 10**12  # max_iters when only --max-time bounds a run
@@ -180,7 +181,11 @@ class TrainConfig:
     data: str | None = opt(None, "UTF-8 text file, or a directory of text files (read in sorted order) "
                                  "[default: the English help topics that ship with CPython (pydoc_data)]")
     out_dir: str | None = opt(None, "run directory for checkpoints and metrics [default: checkpoints/<corpus name>]")
-    val_fraction: float = opt(0.1, "fraction of the corpus, taken from its end, used for validation")
+    val_fraction: float = opt(0.1, "fraction of the corpus used for validation (where it comes from: --val-split)")
+    val_split: str = opt("blocks", "which text validates: blocks (blocks of about 4,000 characters cut at line ends, "
+                                   "evenly spread through the corpus: every 10th at --val-fraction 0.1) or tail (the "
+                                   "last --val-fraction, as tiny Shakespeare's published numbers use); text only: "
+                                   "pairs are always split at random", choices=VAL_SPLITS)
     encoding: str = opt("utf-8", "text encoding of the corpus (e.g. latin-1, gbk, utf-16)")
     encoding_errors: str = opt("strict", "undecodable bytes: 'strict' stops with an error, 'replace' uses U+FFFD",
                                choices=("strict", "replace"))
@@ -306,7 +311,8 @@ class TrainConfig:
         if not 0 < self.decay_fraction <= 1:
             raise ConfigError(f"{param('decay_fraction')} must be in (0, 1] (got {self.decay_fraction})")
         for name, allowed in (("optimizer", OPTIMIZERS), ("lr_schedule", LR_SCHEDULES), ("save_state", SAVE_STATES),
-                              ("compile", COMPILE_CHOICES), ("task", TASKS)):  # the CLI checks these; Python too
+                              ("compile", COMPILE_CHOICES), ("task", TASKS),
+                              ("val_split", VAL_SPLITS)):  # the CLI checks these; Python too
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{param(name)} must be one of {', '.join(allowed)} (got {getattr(self, name)!r})")
         if not 0.0 <= self.label_smoothing < 1.0:  # also catches NaN
@@ -362,6 +368,12 @@ class ExportSettings:
                             "loads without custom code", choices=EXPORT_FORMATS)
     force: bool = opt(False, "replace a --to folder that is not empty (the new folder is written and checked in full "
                              "first, then swapped in)")
+
+
+def run_val_split(train_config):
+    """The --val-split a run was trained with (its train config as a dict): runs from before --val-split (no such
+    field) validated on the tail."""
+    return (train_config or {}).get("val_split", "tail")
 
 
 def check_numbers(config):

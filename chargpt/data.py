@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .config import param
+from .config import param, run_val_split  # noqa: F401 (run_val_split: the split of a run, for its users here)
 from .errors import ChargptError, DataError
 from .rundir import remove_stale_temps, write_text_atomic
 from .tokenizer import MAX_CODEPOINT, Vocab, codepoints
@@ -322,7 +322,8 @@ def write_json_atomic(path, obj):
 
 
 def split_sizes(length, val_fraction, block_size):
-    """(n_train, n_val): the last val_fraction of the characters validate. Both must hold one full window."""
+    """(n_train, n_val) of the tail split: the last val_fraction of the characters validate. Both must hold one
+    full window."""
     n_val = int(length * val_fraction)
     n_train = length - n_val
     need = block_size + 1
@@ -339,22 +340,179 @@ def split_sizes(length, val_fraction, block_size):
     return n_train, n_val
 
 
-class Batches:
-    """Random windows of the encoded corpus. x is a window, y the same window shifted by one character."""
+# --- the train/validation split ----------------------------------------------------------------------------------
+# --val-split blocks (the default): the corpus is cut into blocks of SPLIT_CHARS characters and a val_fraction of
+# them, evenly spaced (every 10th for 0.1), validate; each cut between a training and a validation stretch moves
+# forward to just after the next line end (at most half a block), so no line is split between the two. A file
+# is rarely uniform (a licence, then code; folk songs first, named poets last), so the last 10% is rarely like
+# the rest: validation from all through the file measures what the model learned of the whole, not how unlike its
+# end is. --val-split tail: the last val_fraction, as tiny Shakespeare's published numbers (nanoGPT's) use.
+SPLIT_CHARS = 4096
+MIN_SPLIT_BLOCKS = 100  # a smaller corpus gets smaller blocks (at least two windows each), so it still has some
+PARTS = 10**6  # val_fraction in millionths: which blocks validate is exact integer arithmetic, on any machine
 
-    def __init__(self, ids, val_fraction, block_size, batch_size, device):
-        n_train, _ = split_sizes(len(ids), val_fraction, block_size)
-        self.splits = {"train": ids[:n_train], "val": ids[n_train:]}
+
+@dataclass(frozen=True)
+class Split:
+    """Which stretches of the corpus train and which validate: (n, 2) arrays of [start, end) character offsets."""
+    how: str  # "blocks" or "tail"
+    train: np.ndarray
+    val: np.ndarray
+    block_chars: int = 0  # the nominal block length of the blocks split
+
+    def size(self, split):
+        segs = getattr(self, split)
+        return int((segs[:, 1] - segs[:, 0]).sum())
+
+    def pieces(self, ids, split):
+        """The id arrays of a split's stretches (views of `ids`, in corpus order)."""
+        return [ids[a:b] for a, b in getattr(self, split)]
+
+    def describe(self, length):
+        n_val = self.size("val")
+        if self.how == "tail":
+            return (f"validation: the last {n_val:,} characters ({n_val / length:.1%}, --val-split tail, as published "
+                    f"tiny-Shakespeare numbers use)")
+        return (f"validation: {n_val:,} characters ({n_val / length:.1%}) in {len(self.val):,} stretches spread "
+                f"through the corpus (blocks of about {self.block_chars:,} characters cut at line ends, "
+                f"--val-split blocks; --val-split tail: the last part instead)")
+
+
+def make_split(ids, val_fraction, block_size, how="blocks", newline=None):
+    """The split of the corpus `ids` (memory-mapped is fine). `newline`: the id of "\\n", to cut at line ends
+    (None: cut anywhere). Deterministic: the same corpus and settings give the same split on any machine."""
+    length = len(ids)
+    if how == "tail":
+        n_train, _ = split_sizes(length, val_fraction, block_size)
+        return Split("tail", np.array([[0, n_train]]), np.array([[n_train, length]]))
+    if how != "blocks":
+        raise DataError(f"{param('val_split')} must be blocks or tail (got {how!r})")
+    chars = check_blocks_length(length, val_fraction, block_size)
+    n_blocks = math.ceil(length / chars)
+    i = np.arange(n_blocks, dtype=np.int64)
+    parts = round(val_fraction * PARTS)
+    is_val = ((i + 1) * parts) // PARTS > (i * parts) // PARTS  # evenly spaced: blocks 9, 19, 29... for 0.1
+    firsts = np.concatenate([[0], np.flatnonzero(is_val[1:] != is_val[:-1]) + 1])  # the first block of each run
+    cuts = [0] + [min(length, _after_line_end(ids, int(b) * chars, newline, chars // 2)) for b in firsts[1:]]
+    bounds = np.array(cuts + [length], dtype=np.int64)
+    runs = np.stack([bounds[:-1], bounds[1:]], axis=1)
+    runs, labels = runs[runs[:, 1] > runs[:, 0]], is_val[firsts][runs[:, 1] > runs[:, 0]]
+    split = Split("blocks", runs[~labels], runs[labels], chars)
+    _check_windows(split, length, val_fraction, block_size)
+    return split
+
+
+def check_blocks_length(length, val_fraction, block_size):
+    """A corpus of `length` characters must hold a validation block and a training block, each at least two
+    windows long; -> the block length: SPLIT_CHARS, or less where that leaves fewer than MIN_SPLIT_BLOCKS blocks
+    (or ten validation blocks). Raises the error that says what to change (before anything is cached)."""
+    parts = max(1, round(val_fraction * PARTS))
+    first_val = -(-PARTS // parts)  # blocks up to and including the first validation block (10 for 0.1)
+    least = 2 * (block_size + 1)
+    chars = max(min(SPLIT_CHARS, length // max(MIN_SPLIT_BLOCKS, 10 * first_val)), least)
+    blocks = max(first_val, 2)
+    if length >= blocks * chars:
+        return chars
+    fits = length // (2 * blocks) - 1
+    hint = f"use {param('block_size', fits)} or less, " if fits >= 1 else ""
+    raise DataError(f"the validation split is empty: a corpus of {length:,} characters is too short for "
+                    f"{param('block_size', block_size)} with {param('val_fraction', val_fraction)} and "
+                    f"{param('val_split', 'blocks')} (1 block in {first_val:,} validates, each block at least two "
+                    f"windows of {block_size + 1:,} characters): {hint}give at least {blocks * least:,} characters, "
+                    f"or use {param('val_split', 'tail')} (the last part validates)")
+
+
+def _after_line_end(ids, pos, newline, reach):
+    """`pos` moved forward to just after the first line end at or after pos - 1, at most `reach` characters."""
+    if newline is None or pos == 0:
+        return pos
+    hits = np.flatnonzero(np.asarray(ids[pos - 1:pos - 1 + reach]) == newline)
+    return pos + int(hits[0]) if len(hits) else pos
+
+
+def _check_windows(split, length, val_fraction, block_size):
+    """Both sides of a blocks split must hold at least one window of block_size + 1 characters."""
+    for name in ("val", "train"):
+        segs = getattr(split, name)
+        if not len(segs) or not ((segs[:, 1] - segs[:, 0]) > block_size).any():
+            what = "empty" if not len(segs) else f"in stretches too short for {param('block_size', block_size)}"
+            raise DataError(f"the {'validation' if name == 'val' else 'training'} split of {length:,} characters is "
+                            f"{what} with {param('val_fraction', val_fraction)}; use a larger corpus, a smaller "
+                            f"{param('block_size')}, or {param('val_split', 'tail')}")
+
+
+def split_of(ids, vocab, val_fraction, block_size, how):
+    """make_split for an encoded corpus: cut at its line ends (if it has any)."""
+    return make_split(ids, val_fraction, block_size, how, vocab.stoi.get("\n"))
+
+
+def unseen_in_training(ids, split, vocab_size):
+    """Ids that occur in the validation stretches but nowhere in the training ones (one pass over the corpus, in
+    chunks) -> sorted array of ids."""
+    seen = {}
+    for name in ("train", "val"):
+        counts = np.zeros(vocab_size, dtype=np.int64)
+        for piece in split.pieces(ids, name):
+            for k in range(0, len(piece), CHECK_CHUNK):
+                counts += np.bincount(np.asarray(piece[k:k + CHECK_CHUNK]), minlength=vocab_size)
+        seen[name] = counts > 0
+    return np.flatnonzero(seen["val"] & ~seen["train"])
+
+
+class Batches:
+    """Random windows of the encoded corpus. x is a window, y the same window shifted by one character. Each
+    window lies inside one stretch of its split: a training window never reaches into validation text."""
+
+    def __init__(self, ids, val_fraction, block_size, batch_size, device, split=None):
+        self.ids = ids
+        self.split = split or make_split(ids, val_fraction, block_size, "tail")
         self.block_size, self.batch_size, self.device = block_size, batch_size, torch.device(device)
         self.offsets = np.arange(block_size + 1)
+        self.starts = {}  # split -> (stretch starts, windows in the stretches before, windows in all)
+        for name in ("train", "val"):
+            segs = getattr(self.split, name)
+            counts = np.maximum(segs[:, 1] - segs[:, 0] - block_size, 0)
+            ends = np.cumsum(counts)
+            self.starts[name] = (segs[:, 0], ends - counts, ends)
 
     def get(self, split, generator):
         """-> x, y: (B, T) int64 tensors on the device; `generator` (CPU) decides the windows."""
-        data = self.splits[split]
-        starts = torch.randint(len(data) - self.block_size, (self.batch_size,), generator=generator).numpy()
-        window = torch.from_numpy(data[starts[:, None] + self.offsets].astype(np.int64))  # (B, T+1)
+        first, before, ends = self.starts[split]
+        r = torch.randint(int(ends[-1]), (self.batch_size,), generator=generator).numpy()  # the n-th window of all
+        j = np.searchsorted(ends, r, side="right")  # its stretch (the tail split has one: the same draws as ever)
+        starts = first[j] + r - before[j]
+        window = torch.from_numpy(self.ids[starts[:, None] + self.offsets].astype(np.int64))  # (B, T+1)
         if self.device.type == "cuda":
             window = window.pin_memory().to(self.device, non_blocking=True)
         else:
             window = window.to(self.device)
         return window[:, :-1], window[:, 1:]
+
+
+SNIPPET_CHARS = 40  # the most a closing-sample prompt takes from the validation text
+
+
+def val_snippet(ids, split, vocab, max_chars=SNIPPET_CHARS):
+    """A short real piece of validation text to start a sample from: the start of the first line of the middle
+    validation stretch with words on it (not a blank or deeply indented line), cut at its end or a word boundary.
+    Deterministic (the same for every run on the corpus); "" when the validation text has no such line."""
+    newline = vocab.stoi.get("\n")
+    order = sorted(range(len(split.val)), key=lambda k: abs(k - len(split.val) // 2))  # the middle first
+    for k in order[:8]:
+        a, b = (int(x) for x in split.val[k])
+        text = vocab.decode(np.asarray(ids[a:min(b, a + SPLIT_CHARS)]))
+        starts = [0] if a == 0 or ids[a - 1] == newline else []  # only whole lines: the stretch may begin mid-line
+        starts += [i + 1 for i, c in enumerate(text) if c == "\n"]
+        for i in starts:
+            line = text[i:].split("\n", 1)[0]
+            body = line.lstrip()
+            if len(body) >= 3 and any(c.isalnum() for c in body) and len(line) - len(body) < max_chars // 2:
+                return _cut(line, max_chars)
+    return ""
+
+
+def _cut(line, max_chars):
+    if len(line) <= max_chars:
+        return line
+    space = line.rfind(" ", max_chars // 3, max_chars + 1)
+    return line[:space + 1] if space > 0 else line[:max_chars]

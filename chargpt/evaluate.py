@@ -33,7 +33,7 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from .checkpoint import load_model
-from .data import corpus_sources, encode_corpus, iter_text, split_sizes
+from .data import corpus_sources, encode_corpus, iter_text, run_val_split, split_of
 from .errors import ConfigError, DataError
 from .init_from import in_vocab, run_vocab
 from .pairs import END, SEP, context_needed, encode_pairs, pair_stream, split_pairs
@@ -116,7 +116,8 @@ def encode_text(vocab, data, encoding="utf-8", errors="strict"):
 
 
 def validation_split(meta, vocab, block_size):
-    """The ids of a run's own validation split, re-read from its corpus (through the encoded-corpus cache)."""
+    """The id arrays of a run's own validation split (one per stretch: --val-split blocks has many, tail one),
+    re-read from its corpus (through the encoded-corpus cache), split as the run was. -> (pieces, label)"""
     cfg = meta.get("train_config")
     if not cfg:
         raise DataError("this checkpoint records no training run, so it has no validation split; pass --data FILE")
@@ -127,8 +128,9 @@ def validation_split(meta, vocab, block_size):
     if corpus.vocab != vocab:
         raise DataError(f"the run's corpus {cfg.get('data') or corpus.name} has changed since training (its "
                         f"characters differ); pass --data FILE to score a text")
-    n_train, _ = split_sizes(corpus.length, cfg.get("val_fraction", 0.1), block_size)
-    return corpus.ids()[n_train:], f"validation split of {corpus.name} ({cfg.get('val_fraction', 0.1):g})"
+    how, fraction = run_val_split(cfg), cfg.get("val_fraction", 0.1)
+    split = split_of(corpus.ids(), vocab, fraction, block_size, how)
+    return split.pieces(corpus.ids(), "val"), f"validation split of {corpus.name} ({fraction:g}, {how})"
 
 
 def evaluate(checkpoint, data=None, *, encoding="utf-8", encoding_errors="strict", stride=None, batch_size=None,
@@ -161,21 +163,25 @@ def evaluate(checkpoint, data=None, *, encoding="utf-8", encoding_errors="strict
     if batch_size is not None and batch_size < 1:
         raise ConfigError(f"--batch-size must be at least 1 (got {batch_size})")
     unknown = Counter()
-    if data is None:
-        ids, label = validation_split(meta, vocab, T)
-        known = None
+    if data is None:  # each stretch of the split scored by itself: no window reaches across two of them
+        pieces, label = validation_split(meta, vocab, T)
+        known = [None] * len(pieces)
     else:
-        ids, known, unknown = encode_text(vocab, data, encoding, encoding_errors)
-        label = str(data)
-    if len(ids) < 2:
-        raise DataError(f"{label} has {len(ids)} character(s); scoring needs at least 2 (each character is "
-                        f"predicted from the ones before it)")
-    total, scored = score_ids(model, ids, known, stride, batch_size, torch_dtype, progress)
+        ids, mask, unknown = encode_text(vocab, data, encoding, encoding_errors)
+        pieces, known, label = [ids], [mask], str(data)
+    if sum(map(len, pieces)) < 2:
+        raise DataError(f"{label} has {sum(map(len, pieces))} character(s); scoring needs at least 2 (each character "
+                        f"is predicted from the ones before it)")
+    total = scored = 0
+    for ids, mask in zip(pieces, known):
+        if len(ids) >= 2:
+            nats, n = score_ids(model, ids, mask, stride, batch_size, torch_dtype, progress)
+            total, scored = total + nats, scored + n
     if scored == 0:
         raise DataError(f"none of the characters of {label} are in the model's vocabulary ({len(vocab)} "
                         f"characters), so nothing can be scored; evaluate a text in the corpus's alphabet")
     loss = total / scored
-    return {"checkpoint": str(path), "data": label, "step": meta.get("step"), "characters": len(ids),
+    return {"checkpoint": str(path), "data": label, "step": meta.get("step"), "characters": sum(map(len, pieces)),
             "scored": scored, "unknown": sum(unknown.values()), "unknown_chars": dict(unknown.most_common(10)),
             "stand_in": vocab.replacement(), "loss": loss, "bpc": loss / math.log(2), "stride": stride,
             "block_size": T, "device": str(device), "precision": _precision(torch_dtype, quantize)}

@@ -34,7 +34,7 @@ from safetensors import SafetensorError
 
 from . import __version__
 from .checkpoint import load_model, read_meta
-from .config import EXPORT_FORMATS, ExportSettings, SampleSettings, describe_model, param
+from .config import EXPORT_FORMATS, ExportSettings, SampleSettings, describe_model, param, run_val_split
 from .errors import ChargptError, ConfigError
 from .pairs import END, SEP
 from .rundir import resolve
@@ -150,8 +150,15 @@ def model_card(meta, model, name, transformers_version):
     corpus, chars = meta.get("corpus"), meta.get("corpus_chars")  # untrusted: checked before use
     corpus = corpus[:200] if isinstance(corpus, str) and corpus else "an unnamed corpus"
     size = f"{chars:,} characters" if isinstance(chars, int) and not isinstance(chars, bool) else "size not recorded"
-    held = (meta.get("train_config") or {}).get("val_fraction")
-    size += f", the last {held:.0%} held out for validation" if isinstance(held, float) and 0 < held < 1 else ""
+    tcfg = meta.get("train_config") or {}
+    held = tcfg.get("val_fraction")
+    if isinstance(held, float) and 0 < held < 1:  # as the run split it: pairs at random, text by --val-split
+        if meta.get("task") == "pairs":
+            size += f", {held:.0%} of the pairs held out for validation, at random"
+        elif run_val_split(tcfg) == "tail":
+            size += f", the last {held:.0%} held out for validation"
+        else:
+            size += f", {held:.0%} held out for validation in blocks spread through it"
     loss = meta.get("val_loss")
     loss = f"{loss:.4f} nats per character ({loss / math.log(2):.4f} bits per character)" \
         if isinstance(loss, (int, float)) else "not measured"

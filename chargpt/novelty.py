@@ -41,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .config import run_val_split
 from .errors import ChargptError, DataError
 from .rundir import write_atomic
 
@@ -386,9 +387,10 @@ def maximal_starts(starting, min_span):
 
 
 # --- building, caching and loading the index ---------------------------------------------------------------------
-def index_corpus(corpus, val_fraction, log=print):
+def index_corpus(corpus, val_fraction, log=print, split=None):
     """An encoded corpus (chargpt.data.EncodedCorpus or chargpt.pairs.EncodedPairs) -> Novelty, building and caching
-    the suffix arrays of its two splits the first time (beside the corpus cache)."""
+    the suffix arrays of its two splits the first time (beside the corpus cache). `split`: a text run's
+    chargpt.data.Split (None: the tail split of val_fraction, as runs from before --val-split)."""
     from .pairs import END, SEP
     cache, key, ids = corpus.cache_dir, corpus.key, corpus.ids()
     pairs = hasattr(corpus, "n_pairs")
@@ -419,6 +421,8 @@ def index_corpus(corpus, val_fraction, log=print):
                          f"{name} index", size=count, bound=len(ids))
             splits[name] = SplitIndex(name, ids, sa)
         return Novelty(corpus.vocab, ids, splits, line_ends, unit="pair", ignore=(SEP, END))
+    if split is not None and split.how == "blocks":
+        return _index_blocks(corpus, split, line_ends, log)
     from .data import split_sizes
     n_train, _ = split_sizes(len(ids), val_fraction, 0)
     splits = {}
@@ -432,6 +436,33 @@ def index_corpus(corpus, val_fraction, log=print):
         sa = _cached(cache / f"{key}.sa-{name}-{n_train}.v{INDEX_VERSION}.npy", build, log, f"{name} index",
                      size=len(text), bound=len(text))
         splits[name] = SplitIndex(name, text, sa, offset=lo)
+    return Novelty(corpus.vocab, ids, splits, line_ends)
+
+
+def _index_blocks(corpus, split, line_ends, log):
+    """The --val-split blocks indexes: one suffix array of the whole corpus, kept per split to the positions in its
+    stretches (as for pairs). A span may run on across the line end where a stretch meets the next one (at most
+    one per block of SPLIT_CHARS): a rare slight overcount of the longest spans, for one array instead of two."""
+    cache, key, ids = corpus.cache_dir, corpus.key, corpus.ids()
+    tag = f"b{split.block_chars}-{split.size('val')}"  # names the split: its block length and validation size
+    full = None
+
+    def part(segs):
+        nonlocal full
+        if full is None:
+            log(f"indexing the {len(ids):,} characters of {corpus.name} for novelty (once per corpus)"
+                + _builder_note(corpus.vocab))
+            full = suffix_array(ids)
+        inside = np.zeros(len(ids), bool)
+        for a, b in segs:
+            inside[a:b] = True
+        return full[inside[full]]
+    splits = {}
+    for name in ("train", "val"):
+        segs = getattr(split, name)
+        sa = _cached(cache / f"{key}.sa-{name}-{tag}.v{INDEX_VERSION}.npy", lambda segs=segs: part(segs), log,
+                     f"{name} index", size=split.size(name), bound=len(ids))
+        splits[name] = SplitIndex(name, ids, sa)
     return Novelty(corpus.vocab, ids, splits, line_ends)
 
 
@@ -534,7 +565,12 @@ def for_run(checkpoint, data=None, cache_dir=None, log=print):
 def for_meta(meta, run="the run", data=None, cache_dir=None, log=print):
     """A checkpoint's metadata (checkpoint.read_meta, Generator.meta) -> Novelty over the text it trained on."""
     corpus = run_corpus(meta, data, cache_dir, run=run, log=log)
-    return index_corpus(corpus, (meta.get("train_config") or {}).get("val_fraction", 0.1), log=log)
+    tc = meta.get("train_config") or {}
+    fraction, split = tc.get("val_fraction", 0.1), None
+    if tc.get("task", "text") == "text":  # the split the run trained with (runs from before --val-split: the tail)
+        from .data import split_of
+        split = split_of(corpus.ids(), corpus.vocab, fraction, meta["model_config"].block_size, run_val_split(tc))
+    return index_corpus(corpus, fraction, log=log, split=split)
 
 
 # --- words ------------------------------------------------------------------------------------------------------

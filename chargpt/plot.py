@@ -3,7 +3,9 @@
     chargpt plot checkpoints/a checkpoints/b -o curves.png --unit bpc
     plot_runs(["checkpoints/a", "checkpoints/b"], "curves.png", unit="bpc")
 
-Train loss (dashed) and validation loss (solid) against the step, one colour per run, several runs overlaid.
+Validation loss (solid, with a dot per evaluation), train loss at the evaluations (dashed) and the running training
+loss logged every few steps (thin, from train_loss.jsonl) against the step, one colour per run, several runs
+overlaid; the title names the run, its corpus and its model.
 matplotlib is optional (pip install -e ".[plots]"); it is imported only here, with the Agg backend through
 matplotlib.figure.Figure (no pyplot, no display, no global state).
 """
@@ -15,7 +17,7 @@ from pathlib import Path
 
 from . import rundir
 from .errors import ChargptError, DataError
-from .rundir import METRICS
+from .rundir import LOSSES, METRICS
 
 UNITS = {"nats": ("loss", "loss (nats per character)"), "bpc": ("bpc", "bits per character")}
 CURVES = "curves.png"
@@ -53,14 +55,26 @@ def _value(row, split, unit):
     return nats
 
 
-def figure(runs, unit="nats"):
-    """{label: rows} -> a matplotlib Figure with train (dashed) and val (solid) curves per run."""
+def read_running(run):
+    """A run directory's running training loss rows (train_loss.jsonl), [] where it has none."""
+    path = Path(run)
+    return rundir.read_metrics(path / LOSSES) if path.is_dir() else []
+
+
+def figure(runs, unit="nats", running=None, title=None):
+    """{label: rows} -> a matplotlib Figure with train (dashed) and val (solid) curves per run; `running`:
+    {label: rows of train_loss.jsonl}, drawn as a thin line of the same colour."""
     if unit not in UNITS:
         raise ChargptError(f"unit must be one of {', '.join(UNITS)} (got {unit!r})")
     fig = _require_matplotlib()(figsize=(8, 5), dpi=100, layout="tight")
     ax = fig.add_subplot()
     for i, (label, rows) in enumerate(runs.items()):
         color = f"C{i % 10}"
+        dense = [(r["step"], _value(r, "train", unit)) for r in (running or {}).get(label, [])
+                 if _value(r, "train", unit) is not None]
+        if dense:
+            steps, values = zip(*dense)
+            ax.plot(steps, values, "-", color=color, linewidth=0.7, alpha=0.45, label=f"{label} train (running)")
         for split, style in (("train", "--"), ("val", "-")):
             points = [(r["step"], _value(r, split, unit)) for r in rows if _value(r, split, unit) is not None]
             if points:
@@ -69,6 +83,8 @@ def figure(runs, unit="nats"):
                         label=f"{label} {split}")
     ax.set_xlabel("step")
     ax.set_ylabel(UNITS[unit][1])
+    if title:
+        ax.set_title(title, fontsize="medium")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small")
     return fig
@@ -85,12 +101,37 @@ def labels(runs):
     return [str(r) if names.count(n) > 1 else n for r, n in zip(runs, names)]
 
 
+def run_facts(run):
+    """(corpus, model description) from the run's newest checkpoint header, or None without one."""
+    from .checkpoint import read_meta
+    from .config import describe_model
+    path = Path(run)
+    path = path.parent if path.name == METRICS else path
+    for name in (rundir.LATEST, rundir.BEST):
+        with contextlib.suppress(ChargptError, OSError):
+            meta, shapes = read_meta(path / name)
+            params = sum(math.prod(s) for k, s in shapes.items() if not k.startswith(("optim.", "rng.")))
+            return meta.get("corpus") or "?", f"{describe_model(meta['model_config'])}, {params / 1e6:.2f}M parameters"
+    return None
+
+
+def title_of(runs):
+    """The figure's title: 'RUN: corpus CORPUS, MODEL' for one run; for several, how many (each is named in the
+    legend) and their corpus where they share one."""
+    facts = [run_facts(r) for r in runs]
+    if len(runs) == 1:
+        return _run_name(runs[0]) + (f": corpus {facts[0][0]}, {facts[0][1]}" if facts[0] else "")
+    corpora = {f[0] for f in facts if f}
+    return f"{len(runs)} runs" + (f" on {corpora.pop()}" if len(corpora) == 1 and all(facts) else "")
+
+
 def plot_runs(runs, out_png, unit="nats"):
     """Draw the curves of one or more runs (directories or metrics.jsonl files) into out_png, written atomically.
     -> the path written."""
     _require_matplotlib()  # before reading anything: the missing extra is the first thing to fix
     data = {label: read_metrics(run) for label, run in zip(labels(runs), runs)}
-    fig = figure(data, unit)
+    running = {label: read_running(run) for label, run in zip(labels(runs), runs)}
+    fig = figure(data, unit, running, title_of(runs))
     out = Path(out_png)
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
     try:

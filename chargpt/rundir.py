@@ -37,6 +37,7 @@ LATEST, BEST, STATE, METRICS, LOCK = ("latest.safetensors", "best.safetensors", 
 OWNER = ".owner"  # beside the lock, not in it: on Windows a locked file cannot be read, and a marker lock is filelock's
 CLAIM_WAIT = 0.3  # seconds a claim retries a held lock: rides over lock_holder()'s brief probes
 CONFIG, SAMPLES = "config.toml", "samples.jsonl"
+LOSSES = "train_loss.jsonl"  # the running training loss, every few steps: the dense curve between evaluations
 RUN_FILES = (STATE, LATEST, BEST)
 DEFAULT_ROOT = Path("checkpoints")
 
@@ -273,13 +274,15 @@ def remove_stale_temps(directory, patterns=(".*.tmp*", ".tmp??????")):
 
 
 # --- metrics.jsonl ----------------------------------------------------------------------------------------
-def append_jsonl(path, record):
-    """One line, flushed to disk: the line is written before the state it describes (see Trainer)."""
+def append_jsonl(path, record, sync=True):
+    """One line, flushed to disk: the line is written before the state it describes (see Trainer). sync=False
+    leaves the disk write to the OS: for lines written often that no state depends on (LOSSES)."""
     try:
         with open(path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
     except OSError as e:
         raise CheckpointError(f"could not append to {path} ({e.strerror}); free disk space or choose a "
                               f"writable --out-dir") from None

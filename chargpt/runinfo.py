@@ -16,6 +16,7 @@ from safetensors import safe_open
 
 from .checkpoint import read_meta
 from .config import ModelConfig, describe_model
+from .data import run_val_split
 from .init_from import describe_lineage, read_lineage
 from .rundir import LATEST, METRICS, read_metrics, resolve
 
@@ -73,6 +74,8 @@ def run_info(path, preview=PREVIEW_CHARS):
         "parameters": sum(math.prod(s) for k, s in shapes.items() if not k.startswith(("optim.", "rng."))),
         "task": meta["task"], "arch": cfg.arch, "model_config": asdict(cfg), "train_config": tcfg or None,
         "vocab_size": len(meta["vocab"]), "vocab_preview": escape("".join(meta["vocab"].chars[:preview])),
+        "vocab_chars": meta["vocab"].chars[:preview],  # the same characters, unescaped
+        "closing_prompt": latest.get("closing_prompt") if isinstance(latest.get("closing_prompt"), str) else None,
         "corpus": latest.get("corpus"), "steps": step, "checkpoint_step": meta.get("step", 0),
         "best_val_loss": best, "best_val_bpc": best / math.log(2) if isinstance(best, (int, float)) else None,
         "training_time_s": state.get("elapsed"), "eval_time_s": state.get("eval_time"),
@@ -98,6 +101,16 @@ def _duration(seconds):
         f"{seconds:.1f} s"
 
 
+def _validates(t):
+    """Which text validated, as the run split it (runs from before --val-split: the tail)."""
+    fraction = t.get("val_fraction", 0.1)
+    if t.get("task") == "pairs":
+        return f"{fraction:g} of the pairs, at random, validate"
+    if run_val_split(t) == "tail":
+        return f"last {fraction:g} validates"
+    return f"{fraction:g} validates, in blocks spread through it"
+
+
 def format_info(info):
     """The dict of run_info() -> aligned lines for people."""
     m, t = info["model_config"], info["train_config"] or {}
@@ -110,7 +123,8 @@ def format_info(info):
     if info["training_time_s"] and info["eval_time_s"] is not None:
         training += f" ({info['eval_time_s'] / max(info['training_time_s'], 1e-9):.0%} of it evaluating)"
     if info["characters_seen"] is not None:
-        procs = f"on {info['processes']} processes" if info["processes"] else "one process assumed"
+        n = info["processes"]
+        procs = f"on {n} process{'' if n == 1 else 'es'}" if n else "one process assumed"
         training += f"; {info['characters_seen']:,} characters seen ({info['characters_per_step']:,} per step, {procs})"
     best = "none yet" if info["best_val_loss"] is None else \
         f"{info['best_val_loss']:.4f} nats ({info['best_val_bpc']:.3f} bits/char)"
@@ -124,7 +138,7 @@ def format_info(info):
             ("training", training),
             ("best val loss", best + (f", {info['evaluations']} evaluations" if info["evaluations"] else "")),
             ("corpus", f"{info['corpus'] or '?'} ({t.get('data') or 'built-in'}, {t.get('encoding', 'utf-8')}, "
-                       f"last {t.get('val_fraction', 0.1):g} validates)" if t else info["corpus"] or "unknown"),
+                       f"{_validates(t)})" if t else info["corpus"] or "unknown"),
             *([("started from", f"{describe_lineage(info['init_from'])}; {info['init_from'].get('added_chars', 0)} "
                                 f"characters added to its vocabulary")] if info.get("init_from") else []),
             ("saved", info["saved_at"] or "unknown"),

@@ -34,6 +34,7 @@ from .config import (
     flag,
     flag_specs,
     param,
+    run_val_split,
     split_overrides,
     typed_fields,
 )
@@ -260,6 +261,7 @@ def resume_settings(meta, settings: Settings, out_dir):
 def _resumed_configs(meta, settings: Settings):
     saved_model: ModelConfig = meta["model_config"]
     saved_train = {k: v for k, v in (meta.get("train_config") or {}).items() if k not in HARDWARE}
+    saved_train["val_split"] = run_val_split(meta.get("train_config"))  # runs from before --val-split: the tail
     settings.pick_preset(None, current=saved_train.get("preset"))  # only another preset named now
     settings.keep_changes({**asdict(saved_model), **saved_train})
     if settings.merged().get("init_from"):
@@ -279,6 +281,10 @@ def _resumed_configs(meta, settings: Settings):
     if train_kw.get("optimizer", saved_optimizer) != saved_optimizer:
         raise ConfigError(f"--resume: the run was trained with --optimizer {saved_optimizer}, whose state it "
                           f"continues; drop --optimizer {train_kw['optimizer']}, or train a new run with another "
+                          f"--out-dir")
+    if train_kw.get("val_split", saved_train["val_split"]) != saved_train["val_split"]:
+        raise ConfigError(f"--resume: the run was trained with --val-split {saved_train['val_split']}; another split "
+                          f"would train on its validation text; drop --val-split, or train a new run with another "
                           f"--out-dir")
     if "max_iters" in train_kw and "max_time" not in train_kw:
         train_kw["max_time"] = None  # a step budget alone lifts the run's old time budget

@@ -11,7 +11,8 @@ greedy translations of fixed validation pairs at each evaluation and shows a few
 
 import numpy as np
 
-from .data import Batches, encode_corpus, split_sizes
+from .config import param
+from .data import Batches, check_blocks_length, encode_corpus, split_of, split_sizes, unseen_in_training, val_snippet
 from .pairs import PairBatches, encode_pairs
 from .translate import CHRF_MISSING, chrf, exact_match, translate
 
@@ -26,13 +27,33 @@ class Text:
     name = "text"
 
     def encode(self, cfg, block_size, log):
+        fits = split_sizes if cfg.val_split == "tail" else check_blocks_length  # checked before anything is cached
         return encode_corpus(cfg.data, cfg.encoding, cfg.encoding_errors, cfg.cache_dir, log=log,
-                             check_length=lambda n: split_sizes(n, cfg.val_fraction, block_size))
+                             check_length=lambda n: fits(n, cfg.val_fraction, block_size))
 
     def batches(self, corpus, cfg, mcfg, device, log):
-        """Random windows of the text; self.chars_per_example: characters an example trains on."""
+        """Random windows of the text, each inside its side of the split (--val-split); self.chars_per_example:
+        characters an example trains on; self.closing_prompt: what the closing sample starts from (--sample-prompt,
+        else the start of a validation line)."""
         self.chars_per_example = mcfg.block_size
-        return Batches(corpus.ids(), cfg.val_fraction, mcfg.block_size, cfg.batch_size, device)
+        ids = corpus.ids()
+        self.split = split_of(ids, corpus.vocab, cfg.val_fraction, mcfg.block_size, cfg.val_split)
+        self.closing_prompt = cfg.sample_prompt or val_snippet(ids, self.split, corpus.vocab)
+        return Batches(ids, cfg.val_fraction, mcfg.block_size, cfg.batch_size, device, self.split)
+
+    def describe_split(self, corpus, cfg):
+        """Start-up lines: which text validates, and a warning when it holds characters training never shows."""
+        vocab = corpus.vocab
+        lines = [self.split.describe(corpus.length)]
+        unseen = [vocab.chars[int(i)] for i in unseen_in_training(corpus.ids(), self.split, len(vocab))]
+        if unseen:
+            shown = " ".join(repr(c) for c in unseen[:12]) + (f" and {len(unseen) - 12} more" if len(unseen) > 12
+                                                              else "")
+            lines.append(f"warning: the validation text holds {len(unseen)} character(s) the training text lacks "
+                         f"({shown}): the model cannot learn them, and the validation loss counts them; "
+                         + ("--val-split blocks spreads validation through the corpus" if self.split.how == "tail"
+                            else f"a larger corpus or a smaller {param('val_fraction')} makes this rarer"))
+        return lines
 
     def describe_corpus(self, corpus):
         return f"{corpus.length:,} characters"
@@ -44,11 +65,13 @@ class Text:
         return {}
 
     def closing_sample(self, trainer):
-        """A sample of text as the run ends (a pairs run shows translations instead)."""
-        cfg = trainer.cfg
-        text = trainer.sample(cfg.sample_chars)
-        return (f"\n--- sample from {trainer.out_dir} ({cfg.sample_chars} characters, temperature 0.8) "
-                f"---\n{cfg.sample_prompt or ''}{text}\n---")
+        """A sample of text as the run ends (a pairs run shows translations instead), from a short real snippet of
+        the validation text unless --sample-prompt says otherwise: the model at its best, not a lone newline."""
+        cfg, prompt = trainer.cfg, self.closing_prompt
+        text = trainer.sample(cfg.sample_chars, prompt)
+        what = "" if cfg.sample_prompt or not prompt else f", prompted with the start of a validation line, {prompt!r}"
+        return (f"\n--- sample from {trainer.out_dir} ({cfg.sample_chars} characters, temperature 0.8{what}) "
+                f"---\n{prompt}{text}\n---")
 
 
 class Pairs:
@@ -72,6 +95,9 @@ class Pairs:
 
     def describe_corpus(self, corpus):
         return f"{corpus.n_pairs:,} sentence pairs, {corpus.length:,} characters"
+
+    def describe_split(self, corpus, cfg):
+        return []  # pairs: a shuffled split of whole pairs (chargpt.pairs)
 
     def describe_examples(self, mcfg):
         return f"pairs (of at most {mcfg.block_size} chars a side, {self.chars_per_example:.0f} on average)"

@@ -26,13 +26,14 @@ from tqdm import tqdm
 
 from . import checkpoint as ckpt
 from . import errors, init_from, rundir
+from .cadence import EVALS_PER_BUDGET, RunningLoss, eval_period, time_to_evaluate
 from .config import UNLIMITED, ModelConfig, TrainConfig, check_task, describe_model, param, split_overrides
 from .data import corpus_sources
 from .errors import ChargptError, CheckpointError, ConfigError, Interrupted
 from .model import build_model
 from .optim import describe_numerics, make_optimizer
 from .platforms import STOP_SIGNALS
-from .rundir import CONFIG, METRICS, SAMPLES, STATE
+from .rundir import CONFIG, LOSSES, METRICS, SAMPLES, STATE
 from .runtime import (
     autocast,
     broadcast_str,
@@ -288,8 +289,15 @@ class Trainer:
         self.log(f"global batch: {cfg.batch_size} x {cfg.grad_accum} accum x {self.dist.world_size} proc = "
                  f"{global_batch} {self.task.describe_examples(mcfg)} = {self.chars_per_step:,.0f} chars/step; "
                  f"run dir: {self.out_dir}")
+        if self.dist.is_main:  # which text validates (and what only it holds): a pass over the corpus, once
+            for line in self.task.describe_split(corpus, cfg):
+                self.log(line)
         if not any(note.startswith("new budget") for note in self.notes):
             self.log(f"budget: {describe_budget(cfg, self.state)}")
+        self.eval_period = eval_period(cfg, self.settings.source("eval_interval"))  # None: by steps alone
+        if self.eval_period:
+            self.log(f"evaluating every {self.eval_period:.3g} s of training (1/{EVALS_PER_BUDGET} of --max-time)"
+                     f" and every {cfg.eval_interval:,} steps; --eval-interval N for steps alone")
         for note in self.notes:
             self.log(note)
 
@@ -331,7 +339,7 @@ class Trainer:
                     from None
         if self.dist.is_main:
             rundir.remove_stale_temps(self.out_dir)  # left by a run that was killed while saving
-            for log in (METRICS, SAMPLES):
+            for log in (METRICS, SAMPLES, LOSSES):
                 rundir.truncate_metrics(self.out_dir / log, self.state.step)
 
     def save(self, val_loss=None, improved=False, final=False):
@@ -346,7 +354,8 @@ class Trainer:
         extra = dict(step=s.step, val_loss=val_loss, best_val_loss=s.best_val if s.best_val < float("inf") else None,
                      corpus=self.corpus.name, corpus_key=self.corpus.key, run_state=asdict(s),
                      hardware=self._hardware(), world_size=self.dist.world_size, chars_per_step=self.chars_per_step,
-                     corpus_chars=self.corpus.length)  # for model cards (chargpt export); the key: chargpt novelty
+                     corpus_chars=self.corpus.length,  # for model cards (chargpt export); the key: chargpt novelty
+                     closing_prompt=getattr(self.task, "closing_prompt", None))  # the playground's "Write a sample"
         if self.lineage:  # the run this one started from (--init-from)
             extra[init_from.LINEAGE] = self.lineage
         if self.scaler.is_enabled():  # fp16 loss scale: part of exact resume
@@ -376,7 +385,9 @@ class Trainer:
                 while True:
                     lr = lr_at(s.step, s.elapsed, self.cfg, s)
                     reason = finished(self.cfg, s)
-                    if (s.step % self.cfg.eval_interval == 0 or reason) and not s.evaluated:
+                    due = s.step % self.cfg.eval_interval == 0 or time_to_evaluate(s.elapsed, self.last_eval_at,
+                                                                                   self.eval_period)
+                    if (due or reason) and not s.evaluated:
                         with self._phase("1 evaluate and save"):  # at the interval and at the end
                             self._evaluate_and_save(lr, final=bool(reason))
                         reason = finished(self.cfg, s)  # --patience: this evaluation may end the run
@@ -418,6 +429,8 @@ class Trainer:
         self.bad_loss = torch.zeros((), device=self.device)  # its loss
         self.lrs = {}  # step -> learning rate, since the last sync (to name the rate of a bad step)
         self.last_val = None
+        self.running = RunningLoss()  # the training loss since the last progress update (cadence.py)
+        self.last_eval_at = s.elapsed  # the agreed clock at the last evaluation (time-budget cadence)
         self.last_scores = {}  # exact match and chrF of the last evaluation (pairs)
         self.first_step_s = None  # wall time of this session's first step: torch.compile compiles during it
 
@@ -523,13 +536,19 @@ class Trainer:
         """Every LOG_EVERY steps: loss, last validation loss, learning rate, speed (evaluation time excluded, as
         in the bar's own steps/s: see _evaluate_and_save) and time left."""
         s, cfg = self.state, self.cfg
+        self.running.add(loss)
         if (s.step - 1) % LOG_EVERY == 0:
+            value = self.running.read()  # the mean since the last read: the progress bar's one host sync
+            if value is not None and self.dist.is_main:
+                rundir.append_jsonl(self.out_dir / LOSSES, {"step": s.step, "train_loss": round(value, 6), "lr": lr,
+                                                            "elapsed_s": round(s.elapsed, 2)}, sync=False)
             now = time.perf_counter()
             t0, pauses0, step0 = self.window
             speed = (s.step - step0) * self.chars_per_step / max(now - t0 - (self.pauses - pauses0), 1e-9)
             self.window = (now, self.pauses, s.step)
-            post = {"loss": f"{loss.item():.4f}", "val": f"{self.last_val:.4f}" if self.last_val else "-",
-                    "lr": f"{lr:.2e}", "chars/s": f"{speed:,.0f}"}
+            post = {"loss": f"{value:.4f}" if value is not None else "nan",
+                    "val": f"{self.last_val:.4f}" if self.last_val else "-", "lr": f"{lr:.2e}",
+                    "chars/s": f"{speed:,.0f}"}
             if cfg.max_time:
                 post["left"] = f"{max(0, cfg.max_time - (s.elapsed - s.budget_elapsed)):.0f}s"
             self.bar.set_postfix(post, refresh=False)
@@ -560,6 +579,7 @@ class Trainer:
         if self.dist.is_main:
             rundir.append_jsonl(self.out_dir / METRICS, record)
         s.eval_time += time.perf_counter() - t0
+        self.last_eval_at = s.elapsed
         self.save(losses["val"], improved, final)
         self.log(f"step {s.step:>6}: train {losses['train']:.4f} nats ({losses['train'] / LN2:.3f} bpc), "
                  f"val {losses['val']:.4f} nats ({losses['val'] / LN2:.3f} bpc)" + (" *" if improved else "")
@@ -569,14 +589,15 @@ class Trainer:
         self.last_val = losses["val"]
         self._pause_speed(time.perf_counter() - t0)
 
-    def sample(self, chars):
+    def sample(self, chars, prompt=None):
         """A sample of the model as it is now: from --sample-prompt (else a newline), at temperature 0.8, with the
         run's seed, so that successive samples differ only by what the model learned. -> the text after the
         prompt. Decoding has its own random generator and no dropout: training's random streams are untouched."""
         from .engine import Generator
         gen = Generator(self.model, self.corpus.vocab, self.device)  # puts the model in eval mode
         try:
-            return gen.generate(self.cfg.sample_prompt or "", max_new_tokens=chars, seed=self.cfg.seed)[0]
+            prompt = (self.cfg.sample_prompt or "") if prompt is None else prompt
+            return gen.generate(prompt, max_new_tokens=chars, seed=self.cfg.seed)[0]
         finally:
             self.model.train()
 
@@ -603,7 +624,8 @@ class Trainer:
             return None
         try:
             if index is None:
-                index = self.novelty_index = novelty.index_corpus(self.corpus, self.cfg.val_fraction, log=self.log)
+                index = self.novelty_index = novelty.index_corpus(self.corpus, self.cfg.val_fraction, log=self.log,
+                                                                  split=getattr(self.task, "split", None))
             return index.score(text)
         except (ChargptError, OSError, MemoryError) as e:
             self.log(f"warning: no novelty score for the samples ({e}); they are recorded without one")

@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 import webutil
-from webutil import need, train_tiny
+from webutil import TINY, need, train_tiny
 
 import chargpt
 
@@ -151,20 +151,26 @@ def test_runs_view_draws_curves_that_follow_a_run_still_training(page, site, tmp
     page.wait_for_selector("#chart[data-curves='2']")  # train and val of the one run
     val = page.locator("#chart path.curve.val")
     assert val.get_attribute("d").count("L") == 3  # evaluations at steps 0, 10, 20, 30
+    assert page.locator("#chart path.curve.running").get_attribute("d").count("L") == 2  # steps 1, 11, 21
+    assert page.inner_text("#chart-title").startswith("tiny: corpus browser")  # the run, its corpus, its model
+    assert "1 layer × 16, 2 heads, context 16" in page.inner_text("#chart-title")
     assert page.locator("#runs-table tbody tr").count() == 1
     page.screenshot(path=tmp_path / "runs.png", full_page=True)
     page.check("input[name=unit][value=nats]")
-    assert page.locator("#chart path.curve").count() == 2
+    assert page.locator("#chart path.curve").count() == 3
     # training goes on: a new evaluation appears without reloading the page
     with open(site[1] / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"step": 40, "train_loss": 2.9, "val_loss": 3.0, "train_bpc": 4.18, "val_bpc": 4.33}) + "\n")
     points = "() => document.querySelector('#chart path.curve.val').getAttribute('d').split('L').length"
     page.wait_for_function(f"{points} === 5")
-    # and its sample: what training prints at the end, from the same seed
+    # and its sample: what training prints at the end, from the same validation line and seed
+    prompt = chargpt.load(site[1], device="cpu").meta["closing_prompt"]
+    assert prompt and prompt in page.inner_text("#run-detail")
     page.click("#run-detail button")
-    page.wait_for_function("() => document.querySelector('#run-detail pre').textContent.length === 300")
-    expected = chargpt.load(site[1], device="cpu").generate("", max_new_tokens=300, temperature=0.8, seed=1337)[0]
-    assert page.text_content("#run-detail pre") == expected
+    want = len(prompt) + 300
+    page.wait_for_function(f"() => document.querySelector('#run-detail pre').textContent.length === {want}")
+    expected = chargpt.load(site[1], device="cpu").generate(prompt, max_new_tokens=300, temperature=0.8, seed=1337)[0]
+    assert page.text_content("#run-detail pre") == prompt + expected
 
 
 def test_runs_view_lists_the_samples_written_while_training(page, site):
@@ -216,6 +222,147 @@ def test_write_becomes_a_translation_box_for_pairs_runs(browser, pairs_site, tmp
     page.screenshot(path=tmp_path / "translate.png", full_page=True)
     page.close()
     assert not errors, errors
+
+
+# --- nothing stale: each view shows only what belongs to the run and the request on screen ---------------------
+def open_page(browser, url):
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.set_default_timeout(WAIT_MS)
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(url)
+    page.wait_for_selector("body[data-ready='1']")
+    return page, errors
+
+
+def test_a_refused_request_clears_the_previous_output(page, tmp_path):
+    write(page, "To be", seed=1, length=30)
+    assert page.locator("#outputs .sample").count() == 1
+    write(page, "To bé")  # refused: é is not in the vocabulary
+    assert "never saw" in page.inner_text("#write-status")
+    assert page.locator("#outputs .sample").count() == 0  # the error alone, not above the last sample
+    page.screenshot(path=tmp_path / "write-error.png", full_page=True)
+
+
+def test_translation_box_translates_line_by_line_like_the_cli(browser, pairs_site, tmp_path):
+    page, errors = open_page(browser, pairs_site[0])
+    page.select_option("#run", "decoder")
+    write(page, "hgfe\n\nabcd\n", length=10)  # blank lines stay blank, a final newline starts no line
+    want = chargpt.load(pairs_site[1] / "decoder", device="cpu").translate(["hgfe", "abcd"], max_len=10)
+    assert sample_text(page, 0) == f"{want[0]}\n\n{want[1]}"
+    assert page.inner_text("#write-status").startswith("done · 3 lines")
+    page.screenshot(path=tmp_path / "translate-lines.png", full_page=True)
+    write(page, "hgfe\nhgzz", length=10)  # an unknown character on line 2: named, and marked where it is
+    assert page.inner_text("#write-status").startswith("line 2: ")
+    assert page.locator("#outputs .sample").count() == 0
+    marked = page.locator("#prompt-marks .c")
+    assert [marked.nth(i).text_content() for i in range(marked.count()) if "unknown" in
+            marked.nth(i).get_attribute("class")] == ["z", "z"]
+    assert page.locator("#prompt-marks .c.unknown").first.evaluate("s => [...s.parentNode.children].indexOf(s)") == 7
+    page.close()
+    assert not errors, errors
+
+
+def test_another_run_starts_write_and_look_inside_empty(browser, pairs_site, tmp_path):
+    page, errors = open_page(browser, pairs_site[0])
+    page.select_option("#run", "decoder")
+    write(page, "hgfe", length=10)
+    assert page.locator("#outputs .sample").count() == 1
+    page.select_option("#run", "encoder-decoder")
+    assert page.locator("#outputs .sample").count() == 0 and page.inner_text("#write-status") == ""
+    # Look inside: an analysis of the decoder run, then the encoder-decoder (refused): the refusal alone shows
+    page.select_option("#run", "decoder")
+    page.click(".tab[data-view='inside']")
+    page.fill("#inside-text", "hgfe\tEFGH")
+    page.click("#analyse")
+    page.wait_for_selector("body[data-inside='done']")
+    assert page.is_visible("#inside-result")
+    page.select_option("#run", "encoder-decoder")
+    assert not page.is_visible("#inside-result") and page.inner_text("#inside-status") == ""
+    page.click("#analyse")
+    page.wait_for_function("() => document.getElementById('inside-status').textContent.includes('decoder-only')")
+    assert not page.is_visible("#inside-result")
+    page.screenshot(path=tmp_path / "inside-refused.png", full_page=True)
+    page.close()
+    assert not errors, errors
+
+
+def test_an_analysis_for_another_run_is_never_shown(browser, pairs_site):
+    """A slow analysis of run A that returns after run B was picked is dropped."""
+    page, errors = open_page(browser, pairs_site[0])
+    page.select_option("#run", "decoder")
+    page.click(".tab[data-view='inside']")
+    page.fill("#inside-text", "hgfe\tEFGH")
+    page.route("**/api/inside", lambda route: (page.wait_for_timeout(1500), route.continue_()))  # slow server
+    page.click("#analyse")
+    page.select_option("#run", "encoder-decoder")
+    page.wait_for_timeout(3000)
+    assert not page.is_visible("#inside-result") and "analysing" not in page.inner_text("#inside-status")
+    page.close()
+    assert not errors, errors
+
+
+# --- the runs view ---------------------------------------------------------------------------------------------
+def test_samples_while_training_appear_as_the_run_writes_them(page, site):
+    path = site[1] / "samples.jsonl"
+    try:
+        page.click(".tab[data-view='runs']")
+        page.wait_for_selector("#run-detail button")
+        assert page.locator("#run-detail .sample.during").count() == 0
+        with open(path, "a", encoding="utf-8") as f:  # the run, still training, writes a sample
+            f.write(json.dumps({"step": 10, "prompt": "To ", "text": "be or"}) + "\n")
+        page.wait_for_selector("#run-detail .sample.during")
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"step": 20, "prompt": "To ", "text": "be, or not"}) + "\n")
+        page.wait_for_function("() => document.querySelectorAll('#run-detail .sample.during').length === 2")
+        assert "Samples while training (2)" in page.inner_text("#run-detail")
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def swatch(page, name):
+    row = page.locator("#runs-table tbody tr", has_text=name)
+    return row.locator(".swatch").get_attribute("data-colour")
+
+
+def test_run_colours_stay_with_their_runs_and_a_large_vocabulary_is_summarised(browser, site, tmp_path):
+    root = tmp_path / "served"
+    shutil.copytree(site[1], root / "m-run")
+    # a Chinese run: 600 distinct characters, trained for a time budget
+    corpus = tmp_path / "han.txt"
+    corpus.write_text("".join(chr(0x4E00 + (i * 7) % 600) + ("\n" if i % 20 == 19 else "") for i in range(6000)),
+                      encoding="utf-8")
+    chargpt.train(data=str(corpus), out_dir=str(root / "z-han"), cache_dir=str(tmp_path / "cache"), max_time=0.5,
+                  seed=1, log=lambda *a: None, **{**TINY, "eval_interval": 10**6})
+    with serve.running(serve.create_app(root, device="cpu")) as url:
+        page, errors = open_page(browser, url)
+        page.click(".tab[data-view='runs']")
+        page.wait_for_function("() => document.querySelectorAll('#runs-table tbody tr').length === 2")
+        before = {name: swatch(page, name) for name in ("m-run", "z-han")}
+        assert before["m-run"] != before["z-han"]
+        shutil.copytree(site[1], root / "a-new")  # a new run, listed first
+        page.wait_for_function("() => document.querySelectorAll('#runs-table tbody tr').length === 3")
+        assert {name: swatch(page, name) for name in before} == before  # nobody was recoloured
+        assert swatch(page, "a-new") not in before.values()
+
+        page.locator("#runs-table button.link", has_text="z-han").click()
+        page.wait_for_selector("#run-detail[data-run='z-han'] .vocab-box")
+        summary = page.inner_text("#run-detail .vocab-box .hint")
+        assert summary.startswith("vocabulary: 601 characters (600 Han, 1 whitespace)")
+        assert not page.locator("#run-detail details.vocab-all").evaluate("d => d.open")
+        shown = page.locator("#run-detail .vocab-box > .vocab").text_content()
+        assert len(shown) < 130 and shown.endswith(" …")  # the first 120, not 600 characters
+        page.click("#run-detail details.vocab-all summary")
+        assert len(page.locator("#run-detail details.vocab-all .vocab").text_content()) == 601 + 1  # \n as "\\n"
+        detail = page.inner_text("#run-detail")
+        assert "no step limit (max_time decides)" in detail and "1000000000000" not in detail
+        assert "0.00 MB" not in detail and " kB" in detail
+        fonts = page.evaluate("() => getComputedStyle(document.querySelector('#run-detail .vocab')).fontFamily")
+        assert "Noto Sans CJK SC" in fonts and "Microsoft YaHei" in fonts and "PingFang SC" in fonts
+        assert "Noto Sans CJK SC" in page.evaluate("() => getComputedStyle(document.body).fontFamily")
+        page.screenshot(path=tmp_path / "runs-han.png", full_page=True)
+        page.close()
+        assert not errors, errors
 
 
 def test_runs_view_says_which_run_a_run_started_from(browser, tmp_path_factory):

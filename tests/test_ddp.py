@@ -32,7 +32,8 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32" or not torch.distributed
 # TINY as keyword arguments, for runs inside this process and in spawned ranks
 TINY_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
                threads=1, sample_chars=0, dtype="float32", curves=False)
-RUN_FILES = ["best.safetensors", "config.toml", "latest.safetensors", "metrics.jsonl", "state.safetensors"]
+RUN_FILES = ["best.safetensors", "config.toml", "latest.safetensors", "metrics.jsonl", "state.safetensors",
+             "train_loss.jsonl"]
 
 
 def quiet(msg):
@@ -148,7 +149,8 @@ class GlobalBatches:
 
     def __init__(self, trainer, global_batch):
         t = trainer
-        self.full = Batches(t.corpus.ids(), t.cfg.val_fraction, t.mcfg.block_size, global_batch, t.device)
+        self.full = Batches(t.corpus.ids(), t.cfg.val_fraction, t.mcfg.block_size, global_batch, t.device,
+                            t.task.split)
         self.gens = {split: torch.Generator().manual_seed(i) for i, split in enumerate(("train", "val"))}
         self.rank, self.world = t.dist.rank, t.dist.world_size
 

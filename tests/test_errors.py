@@ -90,9 +90,13 @@ BAD_TRAIN_INPUTS = [
      r"latin1\.txt is not valid utf-8: undecodable byte 0xe9 at byte offset 3003.*--encoding.*"
      r"--encoding-errors replace"),
     ("binary-file", dict(data="image.png"), DataError, r"image\.png looks like a binary file.*text file"),
-    ("too-short-for-block-size", dict(data="short.txt"), DataError,
+    ("too-short-for-block-size", dict(data="short.txt", val_split="tail"), DataError,
      r"32 characters is too short for --block-size 16 with --val-fraction 0\.1.*--block-size 2 or less.*"
      r"at least 170 characters"),
+    ("too-short-for-blocks", dict(data="short.txt"), DataError,
+     r"split is empty: a corpus of 32 characters is too short for --block-size 16 with --val-fraction 0\.1 and "
+     r"--val-split blocks.*"
+     r"at least 340 characters, or use --val-split tail"),
     ("empty-validation-split", dict(val_fraction=0.0001), DataError, r"validation split is empty.*--val-fraction"),
     ("n-embd-not-divisible", dict(n_embd=15), ConfigError, r"--n-embd 15 is not divisible by --n-head 2"),
     ("zero-layers", dict(n_layer=0), ConfigError, r"--n-layer must be at least 1 \(got 0\)"),

@@ -12,7 +12,7 @@ from torch.nn import functional as F
 import chargpt.evaluate as ev
 from chargpt.checkpoint import load_model, read_meta, save_model
 from chargpt.cli import eval_cli
-from chargpt.data import encode_corpus, split_sizes
+from chargpt.data import encode_corpus, split_of
 from chargpt.errors import DataError
 from chargpt.evaluate import evaluate, window_plan
 from chargpt.rundir import resolve
@@ -35,20 +35,25 @@ def naive_nlls(model, ids):
 
 
 def test_eval_on_validation_text_equals_full_validation_loss(tiny_run, tmp_path):
-    """The run's validation split written out as a text file scores exactly what the full validation loss (the
-    number bench's quality mode reports) is."""
+    """The run's validation split (each stretch of it) written out as text files scores exactly what the full
+    validation loss (the number bench's quality mode reports) is."""
     full = evaluate(tiny_run, device="cpu")  # no text: the run's own validation split
     meta, _ = read_meta(resolve(tiny_run))
     cfg = meta["train_config"]
     corpus = encode_corpus(cfg["data"], cache_dir=cfg["cache_dir"])
-    n_train, n_val = split_sizes(corpus.length, cfg["val_fraction"], meta["model_config"].block_size)
-    val_text = corpus.vocab.decode(corpus.ids()[n_train:])
-    (tmp_path / "val.txt").write_text(val_text, encoding="utf-8")
-
-    from_text = evaluate(tiny_run, tmp_path / "val.txt", device="cpu")
-    assert from_text["loss"] == pytest.approx(full["loss"], rel=1e-9)
-    assert from_text["scored"] == full["scored"] == n_val - 1 and from_text["unknown"] == 0
-    assert from_text["bpc"] == pytest.approx(from_text["loss"] / math.log(2))
+    split = split_of(corpus.ids(), corpus.vocab, cfg["val_fraction"], meta["model_config"].block_size,
+                     cfg["val_split"])
+    assert cfg["val_split"] == "blocks" and len(split.val) > 1 and "blocks" in full["data"]
+    total = scored = 0
+    for i, piece in enumerate(split.pieces(corpus.ids(), "val")):
+        (tmp_path / f"val{i}.txt").write_text(corpus.vocab.decode(piece), encoding="utf-8")
+        part = evaluate(tiny_run, tmp_path / f"val{i}.txt", device="cpu")
+        assert part["unknown"] == 0
+        total, scored = total + part["loss"] * part["scored"], scored + part["scored"]
+    assert total / scored == pytest.approx(full["loss"], rel=1e-9)
+    assert scored == full["scored"] == split.size("val") - len(split.val)  # all but each stretch's first
+    assert full["characters"] == split.size("val")
+    assert full["bpc"] == pytest.approx(full["loss"] / math.log(2))
     # and it is the loss the training loop estimated from a few random batches, to within that estimate's noise
     assert full["loss"] == pytest.approx(meta["val_loss"], abs=0.15)
 

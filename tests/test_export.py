@@ -120,7 +120,7 @@ def test_export_command_writes_a_model_card(tiny_run, tmp_path):
     card = (target / "README.md").read_text(encoding="utf-8")
     meta, _ = read_meta(tiny_run / "best.safetensors")  # what a run directory exports: its best checkpoint
     size = len((tiny_run.parent / "corpus.txt").read_text(encoding="utf-8"))
-    assert f"on **corpus** ({size:,} characters, the last 10% held out for validation)" in card
+    assert f"on **corpus** ({size:,} characters, 10% held out for validation in blocks spread through it)" in card
     assert "1 layers x 16 wide, 2 heads, context 16" in card and f"{meta['step']:,} steps" in card
     loss = meta["val_loss"]
     assert f"{loss:.4f} nats per character ({loss / math.log(2):.4f} bits per character)" in card

@@ -115,3 +115,21 @@ def test_plot_bad_input_is_one_line(tiny_run, tmp_path, args, needle):
     if r.exit_code == 1:  # ours (2 is click's own usage error, which prints usage lines first)
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ")
+
+
+@needs_mpl
+def test_curves_are_titled_with_run_corpus_and_model_and_show_the_running_loss(tiny_run, tmp_path):
+    from chargpt.plot import read_running, title_of
+    title = title_of([tiny_run])
+    assert title.startswith("run: corpus corpus, 1 layers x 16 wide, 2 heads, context 16")  # run, corpus, model
+    running = read_running(tiny_run)  # logged every 10 steps: denser than the evaluations
+    assert [r["step"] for r in running] == [1, 11]
+    fig = figure({"run": read_metrics(tiny_run)}, "nats", {"run": running}, title)
+    ax = fig.axes[0]
+    assert ax.get_title() == title
+    lines = {ln.get_label(): ln for ln in ax.lines}
+    assert list(lines["run train (running)"].get_xdata()) == [1, 11]
+    assert lines["run train (running)"].get_color() == lines["run val"].get_color()
+    other = tmp_path / "other"
+    write_metrics(other, rows([(4.0, 4.1)]))
+    assert title_of([tiny_run, other]) == "2 runs"

@@ -77,6 +77,17 @@ def test_runs_list_details_and_metrics(client, served):
     assert client.get("/api/runs/tiny/metrics", params={"since": metrics["mtime"]}).json()["unchanged"]
 
 
+def test_metrics_carry_the_running_loss_and_details_the_whole_vocabulary(client, served, monkeypatch):
+    metrics = client.get("/api/runs/tiny/metrics").json()
+    assert [r["step"] for r in metrics["running"]] == [1, 11, 21]  # train_loss.jsonl: every 10 steps
+    monkeypatch.setattr(serve, "MAX_RUNNING_POINTS", 2)  # a long run's are thinned evenly, the first kept
+    assert [r["step"] for r in client.get("/api/runs/tiny/metrics").json()["running"]] == [1, 21]
+    details = client.get("/api/runs/tiny").json()
+    gen = chargpt.load(served / "tiny", device="cpu")
+    assert details["vocab_chars"] == gen.vocab.chars  # characters, not an escaped string
+    assert details["closing_prompt"] == gen.meta["closing_prompt"] and details["closing_prompt"]
+
+
 def test_a_run_is_marked_training_exactly_while_a_training_holds_its_lock(client, served):
     from chargpt.rundir import RunDir
     assert client.get("/api/runs").json()["runs"][0]["training"] is False

@@ -5,9 +5,12 @@
 
 const $ = (id) => document.getElementById(id);
 const state = { runs: [], run: null, job: null, inside: null, layer: 0, head: 0, pinned: null,
-                plotted: new Set(), metrics: {}, unit: "bpc", poll: null };
+                plotted: new Set(), metrics: {}, unit: "bpc", poll: null, colours: {},
+                writeReq: 0, insideReq: 0, detailReq: 0 };  // a request whose number is not the latest is stale
 const COLOURS = ["#2456c9", "#d2462b", "#1b8a5a", "#8e44ad", "#c98a00", "#00838f", "#6d4c41", "#c2185b"];
 const LN2 = Math.log(2);
+const UNLIMITED = 1e12;  // max_iters of a run bounded by --max-time alone (config.UNLIMITED)
+const VOCAB_SHOWN = 120;  // vocabulary characters shown before "show all"
 
 // --- small helpers -----------------------------------------------------------------------------------------
 function el(tag, attrs = {}, ...children) {
@@ -87,6 +90,7 @@ function newest(runs) { return runs.reduce((a, b) => (b.updated > a.updated ? b 
 function current() { return state.runs.find((r) => r.name === state.run); }
 
 function selectRun(name) {
+  if (name !== state.run) forgetOutputs();
   state.run = name;
   $("run").value = name;
   renderFacts();
@@ -95,6 +99,32 @@ function selectRun(name) {
 }
 
 function translates(r) { return Boolean(r && r.task === "pairs"); }
+
+function forgetOutputs() {
+  // what Write and Look inside show belongs to the run that made it: another run starts them empty (a generation
+  // still running is stopped, and its late pieces go nowhere)
+  if (state.job && document.body.dataset.state === "generating") onStop();
+  state.writeReq++;
+  state.insideReq++;
+  clearWrite();
+  clearInside();
+  if (document.body.dataset.inside === "busy") document.body.dataset.inside = "idle";
+}
+
+function clearWrite() {
+  $("outputs").replaceChildren();
+  delete $("outputs").dataset.novelty;
+  $("prompt-marks").hidden = true;
+  status("write-status", "");
+  $("to-inside").disabled = true;
+}
+
+function clearInside() {
+  state.inside = null;
+  state.pinned = null;
+  $("inside-result").hidden = true;
+  status("inside-status", "");
+}
 
 function renderWriteMode() {
   // a run trained on sentence pairs turns Write into a translation box: source in, translation out (greedy by
@@ -169,51 +199,87 @@ async function generate(body, onStart, onText) {
   return {stopped: true, chars: 0, error: "the connection closed early"};
 }
 
+function sourceLines(text) {
+  // one sentence per line, as chargpt translate reads a file: \r\n or \n ends a line, a final newline starts none
+  const lines = text.split("\n").map((line) => line.replace(/\r$/, ""));
+  if (lines.length > 1 && lines[lines.length - 1] === "") lines.pop();
+  return lines;
+}
+
 async function onGenerate() {
   if (!state.run || document.body.dataset.state === "generating") return;
+  const req = ++state.writeReq;  // from here on, only this request's output is shown
+  const stale = () => req !== state.writeReq;
   const body = writeSettings();
+  const pairs = translates(current());
+  // a translation run translates each line by itself (blank lines stay blank); a text run continues the prompt
+  const lines = pairs ? sourceLines(body.prompt) : [body.prompt];
+  const offsets = lines.map((_, i) => lines.slice(0, i).reduce((n, l) => n + Array.from(l).length + 1, 0));
   state.job = null;
   state.stopWanted = false;
+  clearWrite();
   const outputs = $("outputs");
   const texts = [];
-  let nodes = [];
-  $("prompt-marks").hidden = true;
-  delete outputs.dataset.novelty;
+  let nodes = [], pending = "", chars = 0, seconds = 0, done = null, line = 0;
+  const put = (piece) => {  // text every sample gets: a line break between translations
+    if (!nodes.length) { pending += piece; return; }
+    nodes.forEach((x, i) => { texts[i] += piece; x.gen.data += piece; });
+  };
   document.body.dataset.state = "generating";
   $("generate").disabled = true;
   $("stop-button").disabled = false;
-  $("to-inside").disabled = true;
   status("write-status", "starting…");
   try {
-    const done = await generate(body, (start) => {
-      const pairs = start.task === "pairs";  // the translation alone: the source is the box above
-      state.job = {id: start.id, prompt: pairs ? "" : start.prompt, texts};
-      const n = start.settings.num_samples, name = pairs ? "translation" : "sample";
-      nodes = Array.from({length: n}, (_, i) => {
-        texts.push("");
-        const gen = document.createTextNode("");
-        const box = el("div", {class: "sample", "data-i": String(i)},
-          el("h3", {text: n > 1 ? `${name} ${i + 1} of ${n}` : name}),
-          el("pre", {}, el("span", {class: "prompt", text: state.job.prompt}), el("span", {class: "gen"}, gen)));
-        return {box, gen};
+    for (line = 0; line < lines.length; line++) {
+      if (line > 0) put("\n");
+      if (pairs && !lines[line].trim()) continue;
+      if (state.stopWanted) break;
+      done = await generate({...body, prompt: lines[line]}, (start) => {
+        if (stale()) return;
+        state.job = {id: start.id, prompt: pairs ? "" : start.prompt, texts, seed: start.seed, warning: start.warning};
+        if (!nodes.length) {
+          const n = start.settings.num_samples, name = pairs ? "translation" : "sample";
+          nodes = Array.from({length: n}, (_, i) => {
+            texts.push(pending);
+            const gen = document.createTextNode(pending);
+            const box = el("div", {class: "sample", "data-i": String(i)},
+              el("h3", {text: n > 1 ? `${name} ${i + 1} of ${n}` : name}),
+              el("pre", {}, el("span", {class: "prompt", text: state.job.prompt}), el("span", {class: "gen"}, gen)));
+            return {box, gen};
+          });
+          outputs.replaceChildren(...nodes.map((x) => x.box));
+        }
+        const where = lines.length > 1 ? ` · line ${line + 1} of ${lines.length}` : "";
+        status("write-status", `writing… seed ${start.seed}${where}` + (start.warning ? ` · ${start.warning}` : ""));
+        if (state.stopWanted) onStop();  // Stop was pressed before the generation had an id
+      }, (pieces) => {
+        if (stale()) return;
+        for (const [i, piece] of pieces) { texts[i] += piece; nodes[i].gen.data += piece; }
       });
-      outputs.replaceChildren(...nodes.map((x) => x.box));
-      status("write-status", `writing… seed ${start.seed}` + (start.warning ? ` · ${start.warning}` : ""));
-      state.job.seed = start.seed;
-      state.job.warning = start.warning;
-      if (state.stopWanted) onStop();  // Stop was pressed before the generation had an id
-    }, (pieces) => {
-      for (const [i, piece] of pieces) { texts[i] += piece; nodes[i].gen.data += piece; }
-    });
-    const rate = done.seconds > 0 ? Math.round(done.chars / done.seconds) : 0;
+      if (stale()) return;
+      chars += done.chars;
+      seconds += done.seconds;
+      if (done.error || done.stopped) break;
+    }
+    if (!done) {
+      status("write-status", state.stopWanted ? "stopped" : "nothing to translate: type a sentence, one per line",
+             !state.stopWanted);
+      return;
+    }
+    const rate = seconds > 0 ? Math.round(chars / seconds) : 0;
     const what = done.error ? `stopped by an error: ${done.error}` : done.stopped ? "stopped" : "done";
-    status("write-status", `${what} · ${done.chars} characters in ${fmt(done.seconds, 2)} s (${rate} chars/s) · ` +
+    const count = pairs && lines.length > 1 ? ` · ${lines.length} lines` : "";
+    status("write-status", `${what}${count} · ${chars} characters in ${fmt(seconds, 2)} s (${rate} chars/s) · ` +
       `seed ${state.job.seed}` + (state.job.warning ? ` · ${state.job.warning}` : ""), Boolean(done.error));
     $("to-inside").disabled = false;
-    if ($("novelty").checked && !done.error) await markCopied(body.run, texts, nodes);
+    if ($("novelty").checked && !done.error) await markCopied(body.run, texts, nodes, stale);
   } catch (err) {
-    status("write-status", err.message, true);
-    if (err.data && err.data.unknown_chars) markUnknown(body.prompt, err.data.unknown_chars);
+    if (stale()) return;
+    outputs.replaceChildren();  // an error is the whole answer: no half of an earlier request under it
+    status("write-status", (lines.length > 1 ? `line ${line + 1}: ` : "") + err.message, true);
+    if (err.data && err.data.unknown_chars) {
+      markUnknown(body.prompt, err.data.unknown_chars.map(([i, c]) => [i + offsets[line], c]));
+    }
   } finally {
     document.body.dataset.state = "done";
     $("generate").disabled = false;
@@ -221,7 +287,7 @@ async function onGenerate() {
   }
 }
 
-async function markCopied(run, texts, nodes) {
+async function markCopied(run, texts, nodes, stale = () => false) {
   // shade the spans of each sample that occur verbatim in the run's training text (chargpt.novelty), the line
   // they come from in each one's tooltip, and the share copied under the sample
   $("outputs").dataset.novelty = "checking";
@@ -229,9 +295,11 @@ async function markCopied(run, texts, nodes) {
     const box = nodes[i].box;
     let data;
     try { data = await api("/api/novelty", {run, text: texts[i]}); } catch (err) {
+      if (stale()) return;
       box.append(el("p", {class: "novelty status error", text: `copied text: ${err.message}`}));
       continue;
     }
+    if (stale()) return;  // another run or request is on screen now
     const chars = Array.from(texts[i]), pieces = [];  // offsets count code points, as in Python
     let at = 0;
     for (const s of data.segments) {
@@ -285,11 +353,14 @@ function surpriseColour(bits, scale) {
 async function onAnalyse(end = null) {
   // end: the attention window ends just before this position (a pinned character outside the current window)
   const text = $("inside-text").value;
+  const req = ++state.insideReq;  // only the latest analysis, of the run on screen, is shown
+  if (end === null) clearInside();  // a new text: the old analysis goes (a moved window keeps it until the new one)
   if (!state.run || !text) { status("inside-status", "type or paste some text first", !text); return; }
   status("inside-status", "analysing…");
   document.body.dataset.inside = "busy";
   try {
     const data = await api("/api/inside", {run: state.run, text, top: 5, end});
+    if (req !== state.insideReq) return;
     const raw = atob(data.attention);
     data.weights = Uint8Array.from(raw, (c) => c.charCodeAt(0));  // (layers, heads, window, window) x 255
     data.chars = Array.from(data.text);
@@ -308,9 +379,11 @@ async function onAnalyse(end = null) {
     status("inside-status", `${data.chars.length} characters, mean surprise ${fmt(data.mean_bits)} bits/char ` +
       `(a uniform guess: ${fmt(data.scale)})${shown}`);
   } catch (err) {
+    if (req !== state.insideReq) return;
+    clearInside();  // the message alone: no earlier analysis under it
     status("inside-status", err.message, true);
   } finally {
-    document.body.dataset.inside = "done";
+    if (req === state.insideReq) document.body.dataset.inside = "done";
   }
 }
 
@@ -381,7 +454,7 @@ function drawAttention() {
   }
   if (margin) {
     ctx.fillStyle = "#5f6b7a";
-    ctx.font = `${Math.min(12, cell)}px ui-monospace, monospace`;
+    ctx.font = `${Math.min(12, cell)}px ${getComputedStyle(document.body).getPropertyValue("--mono")}`;
     ctx.textAlign = "center";
     ctx.textBaseline = "middle";
     for (let i = 0; i < W; i++) {
@@ -473,7 +546,9 @@ async function refreshRuns() {
     await Promise.all([...state.plotted].map(fetchMetrics));
     renderRunsTable();
     drawChart();
-    if (!$("run-detail").dataset.run || $("run-detail").dataset.run !== state.run) showRunDetail();
+    const detail = $("run-detail"), r = current();
+    if (detail.dataset.run !== state.run) showRunDetail();
+    else if (r && String(r.updated) !== detail.dataset.updated) refreshSamples();  // a run training: new samples
   } catch (err) {
     $("chart").textContent = `cannot read the runs: ${err.message}`;
   }
@@ -487,7 +562,17 @@ async function fetchMetrics(name) {
   if (!data.unchanged) state.metrics[name] = data;
 }
 
-function colourOf(name) { return COLOURS[state.runs.findIndex((r) => r.name === name) % COLOURS.length]; }
+function colourOf(name) {
+  // keyed to the run: a run keeps its colour when others appear or go. Its first choice comes from its name; a
+  // colour already taken moves it to the next free one
+  if (!state.colours[name]) {
+    const taken = new Set(Object.values(state.colours));
+    const first = Array.from(name).reduce((h, c) => (h * 31 + c.codePointAt(0)) >>> 0, 7) % COLOURS.length;
+    const free = COLOURS.map((_, i) => COLOURS[(first + i) % COLOURS.length]).find((c) => !taken.has(c));
+    state.colours[name] = free || COLOURS[first];
+  }
+  return state.colours[name];
+}
 
 function renderRunsTable() {
   const rows = state.runs.map((r) => {
@@ -509,7 +594,67 @@ function renderRunsTable() {
                 title: live ? "training now: its curves update as it evaluates" : ""}));
   });
   $("runs-table").tBodies[0].replaceChildren(...rows);
-  $("runs-table").querySelectorAll(".swatch").forEach((s, i) => { s.style.background = colourOf(state.runs[i].name); });
+  $("runs-table").querySelectorAll(".swatch").forEach((s, i) => {
+    s.style.background = colourOf(state.runs[i].name);
+    s.dataset.colour = colourOf(state.runs[i].name);
+  });
+}
+
+function chartTitle(names) {
+  // as curves.png's title: the run, its corpus and its model; several runs: how many (colours as in the table)
+  const runs = names.map((n) => state.runs.find((r) => r.name === n)).filter((r) => r && !r.error);
+  if (runs.length === 1) {
+    const r = runs[0];
+    return `${r.name}: corpus ${r.corpus}, ${r.layers} layer${r.layers === 1 ? "" : "s"} × ${r.width}, ` +
+      `${r.heads} heads, context ${r.block_size}, ${params(r.params)} parameters`;
+  }
+  const corpora = new Set(runs.map((r) => r.corpus));
+  return runs.length ? `${runs.length} runs` + (corpora.size === 1 ? ` on ${[...corpora][0]}` : "") +
+    " (colours as in the table)" : "";
+}
+
+function size(bytes) {
+  // 812 B, 4.1 kB, 2.31 MB: never "0.00 MB" for a small file
+  const units = ["B", "kB", "MB", "GB"];
+  let i = 0;
+  while (bytes >= 1000 && i < units.length - 1) { bytes /= 1000; i++; }
+  return i === 0 ? `${bytes} B` : `${bytes.toPrecision(bytes >= 100 ? 3 : 2 + (bytes < 10))} ${units[i]}`;
+}
+
+function settingText(key, v) {
+  if (v === null) return "default";
+  if (key === "max_iters" && v >= UNLIMITED) return "no step limit (max_time decides)";
+  return String(v);
+}
+
+function visibleChar(c) {
+  // as the vocabulary preview always showed it: newline and tab as \n and \t, other invisible characters as \uXXXX
+  if (c === "\n") return "\\n";
+  if (c === "\t") return "\\t";
+  return /\p{C}/u.test(c) ? `\\u${c.codePointAt(0).toString(16).padStart(4, "0")}` : c;
+}
+
+function vocabSummary(list, total) {
+  // "5,053 characters (4,981 Han, 52 Latin, ...)", the first VOCAB_SHOWN, and the rest behind "show all"
+  const kinds = [["Han", /\p{Script=Han}/u], ["kana", /[\p{Script=Hiragana}\p{Script=Katakana}]/u],
+                 ["Hangul", /\p{Script=Hangul}/u], ["Latin", /\p{Script=Latin}/u], ["Cyrillic", /\p{Script=Cyrillic}/u],
+                 ["Greek", /\p{Script=Greek}/u], ["digits", /\p{N}/u], ["punctuation", /[\p{P}\p{S}]/u],
+                 ["whitespace", /\s/u]];
+  const counts = new Map();
+  for (const c of list) {
+    const kind = (kinds.find(([, re]) => re.test(c)) || ["other"])[0];
+    counts.set(kind, (counts.get(kind) || 0) + 1);
+  }
+  const parts = [...counts].sort((a, b) => b[1] - a[1]).map(([k, n]) => `${n.toLocaleString("en")} ${k}`);
+  const head = `vocabulary: ${Number(total).toLocaleString("en")} characters` +
+    (list.length > VOCAB_SHOWN ? ` (${parts.join(", ")})` : "");
+  const text = (chars) => chars.map(visibleChar).join("");
+  const box = el("div", {class: "vocab-box"}, el("p", {class: "hint", text: head}));
+  if (list.length <= VOCAB_SHOWN) { box.append(el("p", {class: "vocab", text: text(list)})); return box; }
+  box.append(el("p", {class: "vocab", text: text(list.slice(0, VOCAB_SHOWN)) + " …"}),
+             el("details", {class: "vocab-all"}, el("summary", {text: `show all ${list.length.toLocaleString("en")}`}),
+                el("p", {class: "vocab", text: text(list)})));
+  return box;
 }
 
 function niceTicks(lo, hi, count) {
@@ -523,8 +668,9 @@ function niceTicks(lo, hi, count) {
 function drawChart() {
   const unit = state.unit, key = (split) => (unit === "bpc" ? `${split}_bpc` : `${split}_loss`);
   const series = [...state.plotted].filter((n) => state.metrics[n] && state.metrics[n].rows.length)
-    .map((n) => ({name: n, rows: state.metrics[n].rows}));
+    .map((n) => ({name: n, rows: state.metrics[n].rows, running: state.metrics[n].running || []}));
   const box = $("chart");
+  $("chart-title").textContent = chartTitle(series.map((s) => s.name));
   if (!series.length) {
     box.textContent = "No evaluations logged yet for the runs ticked above (metrics.jsonl gets a line per evaluation).";
     box.dataset.curves = "0";
@@ -532,9 +678,9 @@ function drawChart() {
   }
   const value = (row, split) => (row[key(split)] !== undefined ? row[key(split)]
     : unit === "bpc" ? row[`${split}_loss`] / LN2 : row[`${split}_bpc`] * LN2);
-  const points = series.flatMap((s) => s.rows.flatMap((r) => [value(r, "train"), value(r, "val")]))
-    .filter((v) => Number.isFinite(v));
-  const steps = series.flatMap((s) => s.rows.map((r) => r.step));
+  const points = series.flatMap((s) => [...s.rows.flatMap((r) => [value(r, "train"), value(r, "val")]),
+                                        ...s.running.map((r) => value(r, "train"))]).filter((v) => Number.isFinite(v));
+  const steps = series.flatMap((s) => [...s.rows, ...s.running].map((r) => r.step));
   const [W, H, L, R, T, B] = [760, 340, 56, 16, 12, 40];
   const xmax = Math.max(1, ...steps), ylo = Math.min(...points), yhi = Math.max(...points);
   const pad = (yhi - ylo) * 0.05 || 0.1;
@@ -562,6 +708,12 @@ function drawChart() {
   let curves = 0;
   for (const s of series) {
     const colour = colourOf(s.name);
+    const dense = s.running.filter((r) => Number.isFinite(value(r, "train")));
+    if (dense.length) {  // the running training loss, every few steps: thin, under the evaluated curves
+      const d = dense.map((r, i) => `${i ? "L" : "M"}${x(r.step).toFixed(1)},${y(value(r, "train")).toFixed(1)}`).join("");
+      root.append(svg("path", {class: "curve running", d, fill: "none", stroke: colour, "stroke-width": 1,
+                               "stroke-opacity": 0.4, "data-run": s.name}));
+    }
     for (const split of ["train", "val"]) {
       const rows = s.rows.filter((r) => Number.isFinite(value(r, split)));
       if (!rows.length) continue;
@@ -585,26 +737,53 @@ function drawChart() {
   box.dataset.curves = String(curves);
 }
 
+async function fetchDetail() {
+  // -> the selected run's details, or null when another run was selected (or asked for) meanwhile
+  const name = state.run, req = ++state.detailReq;
+  const r = await api(`/api/runs/${encodeURIComponent(name)}`);
+  return req === state.detailReq && name === state.run ? r : null;
+}
+
+function duringTraining(r) {
+  // what it wrote while training (--sample-every): the same prompt and seed each time, so the model learning shows
+  const during = (r.samples || []).map((s) => el("div", {class: "sample during"}, el("h3", {text: `step ${s.step}`}),
+    el("pre", {}, el("span", {class: "prompt", text: String(s.prompt ?? "")}), el("span", {class: "gen", text: String(s.text ?? "")}))));
+  return during.length ? [el("h3", {text: `Samples while training (${during.length})`}), ...during] : [];
+}
+
+async function refreshSamples() {
+  const box = $("run-detail");
+  box.dataset.updated = String((current() || {}).updated);  // asked once per change
+  const r = await fetchDetail().catch(() => null);
+  if (!r || r.error || box.dataset.run !== r.name) return;
+  $("run-samples").replaceChildren(...duringTraining(r));
+  $("run-saved").textContent = `saved ${r.saved_at || "?"} · corpus ${r.corpus}`;
+}
+
 async function showRunDetail() {
   const box = $("run-detail");
-  if (!state.run) { box.replaceChildren(); return; }
+  if (!state.run) { box.replaceChildren(); delete box.dataset.run; return; }
   box.dataset.run = state.run;
+  box.dataset.updated = String((current() || {}).updated);
+  box.replaceChildren(el("h2", {text: state.run}), el("p", {class: "hint", text: "loading…"}));
   let r;
-  try { r = await api(`/api/runs/${encodeURIComponent(state.run)}`); } catch (err) {
-    box.replaceChildren(el("p", {class: "status error", text: err.message}));
+  try { r = await fetchDetail(); } catch (err) {
+    if (box.dataset.run === state.run) box.replaceChildren(el("p", {class: "status error", text: err.message}));
     return;
   }
+  if (!r) return;  // another run was selected meanwhile: its own detail is on its way
   if (r.error) { box.replaceChildren(el("h2", {text: r.name}), el("p", {class: "status error", text: r.error})); return; }
   const table = (title, obj) => el("div", {}, el("h3", {text: title}), el("table", {},
     ...Object.entries(obj || {}).map(([k, v]) => el("tr", {}, el("td", {text: k}),
-      el("td", {class: "num", text: v === null ? "default" : String(v)})))));
-  const files = Object.fromEntries(Object.entries(r.files).map(([k, v]) => [k, `${(v / 1e6).toFixed(2)} MB`]));
+      el("td", {class: "num", text: settingText(k, v)})))));
+  const files = Object.fromEntries(Object.entries(r.files).map(([k, v]) => [k, size(v)]));
   const tc = r.train_config || {};
-  const sampleChars = tc.sample_chars || 300, seed = tc.seed ?? 1337;
+  const sampleChars = tc.sample_chars || 300, seed = tc.seed ?? 1337, prompt = r.closing_prompt || "";
   const button = el("button", {type: "button", text: `Write a sample (${sampleChars} characters, seed ${seed})`});
   const out = el("pre", {class: "sample-text"});
   const note = el("p", {class: "hint", text: "From its best checkpoint, at temperature 0.8 and the run's own seed: " +
-    "what training prints when it ends."});
+    "what training prints when it ends" + (prompt ? `, from the start of a validation line, ${JSON.stringify(prompt)}.`
+      : ".")});
   if (r.task === "pairs") {  // nothing to continue: a translator needs a sentence
     button.hidden = true;
     note.textContent = "A translation run: type a sentence in Write to translate it.";
@@ -613,19 +792,18 @@ async function showRunDetail() {
     button.disabled = true;
     out.textContent = "";
     try {
-      const done = await generate({run: r.name, prompt: "", max_new_tokens: sampleChars, temperature: 0.8, seed},
-        () => {}, (pieces) => { for (const [, p] of pieces) out.textContent += p; });
+      out.textContent = prompt;
+      const done = await generate({run: r.name, prompt, max_new_tokens: sampleChars, temperature: 0.8, seed},
+        () => {}, (pieces) => { if (box.dataset.run === r.name) for (const [, p] of pieces) out.textContent += p; });
       if (done.error) out.textContent += `\n[${done.error}]`;
     } catch (err) { out.textContent = err.message; } finally { button.disabled = false; }
   });
-  // what it wrote while training (--sample-every): the same prompt and seed each time, so the model learning shows
-  const during = (r.samples || []).map((s) => el("div", {class: "sample during"}, el("h3", {text: `step ${s.step}`}),
-    el("pre", {}, el("span", {class: "prompt", text: String(s.prompt ?? "")}), el("span", {class: "gen", text: String(s.text ?? "")}))));
   box.replaceChildren(el("h2", {text: `${r.name}`}),
-    el("p", {class: "hint", text: `saved ${r.saved_at || "?"} · corpus ${r.corpus} · vocabulary (${r.vocab_size}):`}),
-    el("p", {class: "vocab", text: r.vocab_preview}), ...lineage(r),
+    el("p", {class: "hint", id: "run-saved", text: `saved ${r.saved_at || "?"} · corpus ${r.corpus}`}),
+    vocabSummary(Array.isArray(r.vocab_chars) ? r.vocab_chars : Array.from(r.vocab_preview || ""), r.vocab_size),
+    ...lineage(r),
     el("h3", {text: "Sample"}), note, button, el("div", {class: "sample"}, out),
-    ...(during.length ? [el("h3", {text: `Samples while training (${during.length})`}), ...during] : []),
+    el("div", {id: "run-samples"}, ...duringTraining(r)),
     el("div", {class: "config"}, table("Model", r.model_config), table("Training", tc), table("Files", files)));
 }
 

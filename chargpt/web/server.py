@@ -21,7 +21,8 @@ API (JSON in, JSON out; generation as server-sent events):
   GET  /api/runs                  every run: name, corpus, task, architecture, parameters, steps, best val loss
   GET  /api/runs/{name}           one run in full: model and training config, vocabulary, files, and the
                                   samples it wrote while training (samples.jsonl rows: step, prompt, text)
-  GET  /api/runs/{name}/metrics   its metrics.jsonl rows (?since=MTIME: only if changed since)
+  GET  /api/runs/{name}/metrics   its metrics.jsonl rows and running training loss (train_loss.jsonl rows,
+                                  thinned), ?since=MTIME: only if changed since
   POST /api/generate              {run, prompt, max_new_tokens, temperature, top_k, top_p, num_samples, seed,
                                   unknown, stop} -> events: start {id, seed, prompt, task}, text [[sample, piece]...],
                                   done {stopped, chars, seconds, error}; for a pairs run the prompt is the source
@@ -58,8 +59,8 @@ from ..config import SampleSettings
 from ..errors import ChargptError
 from ..inside import look_inside
 from ..platforms import claim_port
-from ..rundir import BEST, LATEST, METRICS, SAMPLES, lock_holder, read_metrics
-from ..runinfo import run_info
+from ..rundir import BEST, LATEST, LOSSES, METRICS, SAMPLES, lock_holder, read_metrics
+from ..runinfo import escape, run_info
 from ..tokenizer import UNKNOWN_POLICIES, describe_chars
 
 try:  # the optional web extra; serve() names it when it is missing
@@ -95,6 +96,8 @@ MAX_BUSY = 2  # generations and analyses at once; the next request gets 429
 MAX_MODELS = 2  # loaded models kept in memory
 MAX_METRIC_ROWS = 20_000  # the newest rows of a metrics.jsonl that are sent
 MAX_SAMPLE_ROWS = 50  # the newest samples a run wrote while training (samples.jsonl) that are sent
+MAX_RUNNING_POINTS = 2_000  # running-loss rows (train_loss.jsonl) sent: evenly thinned to at most this many
+MAX_VOCAB_SENT = 20_000  # vocabulary characters sent for a run's detail (its summary counts them all)
 LOOPBACK_NAMES = ("localhost", "127.0.0.1")
 
 REQUIRED = object()
@@ -156,12 +159,12 @@ class Runs:
     def summaries(self):
         return [{k: v for k, v in self.summary(run).items() if k != "info"} for run in self.listing().values()]
 
-    def summary(self, run):
+    def summary(self, run, preview=VOCAB_PREVIEW):
         """The facts the run picker shows: chargpt info's description of the run (headers only, no weights)."""
-        out = {"name": run.name, "updated": _mtime(*(run / n for n in (LATEST, BEST, METRICS))),
+        out = {"name": run.name, "updated": _mtime(*(run / n for n in (LATEST, BEST, METRICS, SAMPLES))),
                "training": lock_holder(run) is not None}  # a training holds the run directory's lock
         try:
-            info = run_info(run, preview=VOCAB_PREVIEW)
+            info = run_info(run, preview=preview)
         except ChargptError as e:
             return {**out, "error": str(e)}
         m, best = info["model_config"], finite(info["best_val_loss"])
@@ -173,20 +176,26 @@ class Runs:
 
     def details(self, name):
         run = self.find(name)
-        summary = self.summary(run)
+        summary = self.summary(run, preview=MAX_VOCAB_SENT)  # the whole vocabulary (up to a bound), for its summary
         info = summary.pop("info", None)
         if info is None:
             return summary
         samples = self._file(run, SAMPLES)  # read_metrics reads any of a run's step-keyed JSON lines
         return {**summary, "model_config": info["model_config"], "train_config": finite(info["train_config"]),
-                "saved_at": info["saved_at"], "vocab_preview": info["vocab_preview"], "files": info["files"],
+                "saved_at": info["saved_at"], "vocab_preview": escape("".join(info["vocab_chars"][:VOCAB_PREVIEW])),
+                "vocab_chars": info["vocab_chars"], "closing_prompt": info["closing_prompt"], "files": info["files"],
                 "init_from": finite(info.get("init_from")),  # the run it started from (--init-from), or None
                 "samples": read_metrics(samples)[-MAX_SAMPLE_ROWS:] if samples else []}
 
     def metrics(self, name):
-        """-> (rows, mtime of metrics.jsonl or None)."""
-        path = self._file(self.find(name), METRICS)
-        return (read_metrics(path)[-MAX_METRIC_ROWS:], _mtime(path)) if path else ([], None)
+        """-> (rows, running-loss rows, mtime of the newer of metrics.jsonl and train_loss.jsonl, or None)."""
+        run = self.find(name)
+        path, losses = self._file(run, METRICS), self._file(run, LOSSES)
+        running = read_metrics(losses) if losses else []
+        running = running[::math.ceil(len(running) / MAX_RUNNING_POINTS)] if running else []
+        if not path and not losses:
+            return [], [], None
+        return (read_metrics(path)[-MAX_METRIC_ROWS:] if path else []), running, _mtime(*filter(None, (path, losses)))
 
 
 def _mtime(*paths):
@@ -429,11 +438,11 @@ async def run_details(request):
 
 
 async def run_metrics(request):
-    rows, mtime = await run_in_threadpool(state(request).runs.metrics, request.path_params["name"])
+    rows, running, mtime = await run_in_threadpool(state(request).runs.metrics, request.path_params["name"])
     since = request.query_params.get("since")
     if since is not None and mtime is not None and since == repr(mtime):
         return JSONResponse({"unchanged": True, "mtime": repr(mtime)})
-    return JSONResponse({"rows": rows, "mtime": repr(mtime) if mtime is not None else None})
+    return JSONResponse({"rows": rows, "running": running, "mtime": repr(mtime) if mtime is not None else None})
 
 
 async def generate(request):
