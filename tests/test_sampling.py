@@ -185,7 +185,8 @@ def test_greedy_text_and_empty_prompt():
 def test_api_exposes_every_decoding_flag_of_the_cli():
     from chargpt.cli import sample_cli
     cli_only = {"checkpoint_path", "prompt_file", "output", "as_json", "interactive", "device", "dtype", "quantize",
-                "no_cache"}  # load() takes device, dtype and quantize
+                "no_cache",  # load() takes device, dtype and quantize
+                "novelty", "min_span", "novelty_data"}  # scoring a sample is chargpt.novelty's, not decoding
     api = set(inspect.signature(Generator.stream).parameters)
     assert {p.name for p in sample_cli.params} - cli_only <= api
     assert {"use_cache", "num_samples", "seed", "unknown", "stop"} <= api
