@@ -17,7 +17,7 @@ import contextvars
 import difflib
 import math
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 from .errors import ConfigError
 
@@ -393,6 +393,43 @@ def describe_model(cfg: ModelConfig):
                                      ("ReLU", cfg.activation == "relu")) if on]
     return ", ".join([(f"{cfg.arch}, " if cfg.arch != "decoder" else "") + f"{layers} x {cfg.n_embd} wide",
                       f"{cfg.n_head} heads", f"context {cfg.block_size}", *options])
+
+
+SIZE_FLAGS = ("n_layer", "n_enc_layer", "n_embd", "block_size")  # the settings that make a model large
+TRAIN_BYTES_PER_PARAM = 16  # float32 weights and gradients, and AdamW's two moments: 4 x 4 bytes
+
+
+def estimated_params(cfg: ModelConfig):
+    """Parameters of the model `cfg` builds, from its sizes alone (within a few per cent: biases and norms are
+    counted as 13 vectors a block), so that an impossible size is refused before anything is allocated. Per block:
+    attention 4 d^2 and a 4x feed-forward 8 d^2; a decoder block of the encoder-decoder cross-attends (4 d^2 more)."""
+    d, cross = cfg.n_embd, cfg.arch == "encoder-decoder"
+    block = 12 * d * d + 13 * d
+    blocks = cfg.n_layer * (block + (4 * d * d + 6 * d if cross else 0))
+    if cross:
+        blocks += (cfg.n_enc_layer or cfg.n_layer) * block
+    embeddings = cfg.vocab_size * d * (1 if cfg.tie_weights else 2) + (cfg.block_size * d if cfg.pos_emb == "learned"
+                                                                       else 0)
+    return blocks + embeddings
+
+
+def check_model_fits(cfg: ModelConfig, memory_bytes, where):
+    """Refuse a model whose training state (weights, gradients, AdamW moments) alone exceeds `memory_bytes` (the
+    device's memory, `where`), naming the size setting that matters most (the one whose default would shrink the
+    model most). Activations come on top: a model that passes may still run out of memory, and is then told so."""
+    need = estimated_params(cfg) * TRAIN_BYTES_PER_PARAM
+    if memory_bytes is None or need <= memory_bytes:
+        return
+    defaults = {f.name: f.default for f in fields(ModelConfig)}
+
+    def shrunk(name):
+        value = getattr(cfg, name)
+        return estimated_params(replace(cfg, **{name: min(value, defaults[name] or cfg.n_layer)}))
+
+    worst = min((name for name in SIZE_FLAGS if getattr(cfg, name)), key=shrunk)
+    raise ConfigError(f"a model of {describe_model(cfg)} has about {estimated_params(cfg):.3g} parameters: training "
+                      f"it needs at least {need / 1e9:,.4g} GB, and {where} has {memory_bytes / 1e9:,.1f} GB; lower "
+                      f"{param(worst)} (now {getattr(cfg, worst):,})")
 
 
 def check_task(arch, cfg: TrainConfig):

@@ -106,7 +106,7 @@ def format_info(info):
         "sentence pairs: translates (chargpt translate; sample.py prints the translation of its prompt)"
     training = f"{info['steps']:,} steps in {_duration(info['training_time_s'])}"
     if info["training_time_s"] and info["eval_time_s"] is not None:
-        training += f" ({info['eval_time_s'] / max(info['training_time_s'], 1e-9):.0%} of it evaluating)"
+        training += f" ({min(1.0, info['eval_time_s'] / max(info['training_time_s'], 1e-9)):.0%} of it evaluating)"
     if info["characters_seen"] is not None:
         procs = f"on {info['processes']} processes" if info["processes"] else "one process assumed"
         training += f"; {info['characters_seen']:,} characters seen ({info['characters_per_step']:,} per step, {procs})"

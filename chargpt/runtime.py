@@ -41,6 +41,17 @@ def pick_device(name="auto"):
     return device
 
 
+def device_memory(device):
+    """-> (bytes of memory on `device`, how to name it) for refusing models that cannot fit: a CUDA GPU's total
+    memory, else the machine's RAM (MPS shares it); (None, ...) where it cannot be told."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory, f"{device} ({torch.cuda.get_device_name(device)})"
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine"
+    except (AttributeError, ValueError, OSError):  # Windows has no sysconf
+        return None, "this machine"
+
+
 def cpu_has_native_bf16():
     """True when the CPU computes bf16 matmuls in hardware (AVX512-BF16 or AMX); emulated bf16 is far slower
     than fp32 (about 1 GFLOP/s against 150 measured on an AVX2-only EPYC)."""
