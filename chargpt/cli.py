@@ -21,6 +21,7 @@ from tqdm import tqdm
 from . import textio
 from .config import ModelConfig, SampleSettings, TrainConfig, check_sample_options, cli_names, flag_specs
 from .errors import ChargptError, Interrupted, out_of_memory, requested_memory
+from .startup import work_begins
 from .tokenizer import describe_chars
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
@@ -78,6 +79,7 @@ def say(message):
 def run_guarded(fn, memory_hint="lower the batch or model size"):
     """Run fn, turning user-fixable errors into one line on stderr and a non-zero exit (no traceback). Messages
     raised inside name settings as flags (config.cli_names); `memory_hint` says what to lower when memory runs out."""
+    work_begins()  # Ctrl-C raises KeyboardInterrupt from here on (chargpt/startup.py)
     try:
         with cli_names():
             return fn()
@@ -255,6 +257,7 @@ def _describe_run(gen):
 
 def bench_cli():
     from .bench import main
+    work_begins()
     main()
 
 
@@ -337,7 +340,7 @@ def info_cli(run, as_json):
     def show():
         from .rundir import latest_run
         from .runinfo import format_info, run_info
-        info = run_info(run or latest_run())
+        info = run_info(run or latest_run(pass_run="name one: chargpt info RUN"))
         click.echo(json.dumps(info, ensure_ascii=False) if as_json else format_info(info))
     run_guarded(show)
 
@@ -449,7 +452,8 @@ def plot_cli(runs, output, unit):
     def draw():
         from .plot import plot_runs
         from .rundir import latest_run
-        click.echo(f"wrote {plot_runs(list(runs) or [latest_run()], output, unit)}", err=True)
+        runs_ = list(runs) or [latest_run(pass_run="name them: chargpt plot RUN...")]
+        click.echo(f"wrote {plot_runs(runs_, output, unit)}", err=True)
     run_guarded(draw)
 
 
@@ -459,6 +463,7 @@ def plot_cli(runs, output, unit):
 def bench_command(args):
     """Speed and quality benchmarks (chargpt bench --help; the flags of python -m chargpt.bench)."""
     from .bench import main as bench_main
+    work_begins()
     bench_main(list(args), prog="chargpt bench")
 
 

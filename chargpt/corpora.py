@@ -15,6 +15,7 @@ import os
 import re
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,7 +74,13 @@ def sha256_of(path):
 
 def source_url(corpus, base_url=None):
     base = base_url or os.environ.get(BASE_URL_ENV)
-    return f"{base.rstrip('/')}/{corpus.filename}" if base else corpus.url
+    if not base:
+        return corpus.url
+    parts = urllib.parse.urlsplit(base) if "\x00" not in base else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
+        raise DataError(f"{BASE_URL_ENV}={base!r:.80} is not an http(s) URL; set it to a mirror such as "
+                        f"https://example.org/corpora, or unset it to use the published servers")
+    return f"{base.rstrip('/')}/{corpus.filename}"
 
 
 def get(name, data_dir=DATA_DIR, base_url=None, log=print, progress=True):
@@ -93,10 +100,24 @@ def get(name, data_dir=DATA_DIR, base_url=None, log=print, progress=True):
         raise DataError(f"cannot create {data_dir} ({e.strerror}); run from a writable directory or pass --dir") \
             from None
     url = source_url(corpus, base_url)
+    kept = _partial_size(part, corpus.size)  # bytes left by an earlier attempt, which this one continues
+    _fetch(url, part, corpus, progress, log)
+    if kept and not _matches(part, corpus):
+        # the bytes kept locally may be what is wrong (a damaged or foreign .part): the whole file, once more
+        log(f"the download continued from {kept:,} bytes kept in {part} does not match the published file; "
+            f"deleting them and downloading it whole")
+        part.unlink()
+        _fetch(url, part, corpus, progress, log)
+    _check_and_install(part, dest, corpus, url)
+    log(f"downloaded {name} to {dest} ({corpus.size:,} bytes, checksum verified)")
+    return dest
+
+
+def _fetch(url, part, corpus, progress, log):
+    """Download into `part`, resuming a dropped connection up to ATTEMPTS times in all."""
     for attempt in range(1, ATTEMPTS + 1):
         try:
-            _download(url, part, dest, corpus.size, progress)
-            break
+            return _download(url, part, part.with_name(corpus.filename), corpus.size, progress)
         except _Dropped as e:
             have = part.stat().st_size if part.exists() else 0
             if attempt == ATTEMPTS:
@@ -104,9 +125,10 @@ def get(name, data_dir=DATA_DIR, base_url=None, log=print, progress=True):
                                 f"bytes are kept in {part}; run the same command again to resume") from None
             log(f"connection dropped after {have:,} bytes ({e}); resuming (attempt {attempt + 1} of {ATTEMPTS})")
             time.sleep(0.5 * attempt)
-    _check_and_install(part, dest, corpus, url)
-    log(f"downloaded {name} to {dest} ({corpus.size:,} bytes, checksum verified)")
-    return dest
+
+
+def _matches(part, corpus):
+    return part.stat().st_size == corpus.size and sha256_of(part) == corpus.sha256
 
 
 class _Dropped(Exception):

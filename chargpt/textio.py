@@ -8,7 +8,6 @@ import io
 import itertools
 import json
 import sys
-from pathlib import Path
 
 from .errors import ChargptError
 from .rundir import write_atomic
