@@ -198,10 +198,12 @@ def all_samples(gen, prompt, n, seed, settings, unknown, as_json, use_cache=True
 
 
 def translations(gen, lines, name, options):
-    """Yield the translation of each line of the iterable `lines`, chunk by chunk as the lines come; a blank line
-    stays blank (files keep their alignment)."""
-    lines, start = iter(lines), 0
-    while chunk := list(itertools.islice(lines, TRANSLATE_CHUNK)):
+    """Yield the translation of each line of the iterable `lines`, chunk by chunk as the lines come: chunks of 1, 2,
+    4 ... up to TRANSLATE_CHUNK lines, so the first translation shows at once and long files still decode in large
+    batches. A blank line stays blank (files keep their alignment)."""
+    lines, start, size = iter(lines), 0, 1
+    while chunk := list(itertools.islice(lines, size)):
+        size = min(2 * size, TRANSLATE_CHUNK)
         todo = [i for i, line in enumerate(chunk) if line.strip()]
         where = [name.format(start + i + 1) for i in todo]  # translate numbers its sources from 1
         done = gen.translate([chunk[i] for i in todo], name=lambda k, where=where: where[k - 1], **options)
