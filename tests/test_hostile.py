@@ -53,6 +53,16 @@ def wait_for(condition, proc, tmp_path, timeout=60.0):
         time.sleep(0.001)
 
 
+def finish(proc, timeout=60):
+    """-> the exit status of proc; one that does not end in time is killed (no training left running)."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"the process did not end within {timeout} s")
+
+
 def saving_state(run):
     """-> a condition: the state file is being written (its temporary file exists)."""
     return lambda: any(p.name.startswith(f".{rundir.STATE}.tmp") for p in run.iterdir()) if run.is_dir() else False
@@ -70,7 +80,7 @@ def test_item1_a_second_signal_during_the_final_save_waits_for_it(tmp_path, corp
     proc.send_signal(signal.SIGTERM)
     wait_for(saving_state(run), proc, tmp_path)  # the final save has begun
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 143
+    assert finish(proc) == 143
     stderr = (tmp_path / "stderr.txt").read_text()
     assert "stopping after the current step" in stderr and "saving, please wait" in stderr
     assert "Traceback" not in stderr and "saved the run to run" in stderr
@@ -88,7 +98,7 @@ def test_item1_a_third_signal_abandons_the_save_and_keeps_the_last_complete_one(
     proc.send_signal(signal.SIGTERM)
     time.sleep(0.002)
     proc.send_signal(signal.SIGTERM)
-    status = proc.wait(timeout=60)
+    status = finish(proc)
     stderr = (tmp_path / "stderr.txt").read_text()
     assert status == 143 and "Traceback" not in stderr, stderr
     # the save was abandoned (or, on a fast disk, had just finished): either way a complete, readable state
@@ -208,7 +218,7 @@ def test_item6_a_signal_during_evaluation_stops_it_at_once(tmp_path, corpus):
     time.sleep(1.0)  # well inside the first evaluation
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 143 and time.monotonic() - t0 < 30
+    assert finish(proc, 30) == 143 and time.monotonic() - t0 < 30
     stderr = (tmp_path / "stderr.txt").read_text()
     assert "SIGTERM: stopping after the current evaluation" in stderr and "Traceback" not in stderr
     assert ckpt.read_meta(tmp_path / "run" / rundir.STATE)[0]["step"] == 0

@@ -460,7 +460,7 @@ def test_item3_the_host_check_covers_ipv6_loopback_and_the_host_asked_for(served
         port = int(url.rsplit(":", 1)[1])
         shown = url.removeprefix("http://")
         assert raw_get(host, port, "/api/runs", shown)[0] == 200  # the URL printed works
-        assert raw_get(host, port, "/api/runs", "localhost:%d" % port)[0] == 200
+        assert raw_get(host, port, "/api/runs", f"localhost:{port}")[0] == 200
         status, body = raw_get(host, port, "/api/runs", "evil.example")
         assert status == 400 and "Invalid host header" in body
         assert raw_get(host, port, "/api/runs", f"evil.example:{port}")[0] == 400
