@@ -543,7 +543,7 @@ class Trainer:
         self.signals.where = "evaluation"  # a signal abandons it (check_stop): the run is saved without it
         try:
             losses = estimate_loss(self.model, self.batches, self.cfg, self.device, self.dtype, self.dist,
-                                   self.check_stop)
+                                   check_stop=self.check_stop)
             if not all(math.isfinite(v) for v in losses.values()):  # the weights are broken: never save them
                 raise ChargptError(
                     f"evaluation loss became {losses['val']} at step {s.step} (learning rate {lr:.2e}): training "
