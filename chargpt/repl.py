@@ -37,7 +37,9 @@ def repl(gen, settings, seed, unknown, inp=None, out=None, err=None):
         except KeyboardInterrupt:
             err.write("\n(Ctrl-D or /quit exits)\n")
             continue
-        except ChargptError as e:  # not UTF-8, or endless: this line only
+        except textio.TooLarge:  # a line without end is not someone typing (/dev/zero): the session ends
+            raise
+        except ChargptError as e:  # not UTF-8: this line only
             err.write(f"error: {e}\n")
             continue
         if line is None:  # Ctrl-D
@@ -66,16 +68,10 @@ def repl(gen, settings, seed, unknown, inp=None, out=None, err=None):
 
 
 def _read(inp, number):
-    """The next line without its line end, or None at the end of input. A line that is not UTF-8 or is endless is an
-    error about that line; the rest of it is skipped."""
+    """The next line without its line end, or None at the end of input. A line that is not UTF-8, or longer than
+    textio.MAX_LINE_BYTES, is an error naming it."""
     what = f"input line {number}"
-    try:
-        line = textio.read_line(inp, textio.MAX_LINE_BYTES, what)
-    except textio.TooLarge:
-        while (rest := inp.readline(textio.MAX_LINE_BYTES)) and not rest.endswith(b"\n" if isinstance(rest, bytes)
-                                                                              else "\n"):
-            pass  # skipped a piece at a time; input that never ends (/dev/zero) ends the session at Ctrl-C or EOF
-        raise
+    line = textio.read_line(inp, textio.MAX_LINE_BYTES, what)
     if not line:
         return None
     text = textio.decode_utf8(line, what) if isinstance(line, bytes) else line

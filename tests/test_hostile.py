@@ -148,15 +148,16 @@ def test_item4_prompts_that_never_end_are_refused_naming_them(tiny_run):
 class Endless(io.RawIOBase):
     """A pipe that never ends: `yes` (b"y\\n" for ever), or /dev/zero's bytes without a newline."""
 
-    def __init__(self, piece):
-        self.piece, self.given = piece, 0
+    def __init__(self, piece, head=b""):
+        self.piece, self.head, self.given = piece, head, 0
 
     def readable(self):
         return True
 
     def readinto(self, b):
         n = len(b)
-        b[:n] = (self.piece * (n // len(self.piece) + 1))[:n]
+        data, self.head = (self.head + self.piece * (n // len(self.piece) + 1))[:n], self.head[n:]
+        b[:n] = data
         self.given += n
         return n
 
@@ -182,6 +183,17 @@ def test_item4_an_endless_line_is_refused_naming_it(tmp_path):
         next(lines)
     written = tmp_path / "out.txt"
     assert textio.write_output_lines(written, iter(["a", "b"])) == 2 and written.read_text() == "a\nb\n"
+
+
+def test_item4_interactive_input_without_line_ends_ends_the_session(tiny_run):
+    from chargpt.repl import repl
+    gen = chargpt.load(tiny_run, device="cpu")
+    settings = {"max_new_tokens": 2, "temperature": 0.0, "top_k": None, "top_p": None, "stop": ()}
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.raises(ChargptError, match=r"input line 2 is longer than 1 MiB"):
+        repl(gen, settings, 0, "error", inp=io.BufferedReader(Endless(b"\0", head=b"To be\n")), out=out,
+             err=err)
+    assert out.getvalue().startswith("To be")  # line 1 was answered
 
 
 # --- 5. absurd model sizes ----------------------------------------------------------------------------------------
