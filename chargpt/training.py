@@ -348,9 +348,9 @@ class Trainer:
 
     # --- the loop ---------------------------------------------------------------------------------------------
     def run(self):
-        """Train until the budget is spent or a signal arrives; -> summary dict. Phase by phase, as in
-        nanoGPT's train.py."""
-        s, signum, reason = self.state, 0, None
+        """Train until the budget is spent or a signal arrives (_loop, phase by phase as in nanoGPT's train.py), then
+        save and sum up (_finish); -> summary dict."""
+        s = self.state
         self._start_clocks()
         try:
             # the handlers stay in place until the final save is written (_finish): a signal never cuts it short
