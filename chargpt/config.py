@@ -413,23 +413,25 @@ def estimated_params(cfg: ModelConfig):
     return blocks + embeddings
 
 
-def check_model_fits(cfg: ModelConfig, memory_bytes, where):
+def check_model_fits(cfg: ModelConfig, memory_bytes, where, source=lambda name: None):
     """Refuse a model whose training state (weights, gradients, AdamW moments) alone exceeds `memory_bytes` (the
     device's memory, `where`), naming the size setting that matters most (the one whose default would shrink the
-    model most). Activations come on top: a model that passes may still run out of memory, and is then told so."""
+    model most) and, when source(name) gives one, the file that set it. Activations come on top: a model that
+    passes may still run out of memory, and is then told so."""
     need = estimated_params(cfg) * TRAIN_BYTES_PER_PARAM
     if memory_bytes is None or need <= memory_bytes:
         return
     defaults = {f.name: f.default for f in fields(ModelConfig)}
+    defaults["n_enc_layer"] = cfg.n_layer  # its default, 0, means "as many as --n-layer"
 
     def shrunk(name):
-        value = getattr(cfg, name)
-        return estimated_params(replace(cfg, **{name: min(value, defaults[name] or cfg.n_layer)}))
+        return estimated_params(replace(cfg, **{name: min(getattr(cfg, name), defaults[name])}))
 
     worst = min((name for name in SIZE_FLAGS if getattr(cfg, name)), key=shrunk)
+    origin = f" in {source(worst)}" if source(worst) else ""
     raise ConfigError(f"a model of {describe_model(cfg)} has about {estimated_params(cfg):.3g} parameters: training "
                       f"it needs at least {need / 1e9:,.4g} GB, and {where} has {memory_bytes / 1e9:,.1f} GB; lower "
-                      f"{param(worst)} (now {getattr(cfg, worst):,})")
+                      f"{param(worst)} (now {getattr(cfg, worst):,}{origin})")
 
 
 def check_task(arch, cfg: TrainConfig):

@@ -56,7 +56,7 @@ from .runtime import (
     stream_seed,
 )
 from .schedules import describe_budget, finished, lr_at
-from .settings import HARDWARE, RunState, Settings, absolute_paths, config_toml, resolve, resume_settings
+from .settings import FLAGS, HARDWARE, RunState, Settings, absolute_paths, config_toml, resolve, resume_settings
 from .tasks import make_task
 from .tokenizer import describe_chars
 
@@ -154,7 +154,7 @@ class Trainer:
             raise ConfigError(f"--resume: the corpus's vocabulary ({len(self.corpus.vocab)} characters) differs from "
                               f"the checkpoint's ({len(meta['vocab'])}); resume with the same --data")
         self.mcfg = ModelConfig(**model_kw, vocab_size=len(self.corpus.vocab)).validate()
-        check_model_fits(self.mcfg, *device_memory(self.device))  # before anything is allocated for it
+        check_model_fits(self.mcfg, *device_memory(self.device), self._file_setting)  # before allocating for it
         self._check_sample_prompt()
         self._make_batches()
         self._build_model()
@@ -162,6 +162,11 @@ class Trainer:
             self._restore(meta)
         self._wrap_model()
         self._log_start(meta)
+
+    def _file_setting(self, name):
+        """The config file that set `name`, or None (a flag, a preset, a default or the checkpoint did)."""
+        source = self.settings.source(name)
+        return source if source not in (None, FLAGS) and not source.startswith("preset ") else None
 
     def _check_sample_prompt(self):
         unknown = self.corpus.vocab.unknown(self.cfg.sample_prompt or "")
