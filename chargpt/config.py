@@ -31,6 +31,7 @@ ARCH_FIELDS = ("arch", "n_enc_layer", "pos_emb", "emb_scale", "norm", "activatio
 UNLIMITED = 10**12  # max_iters when only --max-time bounds a run
 FORMAT_VERSION = 1  # bump when the checkpoint layout changes incompatibly
 MAX_INT = 2**63 - 1  # torch's sizes and indices are signed 64-bit
+MAX_LAYERS = 10_000  # blocks a side: a safetensors header (100 MB at most) names each tensor, with 2 moments each
 MAX_SEED = MAX_INT  # torch seeds are unsigned 64-bit; this leaves room for the per-stream offsets added to the seed
 OPTIMIZERS = ("adamw", "muon")
 LR_SCHEDULES = ("cosine", "wsd", "inverse-sqrt")
@@ -154,6 +155,11 @@ class ModelConfig:
             if getattr(self, name) < 1:
                 what = "the vocabulary size" if name == "vocab_size" else param(name)
                 raise ConfigError(f"{what} must be at least 1 (got {getattr(self, name)})")
+        for name in ("n_layer", "n_enc_layer"):
+            if getattr(self, name) > MAX_LAYERS:
+                raise ConfigError(f"{param(name)} {getattr(self, name):,} is more layers than a checkpoint holds (at "
+                                  f"most {MAX_LAYERS:,}: its header, 100 MB at most, lists every tensor); lower "
+                                  f"{param(name)}")
         if self.n_embd % self.n_head:
             fits = [h for h in range(1, min(self.n_embd, 64) + 1) if self.n_embd % h == 0]
             raise ConfigError(f"{param('n_embd', self.n_embd)} is not divisible by {param('n_head', self.n_head)}; "

@@ -212,11 +212,18 @@ def test_item5_the_estimate_matches_the_model_built(arch, size):
 
 def test_item5_a_model_that_cannot_fit_is_refused_before_building(tmp_path, corpus):
     t0 = time.monotonic()
-    with pytest.raises(ConfigError, match=r"lower n_layer \(now 10,000,000\)"):
-        quiet_train(n_layer=10_000_000, n_embd=128, n_head=4)  # about 2e12 parameters: 32 TB to train
+    write_cipher(tmp_path / "pairs.tsv", n=50)
+    with pytest.raises(ConfigError, match=r"lower n_embd \(now 1,000,000\)"):
+        quiet_train(n_embd=1_000_000, n_head=4)  # about 1.2e13 parameters: 190 TB to train
+    with pytest.raises(ConfigError, match=r"n_enc_layer 100,000 is more layers than a checkpoint holds"):
+        quiet_train(data="pairs.tsv", task="pairs", arch="encoder-decoder", n_enc_layer=100_000)
     (tmp_path / "big.toml").write_text("n-layer = 9223372036854775807\n")
     r = run_cli("train.py", "--data", "corpus.txt", "--config", "big.toml", "--device", "cpu", timeout=60)
-    assert r.returncode == 1 and "lower --n-layer (now 9,223,372,036,854,775,807 in big.toml)" in r.stderr
+    assert r.returncode == 1 and "--n-layer 9,223,372,036,854,775,807 is more layers than a checkpoint holds" \
+        in r.stderr
+    (tmp_path / "wide.toml").write_text("n-embd = 1000000\nn-head = 4\n")
+    r = run_cli("train.py", "--data", "corpus.txt", "--config", "wide.toml", "--device", "cpu", timeout=60)
+    assert r.returncode == 1 and "lower --n-embd (now 1,000,000 in wide.toml)" in r.stderr
     assert "Traceback" not in r.stderr
     assert time.monotonic() - t0 < 60
     check_model_fits(ModelConfig(vocab_size=65), 10**12, "here")  # 10.7M parameters fit in a terabyte
