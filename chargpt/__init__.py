@@ -10,12 +10,19 @@
 """
 
 from .config import ModelConfig, TrainConfig
-from .engine import Generator, load
 from .errors import ChargptError, CheckpointError, ConfigError, DataError
-from .model import CharGPT
-from .tokenizer import Vocab
 
 __version__ = "0.1.0"
+# imported when first used (PEP 562): `import chargpt` stays light, so a command starts (and a Ctrl-C while it
+# starts is handled, chargpt/startup.py) before torch is loaded
+LAZY = {"Generator": "engine", "load": "engine", "CharGPT": "model", "Vocab": "tokenizer"}
+
+
+def __getattr__(name):
+    if name in LAZY:
+        import importlib
+        return getattr(importlib.import_module(f".{LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def train(**kwargs):

@@ -124,8 +124,10 @@ def save_state(path, model, optimizer, rng, vocab, train_config, weights=None, *
 def read_meta(path):
     """Open a checkpoint's header only; validate it. -> (meta dict, {tensor name: shape})."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise CheckpointError(f"checkpoint not found: {path}")
+    if not path.is_file():
+        raise CheckpointError(f"{path} is not a checkpoint file (not a regular file); pass a .safetensors file")
     try:
         with safe_open(str(path), framework="pt") as f:
             header = f.metadata() or {}

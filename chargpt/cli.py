@@ -21,6 +21,7 @@ from tqdm import tqdm
 from . import textio
 from .config import ModelConfig, SampleSettings, TrainConfig, check_sample_options, cli_names, flag_specs
 from .errors import ChargptError, Interrupted, out_of_memory, requested_memory
+from .startup import work_begins
 from .tokenizer import describe_chars
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
@@ -78,6 +79,7 @@ def say(message):
 def run_guarded(fn, memory_hint="lower the batch or model size"):
     """Run fn, turning user-fixable errors into one line on stderr and a non-zero exit (no traceback). Messages
     raised inside name settings as flags (config.cli_names); `memory_hint` says what to lower when memory runs out."""
+    work_begins()  # Ctrl-C raises KeyboardInterrupt from here on (chargpt/startup.py)
     try:
         with cli_names():
             return fn()
@@ -301,6 +303,7 @@ def _describe_run(gen):
 
 def bench_cli():
     from .bench import main
+    work_begins()
     main()
 
 
@@ -409,7 +412,8 @@ def _novelty_input(text, input_path):
         raise ChargptError("give the text to score as an argument or with --input FILE ('-': stdin), one of them")
     if text is not None:
         return text
-    data = textio.read_bounded(input_path, NOVELTY_MAX_BYTES, "--input")
+    data = textio.read_stdin(NOVELTY_MAX_BYTES, "stdin (--input -)") if input_path == "-" else \
+        textio.read_file(input_path, "--input", NOVELTY_MAX_BYTES)
     return textio.decode_utf8(data, "stdin (--input -)" if input_path == "-" else f"--input {input_path}")
 
 
@@ -422,7 +426,7 @@ def info_cli(run, as_json):
     def show():
         from .rundir import latest_run
         from .runinfo import format_info, run_info
-        info = run_info(run or latest_run())
+        info = run_info(run or latest_run(pass_run="name one: chargpt info RUN"))
         click.echo(json.dumps(info, ensure_ascii=False) if as_json else format_info(info))
     run_guarded(show)
 
@@ -434,7 +438,7 @@ def info_cli(run, as_json):
 @click.option("--input", "input_path", default=None, help="translate this UTF-8 file, one sentence per line ('-': "
               "stdin) [default: the SOURCES arguments, else lines piped into stdin]")
 @click.option("--output", default=None, help="write the translations to this file (UTF-8, one line per input line, "
-              "written whole when all are done) instead of stdout")
+              "written as they come and put in place when all are done) instead of stdout")
 @click.option("--beam", default=1, show_default=True, type=int, help="beam search with this many hypotheses per "
               "sentence (length-normalised); 1: greedy")
 @click.option("--alpha", default=1.0, show_default=True, type=float, help="length normalisation of the beam search: "
@@ -455,7 +459,7 @@ def translate_cli(checkpoint_path, sources, input_path, output, beam, alpha, tem
         from .rundir import latest_run
         settings = _sample_settings({"temperature": temperature, "top_k": top_k, "top_p": top_p})
         check_sample_options(1, seed)
-        _check_translate_options(beam, alpha, settings["temperature"], batch_size)
+        _check_translate_options(beam, alpha, settings["temperature"], top_k, top_p, batch_size)
         lines, name = textio.source_lines(sources, input_path)
         path = checkpoint_path or latest_run()
         gen = load(path, device=device)
@@ -463,7 +467,7 @@ def translate_cli(checkpoint_path, sources, input_path, output, beam, alpha, tem
         if gen.task != "pairs":
             raise ChargptError(f"{path} was trained on plain text, not sentence pairs, so it does not translate; "
                                f"write with it (chargpt sample), or train a translator with --task pairs")
-        _warn_unknown(gen, lines, unknown)
+        seen = Unknowns(gen, lines, unknown)  # counted as the lines go by: they are read as they are translated
         options = dict(beam=beam, alpha=alpha, unknown=unknown, batch_size=batch_size, use_cache=not no_cache,
                        temperature=settings["temperature"], top_k=settings["top_k"], top_p=settings["top_p"])
         if settings["temperature"] > 0:
@@ -473,38 +477,54 @@ def translate_cli(checkpoint_path, sources, input_path, output, beam, alpha, tem
                 click.echo(f"seed: {use_seed}", err=True)
             options["generator"] = torch.Generator().manual_seed(use_seed)
         textio.tolerant_stdout()
-        results = textio.translations(gen, lines, name, options)
+        results = textio.translations(gen, seen, name, options)
         if output:
-            textio.write_output(output, "".join(t + "\n" for t in results))
-            click.echo(f"wrote {len(lines)} translation(s) to {output}", err=True)
+            count = textio.write_output_lines(output, results)
+            seen.warn()
+            click.echo(f"wrote {count} translation(s) to {output}", err=True)
             return
         for t in results:
             sys.stdout.write(t + "\n")
             sys.stdout.flush()
+        seen.warn()
 
     run_guarded(run, "lower --batch-size (sentences decoded together) or --beam")
 
 
-def _check_translate_options(beam, alpha, temperature, batch_size):
+def _check_translate_options(beam, alpha, temperature, top_k, top_p, batch_size):
     if not 1 <= beam <= 1000:
         raise ChargptError(f"--beam must be from 1 to 1000 (1: greedy), got {beam}")
     if not 0 <= alpha <= 10:  # also catches NaN
         raise ChargptError(f"--alpha must be from 0 to 10, got {alpha}")
-    if beam > 1 and temperature > 0:
-        raise ChargptError("--beam searches for the most likely translation and does not sample; drop --temperature, "
-                           "or use --beam 1 to sample")
+    sampling = [name for name, given in (("--temperature", temperature > 0), ("--top-k", top_k is not None),
+                                         ("--top-p", top_p is not None)) if given]
+    if beam > 1 and sampling:
+        raise ChargptError(f"--beam searches for the most likely translation and does not sample; drop "
+                           f"{', '.join(sampling)}, or use --beam 1 to sample")
     if not 1 <= batch_size <= 1_000_000:
         raise ChargptError(f"--batch-size must be from 1 to 1000000, got {batch_size}")
 
 
-def _warn_unknown(gen, lines, unknown):
-    """With --unknown skip or replace: one warning line saying how many sentences had characters the model never
-    saw (with 'error' translation stops at the first, naming it)."""
-    affected = [i for i, line in enumerate(lines) if gen.vocab.unknown(line)]
-    if affected and unknown != "error":
-        what = "dropped" if unknown == "skip" else f"replaced with {gen.vocab.replacement()!r}"
-        click.echo(f"warning: {len(affected)} sentence(s) had characters the model never saw, {what} (the first: "
-                   f"{describe_chars(gen.vocab.unknown(lines[affected[0]]))})", err=True)
+class Unknowns:
+    """The lines to translate, passed through; with --unknown skip or replace, warn() then says in one line how many
+    sentences had characters the model never saw (with 'error' translation stops at the first, naming it)."""
+
+    def __init__(self, gen, lines, unknown):
+        self.gen, self.lines, self.unknown, self.affected, self.first = gen, lines, unknown, 0, None
+
+    def __iter__(self):
+        for line in self.lines:
+            found = self.gen.vocab.unknown(line)
+            if found:
+                self.affected += 1
+                self.first = self.first or found
+            yield line
+
+    def warn(self):
+        if self.affected and self.unknown != "error":
+            what = "dropped" if self.unknown == "skip" else f"replaced with {self.gen.vocab.replacement()!r}"
+            click.echo(f"warning: {self.affected} sentence(s) had characters the model never saw, {what} (the "
+                       f"first: {describe_chars(self.first)})", err=True)
 
 
 @_with(_param(sample_cli, "checkpoint_path"))
@@ -534,7 +554,8 @@ def plot_cli(runs, output, unit):
     def draw():
         from .plot import plot_runs
         from .rundir import latest_run
-        click.echo(f"wrote {plot_runs(list(runs) or [latest_run()], output, unit)}", err=True)
+        runs_ = list(runs) or [latest_run(pass_run="name them: chargpt plot RUN...")]
+        click.echo(f"wrote {plot_runs(runs_, output, unit)}", err=True)
     run_guarded(draw)
 
 
@@ -544,6 +565,7 @@ def plot_cli(runs, output, unit):
 def bench_command(args):
     """Speed and quality benchmarks (chargpt bench --help; the flags of python -m chargpt.bench)."""
     from .bench import main as bench_main
+    work_begins()
     bench_main(list(args), prog="chargpt bench")
 
 

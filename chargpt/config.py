@@ -17,7 +17,7 @@ import contextvars
 import difflib
 import math
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 from .errors import ConfigError
 
@@ -32,6 +32,7 @@ ARCH_FIELDS = ("arch", "n_enc_layer", "pos_emb", "emb_scale", "norm", "activatio
 UNLIMITED = 10**12  # max_iters when only --max-time bounds a run
 FORMAT_VERSION = 1  # bump when the checkpoint layout changes incompatibly
 MAX_INT = 2**63 - 1  # torch's sizes and indices are signed 64-bit
+MAX_LAYERS = 10_000  # blocks a side: a safetensors header (100 MB at most) names each tensor, with 2 moments each
 MAX_SEED = MAX_INT  # torch seeds are unsigned 64-bit; this leaves room for the per-stream offsets added to the seed
 OPTIMIZERS = ("adamw", "muon")
 LR_SCHEDULES = ("cosine", "wsd", "inverse-sqrt")
@@ -155,6 +156,11 @@ class ModelConfig:
             if getattr(self, name) < 1:
                 what = "the vocabulary size" if name == "vocab_size" else param(name)
                 raise ConfigError(f"{what} must be at least 1 (got {getattr(self, name)})")
+        for name in ("n_layer", "n_enc_layer"):
+            if getattr(self, name) > MAX_LAYERS:
+                raise ConfigError(f"{param(name)} {getattr(self, name):,} is more layers than a checkpoint holds (at "
+                                  f"most {MAX_LAYERS:,}: its header, 100 MB at most, lists every tensor); lower "
+                                  f"{param(name)}")
         if self.n_embd % self.n_head:
             fits = [h for h in range(1, min(self.n_embd, 64) + 1) if self.n_embd % h == 0]
             raise ConfigError(f"{param('n_embd', self.n_embd)} is not divisible by {param('n_head', self.n_head)}; "
@@ -429,6 +435,45 @@ def describe_model(cfg: ModelConfig):
                                      ("ReLU", cfg.activation == "relu")) if on]
     return ", ".join([(f"{cfg.arch}, " if cfg.arch != "decoder" else "") + f"{layers} x {cfg.n_embd} wide",
                       f"{cfg.n_head} heads", f"context {cfg.block_size}", *options])
+
+
+SIZE_FLAGS = ("n_layer", "n_enc_layer", "n_embd", "block_size")  # the settings that make a model large
+TRAIN_BYTES_PER_PARAM = 16  # float32 weights and gradients, and AdamW's two moments: 4 x 4 bytes
+
+
+def estimated_params(cfg: ModelConfig):
+    """Parameters of the model `cfg` builds, from its sizes alone (within a few per cent: biases and norms are
+    counted as 13 vectors a block), so that an impossible size is refused before anything is allocated. Per block:
+    attention 4 d^2 and a 4x feed-forward 8 d^2; a decoder block of the encoder-decoder cross-attends (4 d^2 more)."""
+    d, cross = cfg.n_embd, cfg.arch == "encoder-decoder"
+    block = 12 * d * d + 13 * d
+    blocks = cfg.n_layer * (block + (4 * d * d + 6 * d if cross else 0))
+    if cross:
+        blocks += (cfg.n_enc_layer or cfg.n_layer) * block
+    embeddings = cfg.vocab_size * d * (1 if cfg.tie_weights else 2) + (cfg.block_size * d if cfg.pos_emb == "learned"
+                                                                       else 0)
+    return blocks + embeddings
+
+
+def check_model_fits(cfg: ModelConfig, memory_bytes, where, source=lambda name: None):
+    """Refuse a model whose training state (weights, gradients, AdamW moments) alone exceeds `memory_bytes` (the
+    device's memory, `where`), naming the size setting that matters most (the one whose default would shrink the
+    model most) and, when source(name) gives one, the file that set it. Activations come on top: a model that
+    passes may still run out of memory, and is then told so."""
+    need = estimated_params(cfg) * TRAIN_BYTES_PER_PARAM
+    if memory_bytes is None or need <= memory_bytes:
+        return
+    defaults = {f.name: f.default for f in fields(ModelConfig)}
+    defaults["n_enc_layer"] = cfg.n_layer  # its default, 0, means "as many as --n-layer"
+
+    def shrunk(name):
+        return estimated_params(replace(cfg, **{name: min(getattr(cfg, name), defaults[name])}))
+
+    worst = min((name for name in SIZE_FLAGS if getattr(cfg, name)), key=shrunk)
+    origin = f" in {source(worst)}" if source(worst) else ""
+    raise ConfigError(f"a model of {describe_model(cfg)} has about {estimated_params(cfg):.3g} parameters: training "
+                      f"it needs at least {need / 1e9:,.4g} GB, and {where} has {memory_bytes / 1e9:,.1f} GB; lower "
+                      f"{param(worst)} (now {getattr(cfg, worst):,}{origin})")
 
 
 def check_task(arch, cfg: TrainConfig):

@@ -19,6 +19,7 @@ import os
 import re
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,7 +90,13 @@ def sha256_of(path):
 
 def source_url(corpus, base_url=None):
     base = base_url or os.environ.get(BASE_URL_ENV)
-    return f"{base.rstrip('/')}/{corpus.filename}" if base else corpus.url
+    if not base:
+        return corpus.url
+    parts = urllib.parse.urlsplit(base) if "\x00" not in base else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
+        raise DataError(f"{BASE_URL_ENV}={base!r:.80} is not an http(s) URL; set it to a mirror such as "
+                        f"https://example.org/corpora, or unset it to use the published servers")
+    return f"{base.rstrip('/')}/{corpus.filename}"
 
 
 def get(name, data_dir=DATA_DIR, base_url=None, log=print, progress=True):
@@ -111,17 +118,30 @@ def get(name, data_dir=DATA_DIR, base_url=None, log=print, progress=True):
     if corpus.parts:
         return _get_built(corpus, data_dir, dest, part, base_url, log, progress)
     url = source_url(corpus, base_url)
-    _fetch(url, part, dest, corpus, log, progress)
+    _fetch_checked(url, part, dest, corpus, log, progress)
     log(f"downloaded {name} to {dest} ({corpus.size:,} bytes, checksum verified)")
     return dest
 
 
-def _fetch(url, part, dest, corpus, log, progress):
-    """Download url to `part` (retrying and resuming), check it against `corpus`, rename it to `dest`."""
+def _fetch_checked(url, part, dest, corpus, log, progress):
+    """Download url to `part` (retrying and resuming), check it against `corpus`, rename it to `dest`. A download
+    continued from a local .part that fails the check is fetched whole once more before the mirror is blamed: the
+    bytes kept locally may be what is wrong (a damaged or foreign .part)."""
+    kept = _partial_size(part, corpus.size)  # bytes left by an earlier attempt, which this one continues
+    _fetch(url, part, corpus, progress, log)
+    if kept and not _matches(part, corpus):
+        log(f"the download continued from {kept:,} bytes kept in {part} does not match the published file; "
+            f"deleting them and downloading it whole")
+        part.unlink()
+        _fetch(url, part, corpus, progress, log)
+    _check_and_install(part, dest, corpus, url)
+
+
+def _fetch(url, part, corpus, progress, log):
+    """Download into `part`, resuming a dropped connection up to ATTEMPTS times in all."""
     for attempt in range(1, ATTEMPTS + 1):
         try:
-            _download(url, part, dest, corpus.size, progress)
-            break
+            return _download(url, part, part.with_name(corpus.filename), corpus.size, progress)
         except _Dropped as e:
             have = part.stat().st_size if part.exists() else 0
             if attempt == ATTEMPTS:
@@ -129,7 +149,6 @@ def _fetch(url, part, dest, corpus, log, progress):
                                 f"bytes are kept in {part}; run the same command again to resume") from None
             log(f"connection dropped after {have:,} bytes ({e}); resuming (attempt {attempt + 1} of {ATTEMPTS})")
             time.sleep(0.5 * attempt)
-    _check_and_install(part, dest, corpus, url)
 
 
 def _get_built(corpus, data_dir, dest, part, base_url, log, progress):
@@ -141,7 +160,8 @@ def _get_built(corpus, data_dir, dest, part, base_url, log, progress):
     for i, source in enumerate(corpus.parts, 1):
         path = parts_dir / source.filename
         if not (path.is_file() and path.stat().st_size == source.size and sha256_of(path) == source.sha256):
-            _fetch(source_url(source, base_url), parts_dir / f".{source.filename}.part", path, source, log, progress)
+            _fetch_checked(source_url(source, base_url), parts_dir / f".{source.filename}.part", path, source, log,
+                           progress)
         files.append(path)
         if progress and i % 10 == 0:
             log(f"{i} of {len(corpus.parts)} source files of {corpus.name} downloaded and checked")
@@ -164,6 +184,10 @@ def _get_built(corpus, data_dir, dest, part, base_url, log, progress):
         parts_dir.rmdir()
     log(f"built {corpus.name} into {dest} from {len(files)} source files ({corpus.size:,} bytes, checksum verified)")
     return dest
+
+
+def _matches(part, corpus):
+    return part.stat().st_size == corpus.size and sha256_of(part) == corpus.sha256
 
 
 class _Dropped(Exception):

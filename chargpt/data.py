@@ -68,41 +68,69 @@ class Source:
                 yield chunk
 
 
+BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF16_LE, "utf-16"),
+        (codecs.BOM_UTF16_BE, "utf-16"))  # UTF-32 LE begins as UTF-16 LE does: it is looked for first
+
+
 def _looks_binary(path, encoding):
+    """-> (offset of the first NUL byte, the encoding the file looks written in, or None), or None for text."""
     if encoding.lower().replace("-", "").replace("_", "").startswith(("utf16", "utf32")):
         return None  # NUL bytes are normal there
     with open(path, "rb") as f:
         head = f.read(8192)
     pos = head.find(b"\x00")
-    return pos if pos >= 0 else None
+    return (pos, _wide_encoding(head)) if pos >= 0 else None
 
 
-def corpus_sources(data, encoding="utf-8"):
-    """--data value -> (corpus name, [Source]). None means the built-in corpus."""
+def _wide_encoding(head):
+    """'utf-16' or 'utf-32' for bytes that open with that byte-order mark, or that look like ASCII text written in
+    it (every other byte NUL, or three in four); else None."""
+    for bom, name in BOMS:
+        if head.startswith(bom):
+            return name
+    even = head[:len(head) // 4 * 4]
+    if even and (even[1::2].count(0) == len(even) // 2 or even[0::2].count(0) == len(even) // 2):
+        return "utf-16"
+    if even and all(even[i::4].count(0) == len(even) // 4 for i in (1, 2)):
+        return "utf-32"
+    return None
+
+
+def corpus_sources(data, encoding="utf-8", name="data", dirs=True):
+    """--data value -> (corpus name, [Source]). None means the built-in corpus. `name` is the setting that gave the
+    path (--data, --target-data), named in the messages; dirs=False refuses a directory."""
     if data is None:
         return DEFAULT_CORPUS_NAME, [Source(DEFAULT_CORPUS_NAME, data=default_corpus_text().encode("utf-8"))]
+    flag = param(name)
     if os.fspath(data) == "":  # Path("") is the current folder, which would be read as a corpus
-        raise DataError(f"{param('data')} is an empty path; pass a text file or directory, or leave it out for "
+        raise DataError(f"{flag} is an empty path; pass a text file or directory, or leave it out for "
                         f"the built-in corpus")
     path = Path(data).expanduser()
+    kinds = "text file or directory" if dirs else "text file"
     if not path.exists():
-        raise DataError(f"corpus not found: {data}; pass {param('data')} with an existing text file or directory")
+        raise DataError(f"{'corpus' if name == 'data' else 'file'} not found: {data}; pass {flag} with an existing "
+                        f"{kinds}")
     if path.is_file():
         _check_readable(path)
-        pos = _looks_binary(path, encoding)
-        if pos is not None:
-            raise DataError(f"{data} looks like a binary file (NUL byte at offset {pos}), not text; "
-                            f"point {param('data')} at a UTF-8 text file")
+        found = _looks_binary(path, encoding)
+        if found is not None:
+            pos, wide = found
+            fix = f"it looks like {wide.upper()} text: pass {param('encoding', wide)}" if wide else \
+                f"point {flag} at a UTF-8 text file (or pass {param('encoding')} with its encoding)"
+            raise DataError(f"{data} looks like a binary file (NUL byte at offset {pos}), not UTF-8 text; {fix}")
         return path.stem or path.name, [Source(path.name, path=path)]
+    if path.is_dir() and not dirs:
+        raise DataError(f"{flag} {data} is a directory; pass {flag} with one text file, line N translating line N "
+                        f"of {param('data')}")
     if not path.is_dir():
-        raise DataError(f"{data} is neither a file nor a directory; pass {param('data')} with a text file or "
-                        f"directory")
+        raise DataError(f"{data} is neither a file nor a directory (a device or a pipe, which may never end); pass "
+                        f"{flag} with a {kinds}")
     files = sorted(p for p in path.rglob("*") if p.is_file() and not any(
         part.startswith(".") for part in p.relative_to(path).parts))
     texts = [p for p in files if os.access(p, os.R_OK) and _looks_binary(p, encoding) is None]
     if not texts:
         raise DataError(f"directory {data} has no readable text files ({len(files)} files, none text); "
-                        f"put .txt files in it or pass {param('data')} with a file")
+                        f"put .txt files in it or pass {flag} with a file")
     return path.resolve().name, [Source(str(p.relative_to(path)), path=p) for p in texts]
 
 

@@ -3,7 +3,7 @@
 Input: `source<TAB>target` lines (further columns are ignored, so Tatoeba/Anki downloads work as they are), or
 two aligned files, line N of one translating line N of the other. Files are read like plain-text corpora
 (chargpt.data: chunked incremental decoding, --encoding, exact offsets of undecodable bytes); a line ends at
-"\\n" with an optional "\\r" before it (CRLF), a byte-order mark opening a file is dropped, and blank lines
+"\\n", "\\r\\n" (CRLF) or a lone "\\r", a byte-order mark opening a file is dropped, and blank lines
 are skipped (in aligned files: blank on both sides).
 
 Each pair becomes one example, `source SEP target END`, with SEP and END two private-use characters that
@@ -28,6 +28,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from itertools import zip_longest
 from pathlib import Path
@@ -42,28 +43,32 @@ from .tokenizer import MAX_CODEPOINT, Vocab, codepoints
 
 SEP = "\ue000"  # between source and target; also the first decoder input of the encoder-decoder
 END = "\ue001"  # after the target: generation stops here
-PAIRS_VERSION = 1
+PAIRS_VERSION = 2  # 2: a lone "\r" ends a line
 GROUP_CHARS = 1 << 20  # pairs are encoded in groups of about this many characters (bounded memory)
 BOM = "\ufeff"
+LINE_END = re.compile("\r\n|\r|\n")
 
 
 def iter_lines(source, encoding="utf-8", errors="strict"):
-    """Yield (line number, line) of one Source, without its line end ("\\n" or "\\r\\n") or opening BOM."""
+    """Yield (line number, line) of one Source, without its line end or opening BOM. A line ends at "\\n", "\\r\\n" or
+    a lone "\\r" (old Mac files, some exports), as Python's universal newlines read text."""
     n, held = 0, []
     for i, text in enumerate(iter_text([source], encoding, errors)):
         if i == 0:
             text = text.removeprefix(BOM)
-        if "\n" not in text:  # a line longer than a chunk: keep the pieces, join once
+        if "\n" not in text and "\r" not in text[:-1]:  # a line longer than a chunk: keep the pieces, join once
             held.append(text)
             continue
-        lines = ("".join(held) + text).split("\n")
-        held = [lines.pop()]
+        text = "".join(held) + text
+        cut = len(text) - 1 if text.endswith("\r") else len(text)  # a "\r" at the end may open a "\r\n"
+        lines = LINE_END.split(text[:cut])
+        held = [lines.pop() + text[cut:]]
         for line in lines:
             n += 1
-            yield n, line.removesuffix("\r")
-    rest = "".join(held)
+            yield n, line
+    rest = "".join(held).removesuffix("\r")
     if rest:
-        yield n + 1, rest.removesuffix("\r")
+        yield n + 1, rest
 
 
 def _check_side(side, what, where):
@@ -180,7 +185,7 @@ def pair_stream(data, target_data=None, encoding="utf-8", errors="strict"):
     if target_data is None:
         mode, tgt_sources = "tsv", []
     else:
-        mode, (_, tgt_sources) = "aligned", corpus_sources(target_data, encoding)
+        mode, (_, tgt_sources) = "aligned", corpus_sources(target_data, encoding, name="target_data", dirs=False)
     key = hashlib.sha256(f"chargpt-pairs-v{PAIRS_VERSION}|{mode}|{len(sources)}|".encode()
                          + corpus_key(sources + tgt_sources, encoding, errors).encode()).hexdigest()[:32]
     if mode == "tsv":

@@ -47,12 +47,17 @@ def read_metrics(run):
     return rows
 
 
+MAX_DRAWN = 1e100  # a loss past this (a diverged run, near float's end) is left out: matplotlib cannot scale to it
+
+
 def _value(row, split, unit):
-    """The row's loss for split ('train'/'val') in unit; rows without *_bpc are converted from nats."""
+    """The row's loss for split ('train'/'val') in unit (rows without *_bpc are converted from nats); None for a
+    loss that is missing, not a number, or too large to draw."""
     nats = row.get(f"{split}_loss")
-    if unit == "bpc":
-        return row.get(f"{split}_bpc", nats / math.log(2) if nats is not None else None)
-    return nats
+    nats = nats if isinstance(nats, (int, float)) and not isinstance(nats, bool) else None
+    value = row.get(f"{split}_bpc", nats / math.log(2) if nats is not None else None) if unit == "bpc" else nats
+    drawable = isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) <= MAX_DRAWN
+    return value if drawable else None
 
 
 def read_running(run):
@@ -129,6 +134,8 @@ def plot_runs(runs, out_png, unit="nats"):
     """Draw the curves of one or more runs (directories or metrics.jsonl files) into out_png, written atomically.
     -> the path written."""
     _require_matplotlib()  # before reading anything: the missing extra is the first thing to fix
+    if not Path(out_png).name or Path(out_png).is_dir():  # '', '.', a folder: with_name below needs a file name
+        raise ChargptError(f"-o {str(out_png)!r} is not a file name; give the PNG file to write, as -o curves.png")
     data = {label: read_metrics(run) for label, run in zip(labels(runs), runs)}
     running = {label: read_running(run) for label, run in zip(labels(runs), runs)}
     fig = figure(data, unit, running, title_of(runs))

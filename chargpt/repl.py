@@ -6,9 +6,11 @@ input prompt it just clears the line); Ctrl-D (end of input) exits. Text goes to
 (the "> " prompt, messages) to stderr, so the samples can be piped or logged on their own.
 """
 
+import itertools
 import random
 import sys
 
+from . import textio
 from .config import SampleSettings, check_seed
 from .errors import ChargptError
 
@@ -21,22 +23,28 @@ SETTERS = {"/temp": ("temperature", float, None), "/topk": ("top_k", int, 0), "/
 
 def repl(gen, settings, seed, unknown, inp=None, out=None, err=None):
     """Read lines from `inp` until end of input; settings is a dict of SampleSettings fields."""
-    inp, out, err = inp or sys.stdin, out or sys.stdout, err or sys.stderr
+    inp, out, err = textio.binary(inp or sys.stdin), out or sys.stdout, err or sys.stderr  # bytes: UTF-8 checked
     settings = dict(settings)
     rng = random.Random(seed)  # one seed per prompt, drawn from the session seed: a session replays exactly
     err.write(HELP + "\n")
+    number = 0
     while True:
         err.write("> ")
         err.flush()
+        number += 1
         try:
-            line = inp.readline()
+            line = _read(inp, number)
         except KeyboardInterrupt:
             err.write("\n(Ctrl-D or /quit exits)\n")
             continue
-        if not line:  # Ctrl-D
+        except textio.TooLarge:  # a line without end is not someone typing (/dev/zero): the session ends
+            raise
+        except ChargptError as e:  # not UTF-8: this line only
+            err.write(f"error: {e}\n")
+            continue
+        if line is None:  # Ctrl-D
             err.write("\n")
             return
-        line = line.rstrip("\r\n")
         word, _, arg = line.strip().partition(" ")
         if word in ("/quit", "/exit"):
             return
@@ -59,6 +67,17 @@ def repl(gen, settings, seed, unknown, inp=None, out=None, err=None):
             _answer(gen, line, settings, rng.randrange(2**31), unknown, out, err)
 
 
+def _read(inp, number):
+    """The next line without its line end, or None at the end of input. A line that is not UTF-8, or longer than
+    textio.MAX_LINE_BYTES, is an error naming it."""
+    what = f"input line {number}"
+    line = textio.read_line(inp, textio.MAX_LINE_BYTES, what)
+    if not line:
+        return None
+    text = textio.decode_utf8(line, what) if isinstance(line, bytes) else line
+    return text.rstrip("\r\n")
+
+
 def _set(settings, word, arg):
     """Apply one setter command to settings; -> the message to show."""
     key, cast, off = SETTERS[word]
@@ -77,11 +96,17 @@ def _set(settings, word, arg):
 
 
 def _answer(gen, line, settings, sample_seed, unknown, out, err):
-    """Write the prompt and its continuation; a bad prompt or Ctrl-C ends only this sample."""
+    """Write the prompt and its continuation; a bad prompt (found before or while decoding) or Ctrl-C ends only this
+    sample."""
     try:
         prompt = gen.prompt_text(line, unknown)
+        pieces = gen.stream(prompt, seed=sample_seed, unknown=unknown, **settings)
+        first = next(pieces, None)  # a pairs model checks its source here: nothing is written for a bad one
     except ChargptError as e:
         err.write(f"error: {e}\n")
+        return
+    except KeyboardInterrupt:
+        err.write("[stopped]\n")
         return
     warning = gen.unknown_warning(line, unknown)
     if warning:
@@ -89,10 +114,12 @@ def _answer(gen, line, settings, sample_seed, unknown, out, err):
     if gen.task != "pairs":  # a pairs model's answer is the translation alone
         out.write(prompt)
     try:
-        for _, piece in gen.stream(prompt, seed=sample_seed, unknown=unknown, **settings):
+        for _, piece in itertools.chain([first] if first else [], pieces):
             out.write(piece)
             out.flush()
     except KeyboardInterrupt:
         err.write("\n[stopped]")
+    except ChargptError as e:
+        err.write(f"\nerror: {e}")
     out.write("\n")
     out.flush()

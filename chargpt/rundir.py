@@ -59,14 +59,14 @@ def default_out_dir(name, resume, root=DEFAULT_ROOT):
     return next(d for d in candidates if not holds_run(d) and lock_holder(d) is None)
 
 
-def latest_run(root=DEFAULT_ROOT):
-    """The most recently written run directory under root, or an error saying how to make one."""
+def latest_run(root=DEFAULT_ROOT, pass_run="pass --checkpoint PATH"):
+    """The most recently written run directory under root, or an error saying how to make one, or (`pass_run`, in
+    the command's own words) how to name one."""
     root = Path(root)
     runs = [d for d in root.iterdir() if d.is_dir() and ((d / BEST).exists() or (d / LATEST).exists())] \
         if root.is_dir() else []
     if not runs:
-        raise CheckpointError(f"no trained run under {root}/; train one with python train.py, or pass "
-                              f"--checkpoint PATH")
+        raise CheckpointError(f"no trained run under {root}/; train one with python train.py, or {pass_run}")
     return max(runs, key=lambda d: max((d / n).stat().st_mtime for n in (BEST, LATEST) if (d / n).exists()))
 
 
@@ -81,6 +81,9 @@ def resolve(path):
                               f"python train.py --out-dir {path}")
     if not p.exists():
         raise CheckpointError(f"checkpoint not found: {path}; pass a run directory or a .safetensors file")
+    if not p.is_file():
+        raise CheckpointError(f"{path} is not a checkpoint (not a regular file or a directory); pass a run directory "
+                              f"or a .safetensors file")
     return p
 
 
@@ -127,9 +130,17 @@ class RunDir:
     def _make_dirs(self):
         for d in reversed([self.path, *self.path.parents]):
             if not d.exists():
-                with contextlib.suppress(FileExistsError):
+                try:
                     d.mkdir()
                     self.created.append(d)
+                except FileExistsError:
+                    pass
+                except FileNotFoundError:
+                    if d.parent.is_dir():  # the folder above is there: its filesystem refuses new folders (/proc)
+                        self.release()
+                        raise CheckpointError(f"cannot write to --out-dir {self.path} ({d.parent} does not allow "
+                                              f"creating folders in it); choose a writable directory") from None
+                    raise  # the folder above went away: claim() tries again
 
     def _take_lock(self):
         lock = _acquire(self.path / LOCK, CLAIM_WAIT)

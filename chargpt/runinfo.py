@@ -121,7 +121,7 @@ def format_info(info):
         "sentence pairs: translates (chargpt translate; sample.py prints the translation of its prompt)"
     training = f"{info['steps']:,} steps in {_duration(info['training_time_s'])}"
     if info["training_time_s"] and info["eval_time_s"] is not None:
-        training += f" ({info['eval_time_s'] / max(info['training_time_s'], 1e-9):.0%} of it evaluating)"
+        training += f" ({min(1.0, info['eval_time_s'] / max(info['training_time_s'], 1e-9)):.0%} of it evaluating)"
     if info["characters_seen"] is not None:
         n = info["processes"]
         procs = f"on {n} process{'' if n == 1 else 'es'}" if n else "one process assumed"

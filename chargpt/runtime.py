@@ -42,6 +42,17 @@ def pick_device(name="auto"):
     return device
 
 
+def device_memory(device):
+    """-> (bytes of memory on `device`, how to name it) for refusing models that cannot fit: a CUDA GPU's total
+    memory, else the machine's RAM (MPS shares it); (None, ...) where it cannot be told."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory, f"{device} ({torch.cuda.get_device_name(device)})"
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine"
+    except (AttributeError, ValueError, OSError):  # Windows has no sysconf
+        return None, "this machine"
+
+
 # CHARGPT_CPU_BF16=1 / =0 makes chargpt treat any CPU as one with / without native bf16, for every choice of its own
 # that the detection below drives (--dtype auto, Muon's iteration in an auto run, the benchmarks' rows); unset, the
 # hardware decides. bf16 math runs on every CPU (emulated it is only slower), so the test suite can run both kinds

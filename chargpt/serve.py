@@ -2,7 +2,10 @@
 
 import sys
 
-from .cli import serve_cli as main
+from .startup import quiet_start
+
+quiet_start()  # a Ctrl-C during the imports exits quietly
+from .cli import serve_cli as main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -41,12 +41,14 @@ from .config import (
 from .errors import CheckpointError, ConfigError
 from .rundir import STATE
 from .schedules import describe_budget, final_lr, finished, lr_at, schedule_changed
+from .textio import MAX_CONFIG_BYTES, read_bounded
 
 HARDWARE = ("device", "dtype", "threads", "compile", "attention")  # how a run is computed, not what it is
 FLAGS = "flags"  # the source name of the top layer: the command line, or chargpt.train's keyword arguments
 NOT_IN_FILE = {"config": "config files do not include one another", "resume": "pass --resume on the command line"}
 NOT_WRITTEN = ("config", "resume", "out_dir")  # a repeat is a new run, in a new run directory
-PATHS = ("data", "cache_dir", "init_from")  # written absolute, compared as files
+PATHS = ("data", "target_data", "cache_dir", "init_from")  # saved absolute, compared as files: a run's files are
+# read again from any folder
 WANT = {bool: "true or false", int: "a whole number", float: "a number", str: "a string (in quotes)"}
 
 
@@ -61,7 +63,8 @@ def read_config_file(path):
     one) and a value of the wrong type are ConfigErrors naming the file and the key."""
     try:
         with open(path, "rb") as f:
-            table = tomllib.load(f)
+            data = read_bounded(f, MAX_CONFIG_BYTES, f"config file {path}")
+        table = tomllib.loads(data.decode("utf-8").removeprefix("\ufeff"))  # a BOM, as some editors write one
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}; pass {param('config')} an existing TOML file") from None
     except OSError as e:
@@ -72,6 +75,9 @@ def read_config_file(path):
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"config file {path} is not valid TOML ({e}); write one setting per line, as "
                           f"n-layer = 4") from None
+    except RecursionError:  # the parser recurses into each nested array or table
+        raise ConfigError(f"config file {path} nests arrays or tables too deeply to read; settings are top-level "
+                          f"keys (n-layer = 4)") from None
     keys, values, seen = file_keys(), {}, {}
     for key, value in table.items():
         name = key.replace("-", "_")
@@ -192,6 +198,12 @@ class Settings:
         return lines
 
 
+def absolute_paths(train_config):
+    """A TrainConfig as a dict, its corpus and cache paths absolute (as a checkpoint stores them: `chargpt eval`
+    finds the corpus from any folder; checkpoints written before keep their paths as typed)."""
+    return {k: str(Path(v).resolve()) if k in PATHS and isinstance(v, str) else v for k, v in train_config.items()}
+
+
 def _same(name, a, b):
     """Whether two values of a setting mean the same (a path, relative or absolute, is the same file)."""
     if name in PATHS and isinstance(a, str) and isinstance(b, str):
@@ -253,9 +265,24 @@ def resume_settings(meta, settings: Settings, out_dir):
     From a config file or a named preset only what differs from the run counts as given."""
     model_kw, cfg = _resumed_configs(meta, settings)
     cfg.out_dir = str(out_dir)
-    resumed = Resumed(model_kw, cfg, RunState())
+    resumed = Resumed(model_kw, cfg, RunState(), notes=corpus_changes(meta.get("train_config") or {}, cfg))
     resumed.state = _resumed_state(meta, settings.merged(), resumed, out_dir)
     return resumed
+
+
+def corpus_changes(saved, cfg: TrainConfig):
+    """Lines saying that --resume trains on other data than the run did. A resume continues the weights and the
+    optimizer state on whatever corpus it is given, as long as the alphabet is the same (the trainer refuses
+    another): on another corpus that is fine-tuning. It is said, so that it is never a mistake no one saw."""
+    notes = []
+    for name in ("data", "target_data"):
+        old, new = saved.get(name), getattr(cfg, name)
+        if name in saved and not _same(name, old, new):
+            shown = {None: "the built-in corpus" if name == "data" else "none"}
+            notes.append(f"the corpus changed: {param(name)} is {shown.get(new, new)} (the run trained on "
+                         f"{shown.get(old, old)}); training goes on from the checkpoint on the new data (its "
+                         f"characters are the same)")
+    return notes
 
 
 def _resumed_configs(meta, settings: Settings):

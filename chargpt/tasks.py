@@ -61,7 +61,7 @@ class Text:
     def describe_examples(self, mcfg):
         return f"sequences of {mcfg.block_size} chars"
 
-    def scores(self, model, corpus, dtype, log):
+    def scores(self, model, corpus, dtype, log, check_stop=None):
         return {}
 
     def closing_sample(self, trainer):
@@ -102,12 +102,13 @@ class Pairs:
     def describe_examples(self, mcfg):
         return f"pairs (of at most {mcfg.block_size} chars a side, {self.chars_per_example:.0f} on average)"
 
-    def scores(self, model, corpus, dtype, log):
+    def scores(self, model, corpus, dtype, log, check_stop=None):
         """{exact_match, chrf} of greedy translations of the fixed validation pairs. chrF needs sacrebleu:
-        without it, the first evaluation says how to get it, and only exact match is kept."""
+        without it, the first evaluation says how to get it, and only exact match is kept. check_stop() is called
+        at every decoding step (it raises to abandon the scoring)."""
         if not len(self.eval_rows):
             return {}
-        match, score = translation_scores(model, corpus, self.eval_rows, dtype)
+        match, score = translation_scores(model, corpus, self.eval_rows, dtype, check_stop)
         if score is None and not self.chrf_missing_said:
             log(CHRF_MISSING)
             self.chrf_missing_said = True
@@ -124,10 +125,10 @@ class Pairs:
                 + "\n".join(lines) + "\n---")
 
 
-def translation_scores(model, pairs, rows, dtype):
+def translation_scores(model, pairs, rows, dtype, check_stop=None):
     """Greedy translations of the validation pairs `rows` -> (exact-match rate, chrF or None without sacrebleu)."""
     sources, refs = zip(*(pairs.pair(int(i)) for i in rows))
-    hyps = translate(model, pairs.vocab, list(sources), dtype=dtype)
+    hyps = translate(model, pairs.vocab, list(sources), dtype=dtype, check_stop=check_stop)
     return exact_match(hyps, refs), chrf(hyps, refs)
 
 

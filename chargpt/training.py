@@ -27,7 +27,16 @@ from tqdm import tqdm
 from . import checkpoint as ckpt
 from . import errors, init_from, rundir
 from .cadence import EVALS_PER_BUDGET, RunningLoss, eval_period, time_to_evaluate
-from .config import UNLIMITED, ModelConfig, TrainConfig, check_task, describe_model, param, split_overrides
+from .config import (
+    UNLIMITED,
+    ModelConfig,
+    TrainConfig,
+    check_model_fits,
+    check_task,
+    describe_model,
+    param,
+    split_overrides,
+)
 from .data import corpus_sources
 from .errors import ChargptError, CheckpointError, ConfigError, Interrupted
 from .model import build_model
@@ -38,6 +47,7 @@ from .runtime import (
     autocast,
     broadcast_str,
     configure_threads,
+    device_memory,
     enable_fast_math,
     gather_rng_state,
     init_distributed,
@@ -48,7 +58,17 @@ from .runtime import (
     stream_seed,
 )
 from .schedules import describe_budget, finished, lr_at
-from .settings import HARDWARE, RunState, Settings, config_toml, init_settings, resolve, resume_settings
+from .settings import (
+    FLAGS,
+    HARDWARE,
+    RunState,
+    Settings,
+    absolute_paths,
+    config_toml,
+    init_settings,
+    resolve,
+    resume_settings,
+)
 from .tasks import make_task
 from .tokenizer import describe_chars
 
@@ -65,16 +85,18 @@ def model_inputs(batch):
 
 
 @torch.no_grad()
-def estimate_loss(model, batches, cfg: TrainConfig, device, dtype, dist):
+def estimate_loss(model, batches, cfg: TrainConfig, device, dtype, dist, check_stop=lambda: None):
     """Mean loss over eval_iters batches per split: plain cross-entropy (no label smoothing), the number to compare.
     The batches come from a generator seeded the same way at every evaluation, so successive numbers compare the
-    model, not the luck of the draw."""
+    model, not the luck of the draw. check_stop() is called before each batch (it raises to abandon the
+    evaluation)."""
     model.eval()
     out = {}
     for split in ("train", "val"):
         gen = torch.Generator().manual_seed(stream_seed(cfg.seed, "eval", dist.rank))
         losses = torch.zeros(cfg.eval_iters, device=device)
         for k in range(cfg.eval_iters):
+            check_stop()
             batch = model_inputs(batches.get(split, gen))
             with autocast(device, dtype):
                 _, loss = model(**batch)
@@ -152,6 +174,7 @@ class Trainer:
             raise ConfigError(f"--resume: the corpus's vocabulary ({len(self.corpus.vocab)} characters) differs from "
                               f"the checkpoint's ({len(meta['vocab'])}); resume with the same --data")
         self.mcfg = ModelConfig(**model_kw, vocab_size=len(self.corpus.vocab)).validate()
+        check_model_fits(self.mcfg, *device_memory(self.device), self._file_setting)  # before allocating for it
         self._check_sample_prompt()
         self._make_batches()
         self._build_model()
@@ -171,6 +194,11 @@ class Trainer:
         else:
             return
         self.corpus = init_from.in_vocab(self.corpus, vocab)
+
+    def _file_setting(self, name):
+        """The config file that set `name`, or None (a flag, a preset, a default or the checkpoint did)."""
+        source = self.settings.source(name)
+        return source if source not in (None, FLAGS) and not source.startswith("preset ") else None
 
     def _check_sample_prompt(self):
         unknown = self.corpus.vocab.unknown(self.cfg.sample_prompt or "")
@@ -360,7 +388,7 @@ class Trainer:
             extra[init_from.LINEAGE] = self.lineage
         if self.scaler.is_enabled():  # fp16 loss scale: part of exact resume
             extra["scaler"] = self.scaler.state_dict()
-        train_cfg = asdict(self.cfg)
+        train_cfg = absolute_paths(asdict(self.cfg))
         if not self.config_saved:  # with the first checkpoint of this session, so a failed start leaves no file
             rundir.write_text_atomic(self.out_dir / CONFIG, config_toml(self.mcfg, self.cfg))
             self.config_saved = True
@@ -376,41 +404,61 @@ class Trainer:
 
     # --- the loop ---------------------------------------------------------------------------------------------
     def run(self):
-        """Train until the budget is spent or a signal arrives; -> summary dict. Phase by phase, as in
-        nanoGPT's train.py."""
-        s, signum, reason = self.state, 0, None
+        """Train until the budget is spent or a signal arrives (_loop, phase by phase as in nanoGPT's train.py), then
+        save and sum up (_finish); -> summary dict."""
+        s = self.state
         self._start_clocks()
         try:
-            with self.signals, self.bar:  # the bar is cleared on any exit, so an error line starts clean
-                while True:
-                    lr = lr_at(s.step, s.elapsed, self.cfg, s)
-                    reason = finished(self.cfg, s)
-                    due = s.step % self.cfg.eval_interval == 0 or time_to_evaluate(s.elapsed, self.last_eval_at,
-                                                                                   self.eval_period)
-                    if (due or reason) and not s.evaluated:
-                        with self._phase("1 evaluate and save"):  # at the interval and at the end
-                            self._evaluate_and_save(lr, final=bool(reason))
-                        reason = finished(self.cfg, s)  # --patience: this evaluation may end the run
-                    if reason:
-                        break
-                    with self._phase("2 forward and backward"):  # accumulated over micro-batches
-                        loss = self._forward_backward()
-                    with self._phase("3 agree"):  # across ranks: loss finite? stop? clock?
-                        bad_step, signum = self._agree(loss, lr)
-                    with self._phase("4 optimizer step"):  # or drop a non-finite step
-                        self._step(bad_step, lr)
-                    with self._phase("5 progress"):
-                        self._log_progress(loss, lr)
-                    if self.cfg.sample_every and s.step % self.cfg.sample_every == 0:
-                        self._show_sample()  # 6. now and then, a sample: the model learning, in its own words
-                    if self.profiler is not None:
-                        self.profiler.step()
-                    if signum:
-                        reason = "signal"
-                        break
-            return self._finish(reason, signum)
+            # the handlers stay in place until the final save is written (_finish): a signal never cuts it short
+            with self.signals:
+                try:
+                    with self.bar:  # the bar is cleared on any exit, so an error line starts clean
+                        reason, signum = self._loop()
+                    return self._finish(reason, signum)
+                except _Aborted as e:
+                    raise Interrupted(f"stopped during the save at step {s.step}; {self.out_dir} keeps the last "
+                                      f"complete save", e.signum, out_dir=self.out_dir,
+                                      distributed=self.dist.enabled) from None
         finally:
             self.close()
+
+    def check_stop(self):
+        """Raise StopRequested if a signal asked training to stop: called inside evaluation and scoring loops.
+        Alone (not under torchrun): ranks that left an evaluation at different batches would wait on each other."""
+        if self.signals.requested and not self.dist.enabled:
+            raise StopRequested
+
+    def _loop(self):
+        """The steps, until the budget is spent or a signal arrives; -> (why it stopped, signal number or 0)."""
+        s, signum = self.state, 0
+        while True:
+            lr = lr_at(s.step, s.elapsed, self.cfg, s)
+            reason = finished(self.cfg, s)
+            due = s.step % self.cfg.eval_interval == 0 or time_to_evaluate(s.elapsed, self.last_eval_at,
+                                                                           self.eval_period)
+            if (due or reason) and not s.evaluated:
+                with self._phase("1 evaluate and save"):  # at the interval, by the clock, and at the end
+                    try:
+                        self._evaluate_and_save(lr, final=bool(reason))
+                    except StopRequested:  # a signal during the evaluation: save the run as it is
+                        return "signal", self.signals.signum
+                reason = finished(self.cfg, s)  # --patience: this evaluation may end the run
+            if reason:
+                return reason, signum
+            with self._phase("2 forward and backward"):  # accumulated over micro-batches
+                loss = self._forward_backward()
+            with self._phase("3 agree"):  # across ranks: loss finite? stop? clock?
+                bad_step, signum = self._agree(loss, lr)
+            with self._phase("4 optimizer step"):  # or drop a non-finite step
+                self._step(bad_step, lr)
+            with self._phase("5 progress"):
+                self._log_progress(loss, lr)
+            if self.cfg.sample_every and s.step % self.cfg.sample_every == 0:
+                self._show_sample()  # 6. now and then, a sample: the model learning, in its own words
+            if self.profiler is not None:
+                self.profiler.step()
+            if signum:
+                return "signal", signum
 
     def _phase(self, name):
         """A labelled span for torch.profiler (`python -m chargpt.bench profile` sets self.profiler); else nothing."""
@@ -418,7 +466,7 @@ class Trainer:
 
     def _start_clocks(self):
         s = self.state
-        self.signals = _SignalFlag()
+        self.signals = _SignalFlag(say=self.log)
         self.bar = tqdm(total=self.cfg.max_iters if self.cfg.max_iters < UNLIMITED else None, initial=s.step,
                         disable=not self.dist.is_main, dynamic_ncols=True, unit="step", leave=False,
                         mininterval=0.1 if sys.stderr.isatty() else 5.0)  # quiet in logs
@@ -557,13 +605,20 @@ class Trainer:
     def _evaluate_and_save(self, lr, final=False):
         t0 = time.perf_counter()
         # the plain module: no DDP sync is needed under no_grad, and torch.compile would recompile for eval mode
-        losses = estimate_loss(self.model, self.batches, self.cfg, self.device, self.dtype, self.dist)
         s = self.state
-        if not all(math.isfinite(v) for v in losses.values()):  # the weights themselves are broken: never save them
-            raise ChargptError(
-                f"evaluation loss became {losses['val']} at step {s.step} (learning rate {lr:.2e}): training "
-                f"diverged, most likely because the learning rate is too high; lower --learning-rate. The last "
-                f"good checkpoint in {self.out_dir} is kept.")
+        self.signals.where = "evaluation"  # a signal abandons it (check_stop): the run is saved without it
+        try:
+            losses = estimate_loss(self.model, self.batches, self.cfg, self.device, self.dtype, self.dist,
+                                   check_stop=self.check_stop)
+            if not all(math.isfinite(v) for v in losses.values()):  # the weights are broken: never save them
+                raise ChargptError(
+                    f"evaluation loss became {losses['val']} at step {s.step} (learning rate {lr:.2e}): training "
+                    f"diverged, most likely because the learning rate is too high; lower --learning-rate. The last "
+                    f"good checkpoint in {self.out_dir} is kept.")
+            scores = self.last_scores = self.task.scores(self.model, self.corpus, self.dtype, self.log,
+                                                         self.check_stop) if self.dist.is_main else {}
+        finally:
+            self.signals.where = "step"
         improved = losses["val"] < s.best_val
         s.best_val = min(s.best_val, losses["val"])
         s.since_best = 0 if improved else s.since_best + 1
@@ -571,14 +626,14 @@ class Trainer:
         record = {"step": s.step, "train_loss": round(losses["train"], 6), "val_loss": round(losses["val"], 6),
                   "train_bpc": round(losses["train"] / LN2, 6), "val_bpc": round(losses["val"] / LN2, 6),
                   "lr": lr, "elapsed_s": round(s.elapsed, 2)}
-        scores = self.last_scores = self.task.scores(self.model, self.corpus, self.dtype, self.log) \
-            if self.dist.is_main else {}
         record.update(scores)
         # the line first, then the state: a kill between the two leaves a line that --resume drops (it is
         # after the saved step), never a saved step whose line is missing
         if self.dist.is_main:
             rundir.append_jsonl(self.out_dir / METRICS, record)
         s.eval_time += time.perf_counter() - t0
+        if not self.dist.enabled:  # the clock, read after the evaluation, saved with it (under torchrun the
+            s.elapsed = self.elapsed_before + time.perf_counter() - self.session_start  # ranks agree it, in _agree)
         self.last_eval_at = s.elapsed
         self.save(losses["val"], improved, final)
         self.log(f"step {s.step:>6}: train {losses['train']:.4f} nats ({losses['train'] / LN2:.3f} bpc), "
@@ -643,6 +698,9 @@ class Trainer:
     def _finish(self, reason, signum):
         s = self.state
         training_s = time.perf_counter() - self.session_start - self.pauses  # this session, evaluations left out
+        # the clock as of now: s.elapsed was last read at the last step, before the final evaluation (whose time
+        # is in eval_time), so a share of it would otherwise pass 100%
+        elapsed = max(s.elapsed, self.elapsed_before + time.perf_counter() - self.session_start)
         speed = (s.step - self.session_step) * self.chars_per_step / max(training_s, 1e-9)
         if reason == "signal":
             self.save(None, False, final=True)
@@ -662,7 +720,8 @@ class Trainer:
             raise Interrupted(f"interrupted at step {s.step}; saved the run to {self.out_dir}", signum,
                               out_dir=self.out_dir, distributed=self.dist.enabled)
         return {"out_dir": str(self.out_dir), "step": s.step, "best_val_loss": s.best_val, "val_loss": self.last_val,
-                "elapsed_s": s.elapsed, "eval_fraction": s.eval_time / max(s.elapsed, 1e-9), "stopped_by": reason,
+                "elapsed_s": elapsed, "eval_fraction": min(1.0, s.eval_time / max(elapsed, 1e-9)),
+                "stopped_by": reason,
                 "stopped_early": reason == "patience", "chars_per_step": self.chars_per_step, "chars_per_s": speed,
                 "first_step_s": self.first_step_s, "compiled": self.compiled, "task": self.task.name,
                 **self.last_scores}
@@ -672,17 +731,32 @@ class Trainer:
         return self.task.closing_sample(self)
 
 
-class _SignalFlag:
-    """SIGINT/SIGTERM set a flag the loop checks after each step (so the step finishes and a save follows);
-    a second SIGINT while saving falls back to the default and stops at once: atomic writes keep the old files."""
+class StopRequested(Exception):
+    """Raised by Trainer.check_stop inside an evaluation or scoring loop once a signal has asked training to stop:
+    the evaluation is abandoned and the run saved as it is. Never leaves the Trainer."""
 
-    def __init__(self):
-        self.requested, self.signum, self.old = False, None, {}
+
+class _SignalFlag:
+    """SIGINT/SIGTERM during training. The first sets a flag that the loop (and every evaluation and scoring loop,
+    through Trainer.check_stop) reads, and says so at once; the run then saves and exits. The handlers stay in
+    place until that save is done: a second signal only says "saving, please wait", and a third aborts the save,
+    whose atomic writes then leave the previous complete files in place."""
+
+    def __init__(self, say=lambda message: None):
+        self.requested, self.signum, self.count, self.old, self.say = False, None, 0, {}, say
+        self.where = "step"  # what is running: what a signal waits for
 
     def _handle(self, signum, frame):
-        if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.requested, self.signum = True, signum
+        self.count += 1
+        name = signal.Signals(signum).name
+        if self.count == 1:
+            self.requested, self.signum = True, signum
+            self.say(f"{name}: stopping after the current {self.where}, then saving the run (a second signal "
+                     f"waits for the save; a third abandons it, keeping the last complete save)")
+        elif self.count == 2:
+            self.say(f"{name}: saving, please wait (a third signal abandons the save, keeping the last complete one)")
+        else:
+            raise _Aborted(signum)
 
     def __enter__(self):
         try:
@@ -695,6 +769,14 @@ class _SignalFlag:
     def __exit__(self, *exc):
         for sig, handler in self.old.items():
             signal.signal(sig, handler)
+
+
+class _Aborted(BaseException):
+    """A third signal: the save in progress is abandoned (a BaseException, so that nothing on the way catches it)."""
+
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
 
 
 def train(log=tqdm.write, **overrides):

@@ -218,11 +218,12 @@ def make_steps(model, vocab, ids, use_cache=True, dtype=torch.float32):
 @torch.no_grad()
 def translate(model, vocab, sources, *, beam=1, alpha=1.0, temperature=0.0, top_k=None, top_p=None,
               generator=None, unknown="error", batch_size=64, max_len=None, use_cache=True, dtype=torch.float32,
-              name="source {}"):
+              name="source {}", check_stop=None):
     """Source strings -> their translations (greedy by default; beam > 1: beam search; temperature > 0:
     sampling). Characters the model never saw follow `unknown` ('error', 'skip', 'replace') as in sampling.
     Sources decode in batches: for the decoder-only model, sources of one length together. max_len caps the
-    characters of each translation (default: as many as the context holds)."""
+    characters of each translation (default: as many as the context holds). check_stop(), if given, is called
+    before every decoding step (training's evaluation passes one that raises once a signal asks it to stop)."""
     ids = source_ids(model, vocab, sources, unknown, name)
     if temperature > 0 and generator is None:
         generator = torch.Generator().manual_seed(torch.seed())
@@ -233,6 +234,8 @@ def translate(model, vocab, sources, *, beam=1, alpha=1.0, temperature=0.0, top_
     try:
         for batch in _batches([len(s) for s in ids], batch_size, model.config.arch != "encoder-decoder"):
             step, steps = make_steps(model, vocab, [ids[i] for i in batch], use_cache, dtype)
+            if check_stop is not None:
+                step = _checked(step, check_stop)
             steps = min(steps, max_len or steps)
             if beam > 1:
                 found = beam_search(step, len(batch), end, steps, beam, alpha)
@@ -243,6 +246,14 @@ def translate(model, vocab, sources, *, beam=1, alpha=1.0, temperature=0.0, top_
     finally:
         model.train(was_training)
     return out
+
+
+def _checked(step, check_stop):
+    """The step callback, calling check_stop() before each step."""
+    def checked(prev, rows):
+        check_stop()
+        return step(prev, rows)
+    return checked
 
 
 def exact_match(hyps, refs):

@@ -164,7 +164,7 @@ def test_config_toml_repeats_the_run_into_a_new_run_directory(tmp_path, corpus):
                                                                                     "latest.safetensors")[0]
     assert meta_a["model_config"] == meta_b["model_config"]
     differ = {k for k in meta_a["train_config"] if meta_a["train_config"][k] != meta_b["train_config"][k]}
-    assert differ == {"out_dir", "config", "data"}  # where it went, what it was read from, the path made absolute
+    assert differ == {"out_dir", "config"}  # where it went, what it was read from (checkpoints store paths absolute)
     losses = [[(r["step"], r["train_loss"], r["val_loss"]) for r in map(json.loads, open(d / "metrics.jsonl"))]
               for d in (tmp_path / "a", tmp_path / run_b)]
     assert losses[0] == losses[1] and len(losses[0]) == 3  # the same run, step for step
@@ -199,7 +199,7 @@ def scripted_losses(monkeypatch):
     """Validation losses in the order evaluations ask for them (the train loss is the same number)."""
     queue = []
 
-    def fake(model, batches, cfg, device, dtype, dist):
+    def fake(model, batches, cfg, device, dtype, dist, check_stop=None):
         loss = queue.pop(0)
         return {"train": loss, "val": loss}
     monkeypatch.setattr(training, "estimate_loss", fake)

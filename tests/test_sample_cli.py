@@ -226,11 +226,11 @@ def test_repl_ctrl_c_stops_only_the_current_sample():
         """Input whose first read is interrupted, as Ctrl-C at the "> " prompt would be."""
         first = True
 
-        def readline(self):
+        def readline(self, size=-1):
             if self.first:
                 self.first = False
                 raise KeyboardInterrupt
-            return super().readline()
+            return super().readline(size)
 
     gen = counter_gen()
     real_stream = gen.stream

@@ -441,3 +441,74 @@ def test_the_command_prints_its_url_and_warns_off_localhost(served, host, warned
         proc.wait(timeout=30)
     if not warned:
         assert "warning" not in proc.stderr.read()
+
+
+# --- hardening round 3 (issue 19, items 3, 9, 14) ----------------------------------------------------------------
+def raw_get(host, port, path, host_header):
+    """A GET with the Host header given (urllib would send the URL's own): -> (status, body)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        s.settimeout(30)
+        s.connect((host, port))
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: {host_header}\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body.decode("utf-8", "replace")
+
+
+@pytest.mark.parametrize("host", ["::1", "127.0.0.2"])
+def test_item3_the_host_check_covers_ipv6_loopback_and_the_host_asked_for(served, host):
+    if ":" in host and not socket.has_ipv6:
+        pytest.skip("no IPv6 here")
+    proc = subprocess.Popen([sys.executable, "-m", "chargpt.serve", "--checkpoints", str(served), "--host", host,
+                             "--port", "0", "--device", "cpu"], stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        line = proc.stderr.readline()
+        url = line.split()[2]  # http://[::1]:PORT or http://127.0.0.2:PORT
+        port = int(url.rsplit(":", 1)[1])
+        shown = url.removeprefix("http://")
+        assert raw_get(host, port, "/api/runs", shown)[0] == 200  # the URL printed works
+        assert raw_get(host, port, "/api/runs", f"localhost:{port}")[0] == 200
+        status, body = raw_get(host, port, "/api/runs", "evil.example")
+        assert status == 400 and "Invalid host header" in body
+        assert raw_get(host, port, "/api/runs", f"evil.example:{port}")[0] == 400
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_item3_host_names_are_parsed_with_ports_and_brackets():
+    assert serve.host_name("[::1]:8000") == "::1" and serve.host_name("[::1]") == "::1"
+    assert serve.host_name("LocalHost:80") == "localhost" and serve.host_name("127.0.0.1") == "127.0.0.1"
+    client = TestClient(serve.create_app(Path("."), device="cpu"), base_url="http://[::1]:8000")
+    assert client.get("/api/status").status_code == 200
+
+
+def test_item9_deep_json_and_huge_integers_are_one_clear_error(client):
+    def raw(body):
+        return client.post("/api/generate", content=body, headers={"Content-Type": "application/json"})
+    deep = raw(b'{"run": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    assert deep.status_code == 400 and "nests arrays or objects too deeply" in deep.json()["error"]
+    deep = client.post("/api/inside", content=b"[" * 100_000, headers={"Content-Type": "application/json"})
+    assert deep.status_code == 400
+    huge = raw(b'{"run": "tiny", "seed": ' + b"9" * 5000 + b"}")
+    error = huge.json()["error"]
+    assert huge.status_code == 400 and "an integer of 5,000 digits; the most is 100" in error
+    assert serve.clipped("one two three", 9) == "one two ..."
+
+
+def test_item14_a_client_that_leaves_mid_body_is_no_traceback(served, capfd):
+    app = serve.create_app(served, device="cpu")
+    with serve.running(app) as url:
+        port = int(url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(b"POST /api/generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 1000\r\n\r\n{\"run\": ")
+            time.sleep(0.3)
+        time.sleep(0.5)  # the server notices the disconnect
+        assert get(url + "/api/status")["busy"] == 0
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "ClientDisconnect" not in err

@@ -69,7 +69,7 @@ try:  # the optional web extra; serve() names it when it is missing
     from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException
     from starlette.middleware import Middleware
-    from starlette.middleware.trustedhost import TrustedHostMiddleware
+    from starlette.requests import ClientDisconnect
     from starlette.responses import FileResponse, JSONResponse, StreamingResponse
     from starlette.routing import Mount, Route
     from starlette.staticfiles import StaticFiles
@@ -92,13 +92,14 @@ MAX_INSIDE_CHARS = 2_000  # text analysed by Look inside
 MAX_NOVELTY_CHARS = MAX_PROMPT_CHARS + MAX_NEW_CHARS  # text checked for copying (a prompt and its sample)
 MAX_TOP = 10  # expected characters listed per position
 VOCAB_PREVIEW = 300  # vocabulary characters a run's details show
+MAX_INT_DIGITS = 100  # digits of an integer in a request (a seed has at most 19; more is a range error)
 MAX_BUSY = 2  # generations and analyses at once; the next request gets 429
 MAX_MODELS = 2  # loaded models kept in memory
 MAX_METRIC_ROWS = 20_000  # the newest rows of a metrics.jsonl that are sent
 MAX_SAMPLE_ROWS = 50  # the newest samples a run wrote while training (samples.jsonl) that are sent
 MAX_RUNNING_POINTS = 2_000  # running-loss rows (train_loss.jsonl) sent: evenly thinned to at most this many
 MAX_VOCAB_SENT = 20_000  # vocabulary characters sent for a run's detail (its summary counts them all)
-LOOPBACK_NAMES = ("localhost", "127.0.0.1")
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 REQUIRED = object()
 NUMBER = (int, float)
@@ -272,14 +273,19 @@ async def read_json(request, limit=MAX_BODY_BYTES):
     if declared.isdigit() and int(declared) > limit:
         raise RequestError(413, f"request body is {int(declared)} bytes; the limit is {limit}")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise RequestError(413, f"request body is over {limit} bytes")
     try:
-        value = json.loads(body.decode("utf-8"), parse_constant=_no_constant)
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise RequestError(413, f"request body is over {limit} bytes")
+    except ClientDisconnect:  # the client left mid-body: no one to answer (a 400 that is never read, not a traceback)
+        raise RequestError(400, "the client disconnected before sending the whole body") from None
+    try:
+        value = json.loads(body.decode("utf-8"), parse_constant=_no_constant, parse_int=_bounded_int)
     except (UnicodeDecodeError, ValueError) as e:
-        raise RequestError(400, f"request body is not valid JSON ({str(e)[:100]})") from None
+        raise RequestError(400, f"request body is not valid JSON ({clipped(str(e), 100)})") from None
+    except RecursionError:  # the parser recurses into each nested array or object
+        raise RequestError(400, "request body nests arrays or objects too deeply; send a flat JSON object") from None
     if not isinstance(value, dict):
         raise RequestError(400, "request body must be a JSON object")
     return value
@@ -287,6 +293,21 @@ async def read_json(request, limit=MAX_BODY_BYTES):
 
 def _no_constant(name):
     raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _bounded_int(digits):
+    """A JSON integer, refused past MAX_INT_DIGITS (no field takes more; Python's own limit, 4300, ends in a
+    message about sys.set_int_max_str_digits)."""
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {len(digits.lstrip('-')):,} digits; the most is {MAX_INT_DIGITS}")
+    return int(digits)
+
+
+def clipped(text, n):
+    """text cut to at most n characters at a word boundary, with an ellipsis when cut."""
+    if len(text) <= n:
+        return text
+    return text[:n].rsplit(" ", 1)[0].rstrip(" ,;:") + " ..."
 
 
 def fields(body, spec):
@@ -565,6 +586,32 @@ async def http_error(request, exc):  # Starlette's own 404 / 405 as JSON too
     return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
 
+def host_name(header):
+    """The host part of a Host header: 'localhost:8000' -> 'localhost', '[::1]:8000' -> '::1', lower-cased."""
+    header = header.strip().lower()
+    if header.startswith("["):  # an IPv6 literal, bracketed because of the port's colon
+        return header[1:].partition("]")[0]
+    return header.rpartition(":")[0] if header.count(":") == 1 else header
+
+
+class HostCheck:
+    """Plain ASGI middleware: answer only requests whose Host header names an allowed host, so that a web page on
+    another site cannot reach the server through a DNS name pointed at this machine (DNS rebinding). Host names
+    are compared without the port, IPv6 literals without their brackets."""
+
+    def __init__(self, app, hosts):
+        self.app, self.hosts = app, {h.lower().strip("[]") for h in hosts}
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] in ("http", "websocket"):
+            headers = dict(scope.get("headers") or [])
+            if host_name(headers.get(b"host", b"").decode("latin-1")) not in self.hosts:
+                response = JSONResponse({"error": "Invalid host header: this server answers only requests to "
+                                                  f"{', '.join(sorted(self.hosts))}"}, status_code=400)
+                return await response(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
 class SecurityHeaders:
     """Plain ASGI middleware (it does not buffer streams): the page runs only its own scripts and styles."""
     HEADERS = [(b"content-security-policy", b"default-src 'self'; img-src 'self' data:; frame-ancestors 'none'"),
@@ -592,7 +639,7 @@ def create_app(checkpoints, device="auto", hosts=LOOPBACK_NAMES, max_busy=MAX_BU
               Route("/api/status", status)]
     middleware = [Middleware(SecurityHeaders)]
     if hosts:
-        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=list(hosts)))
+        middleware.append(Middleware(HostCheck, hosts=hosts))
     app = Starlette(routes=routes, middleware=middleware,
                     exception_handlers={RequestError: refused, ChargptError: unusable, HTTPException: http_error})
     app.state.runs, app.state.models, app.state.busy = Runs(checkpoints), Models(device, max_models), Busy(max_busy)
@@ -635,6 +682,12 @@ def bind(host, port):
 
 def is_loopback(sock):
     return ipaddress.ip_address(sock.getsockname()[0]).is_loopback
+
+
+def allowed_hosts(host, sock):
+    """The Host names a loopback server answers: localhost's names (IPv4 and IPv6), the --host it was asked to bind
+    (127.0.0.2, a name in /etc/hosts) and the address it is bound to (the one url_of prints)."""
+    return (*LOOPBACK_NAMES, host, sock.getsockname()[0])
 
 
 def url_of(sock):
@@ -694,7 +747,7 @@ def serve(checkpoints="checkpoints", host="127.0.0.1", port=8000, device="auto",
     pick_device(device)  # an impossible --device fails now, not on the first request
     sock = bind(host, port)
     local = is_loopback(sock)
-    app = create_app(checkpoints, device, hosts=LOOPBACK_NAMES if local and sock.family == socket.AF_INET else None)
+    app = create_app(checkpoints, device, hosts=allowed_hosts(host, sock) if local else None)
     say(f"chargpt playground: {url_of(sock)}  (runs from {Path(checkpoints).resolve()}; Ctrl-C stops)")
     if not local:
         say(f"warning: serving on {host}: anyone who can reach this machine on port {sock.getsockname()[1]} can "
