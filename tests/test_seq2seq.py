@@ -343,7 +343,7 @@ def rewrite_meta(src, dst, change):
     (lambda m, t: m.update(task="poetry"), "unknown task 'poetry'"),
     (lambda m, t: m.pop("pair_markers"), "pair markers are not U+E000 and U+E001"),
     (lambda m, t: m.update(task="text"), "an encoder-decoder needs the pairs task"),
-    (lambda m, t: m["model_config"].update(n_enc_layer=10**6), "does not match the tensors stored with it"),
+    (lambda m, t: m["model_config"].update(n_enc_layer=10**6), "more layers than a checkpoint holds"),
     (lambda m, t: m["model_config"].update(block_size=2**30), "does not match the tensors stored with it"),
     (lambda m, t: m["model_config"].update(pos_emb="learned"), "does not match the tensors stored with it"),
 ])
