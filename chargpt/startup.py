@@ -3,7 +3,7 @@
     from chargpt.startup import quiet_start   # first thing in an entry point (train.py, python -m chargpt)
     quiet_start()
 
-The installed commands (chargpt, chargpt-train, ...; pyproject.toml) start through the functions at the end.
+The installed commands (chargpt, chargpt-train, ...; pyproject.toml) start through chargpt/__main__.py.
 
 Until the command begins its work (cli.run_guarded calls work_begins), SIGINT ends the process at once with
 "interrupted" and status 130: nothing has been written yet, and an import cut short by a KeyboardInterrupt
@@ -31,30 +31,3 @@ def work_begins():
             signal.signal(signal.SIGINT, signal.default_int_handler)
     except ValueError:  # not the main thread
         pass
-
-
-def _command(name):
-    """The click command `name` of chargpt.cli, imported with a Ctrl-C meanwhile exiting quietly."""
-    quiet_start()
-    from . import cli
-    return getattr(cli, name)
-
-
-def chargpt():
-    _command("main")(prog_name="chargpt")
-
-
-def train():
-    _command("train_cli")()
-
-
-def sample():
-    _command("sample_cli")()
-
-
-def bench():
-    _command("bench_cli")()
-
-
-def serve():
-    _command("serve_cli")()

@@ -36,7 +36,7 @@ def test_python_dash_m_chargpt_lists_the_subcommands():
 def test_console_script_and_plots_extra_are_declared():
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["scripts"]["chargpt"] == "chargpt.startup:chargpt"  # a Ctrl-C while it starts is quiet
+    assert project["scripts"]["chargpt"] == "chargpt.__main__:chargpt"  # a Ctrl-C while it starts is quiet
     assert any(d.startswith("matplotlib") for d in project["optional-dependencies"]["plots"])
     extras = project["optional-dependencies"]
     assert any(d.startswith("chargpt[") and "plots" in d for d in extras["test"])  # the tests install the plots

@@ -88,7 +88,8 @@ def main(argv=None, prog=None):
         from .pairs import pairs
         report = pairs(args)
     elif args.init_from:
-        from .quality import init_from_quality, parse_sets
+        from .quality import init_from_quality
+        from .speed import parse_sets
         report = init_from_quality(args.init_from, args.data, args.base_time, args.max_time, args.device,
                                    parse_sets(args.set), args.out_dir)
     else:

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .quality import parse_sets
-from .speed import machine
+from .speed import machine, parse_sets
 
 # pairs: decoder-only against encoder-decoder at about the same size (a decoder block has 12 C^2 weights, an encoder
 # block 12 C^2, a cross-attending decoder block 16 C^2: 5 layers = 60 C^2 against 2 + 2 = 56 C^2)

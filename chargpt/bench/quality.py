@@ -1,12 +1,11 @@
 """The quality benchmark: learning at a fixed time budget, one run per candidate setting
-(`python -m chargpt.bench quality`), and the `--set NAME=VALUE` overrides every mode shares."""
+(`python -m chargpt.bench quality`), and the --init-from comparison (`--set NAME=VALUE`: speed.parse_sets)."""
 
 import sys
 import tempfile
-from dataclasses import fields
 from pathlib import Path
 
-from ..config import ModelConfig, TrainConfig, field_type
+from .speed import machine, parse_sets
 
 
 def quality_run(args, sets):
@@ -48,7 +47,6 @@ def init_from_quality(base_data, new_data, base_time=120.0, new_time=30.0, devic
     from ..evaluate import evaluate
     from ..rundir import resolve
     from ..training import train
-    from .speed import machine
     work, sets = Path(work or tempfile.mkdtemp(prefix="chargpt-init-from-")), sets or {}
     common = dict(sample_chars=0, device=device, curves=False, log=lambda m: print(m, file=sys.stderr), **sets)
     base = train(data=base_data, out_dir=str(work / "base"), max_time=base_time, **common)
@@ -68,20 +66,3 @@ def init_from_quality(base_data, new_data, base_time=120.0, new_time=30.0, devic
 def read_candidates(path):
     return [ln.split("#", 1)[0].strip() for ln in Path(path).read_text(encoding="utf-8").splitlines()
             if ln.split("#", 1)[0].strip()]
-
-
-def parse_sets(items):
-    """['n-embd=192', 'optimizer=muon'] -> {'n_embd': 192, 'optimizer': 'muon'}, typed as the config fields."""
-    out = {}
-    for item in items:
-        key, _, value = item.partition("=")
-        out[key.replace("-", "_")] = type_of(key.replace("-", "_"))(value)
-    return out
-
-
-def type_of(name):
-    for f in fields(ModelConfig) + fields(TrainConfig):
-        if f.name == name:
-            t = field_type(f)
-            return (lambda v: v.lower() in ("1", "true", "yes")) if t is bool else t
-    raise SystemExit(f"unknown setting {name}")

@@ -22,16 +22,16 @@ import platform
 import statistics
 import tempfile
 import time
+from dataclasses import fields
 
 import torch
 
-from ..config import ModelConfig, SampleSettings, TrainConfig
+from ..config import ModelConfig, SampleSettings, TrainConfig, field_type
 from ..model import CharGPT
 from ..optim import make_optimizer
 from ..quantize import inference_model
 from ..runtime import CPU_BF16_ENV, autocast, cpu_bf16_override, cpu_has_native_bf16, has_native_bf16
 from ..sampling import decode
-from .quality import parse_sets
 
 SHAPES = {  # name: (model config, batch size)
     "4x128 ctx64 b12": (ModelConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128, dropout=0.0), 12),
@@ -409,3 +409,21 @@ def profile(args, device):
 
 
 QUICK_SHAPE_FLAGS = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, dropout=0.0)
+
+
+# --- --set NAME=VALUE (profile, quality) ---------------------------------------------------------------------------
+def parse_sets(items):
+    """['n-embd=192', 'optimizer=muon'] -> {'n_embd': 192, 'optimizer': 'muon'}, typed as the config fields."""
+    out = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        out[key.replace("-", "_")] = type_of(key.replace("-", "_"))(value)
+    return out
+
+
+def type_of(name):
+    for f in fields(ModelConfig) + fields(TrainConfig):
+        if f.name == name:
+            t = field_type(f)
+            return (lambda v: v.lower() in ("1", "true", "yes")) if t is bool else t
+    raise SystemExit(f"unknown setting {name}")
