@@ -322,6 +322,10 @@ class Trainer:
                 self.log(line)
         if not any(note.startswith("new budget") for note in self.notes):
             self.log(f"budget: {describe_budget(cfg, self.state)}")
+        if cfg.lr_schedule != "inverse-sqrt" and self.state.budget_lr is None and cfg.warmup_iters >= cfg.max_iters:
+            self.log(f"warning: the warmup ({param('warmup_iters', cfg.warmup_iters)}) does not end before the budget "
+                     f"({param('max_iters', cfg.max_iters)}): the learning rate only rises and never decays; give a "
+                     f"larger {param('max_iters')} or a smaller {param('warmup_iters')}")
         self.eval_period = eval_period(cfg, self.settings.source("eval_interval"))  # None: by steps alone
         if self.eval_period:
             self.log(f"evaluating every {self.eval_period:.3g} s of training (1/{EVALS_PER_BUDGET} of --max-time)"

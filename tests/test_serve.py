@@ -485,6 +485,23 @@ def test_item3_host_names_are_parsed_with_ports_and_brackets():
     assert serve.host_name("LocalHost:80") == "localhost" and serve.host_name("127.0.0.1") == "127.0.0.1"
     client = TestClient(serve.create_app(Path("."), device="cpu"), base_url="http://[::1]:8000")
     assert client.get("/api/status").status_code == 200
+    for junk in ("[::1]evil:8000", "[::1]:8000@evil.example", "[::1]:80x"):  # nothing but :PORT after the bracket
+        assert serve.host_name(junk) == "", junk
+
+
+def test_static_serves_the_page_files_only(client):
+    assert client.get("/static/app.js").status_code == 200 and client.get("/static/style.css").status_code == 200
+    for name in ("server.py", "__init__.py", "index.html"):  # the package's Python is not the page's
+        r = client.get(f"/static/{name}")
+        assert r.status_code == 404 and "app.js, style.css" in r.json()["error"]
+
+
+def test_lone_surrogates_in_a_request_are_one_clear_error(client):
+    for path, body in (("/api/generate", '{"run": "tiny", "prompt": "\\ud800"}'),
+                       ("/api/generate", '{"run": "tiny", "prompt": "a", "stop": ["\\udc00"]}'),
+                       ("/api/inside", '{"run": "tiny", "text": "\\ud800"}')):
+        r = client.post(path, content=body, headers={"Content-Type": "application/json"})
+        assert r.status_code == 400 and "lone UTF-16 surrogate" in r.json()["error"], (path, r.text)
 
 
 def test_item9_deep_json_and_huge_integers_are_one_clear_error(client):

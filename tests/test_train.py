@@ -136,3 +136,15 @@ def test_progress_speeds_leave_out_evaluation_time(tmp_path, corpus, monkeypatch
     speed = float(re.search(r"chars/s=([\d,]+)", trainer.bar.postfix).group(1).replace(",", ""))
     assert speed > 2 * trainer.chars_per_step  # 10 steps in under 5 s (with 200 s of evaluation: < 0.05)
     assert trainer.bar.format_dict["elapsed"] < 100  # the bar's clock, behind its steps/s and ETA, too
+
+
+def test_a_budget_shorter_than_the_warmup_is_said_at_start(tmp_path, corpus):
+    """60 steps with the cpu preset's 100 warmup steps: the rate would only rise; the start-up log says so."""
+    logs = []
+    tiny = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=1, threads=1,
+                sample_chars=0, dtype="float32", curves=False)
+    chargpt.train(data="corpus.txt", out_dir="short", max_iters=6, warmup_iters=10, log=logs.append, **tiny)
+    assert any(line.startswith("warning: the warmup (warmup_iters=10) does not end before the budget") for line in logs)
+    logs.clear()
+    chargpt.train(data="corpus.txt", out_dir="long", max_iters=6, warmup_iters=2, log=logs.append, **tiny)
+    assert not any(line.startswith("warning: the warmup") for line in logs)

@@ -5,7 +5,7 @@
 
 const $ = (id) => document.getElementById(id);
 const state = { runs: [], run: null, job: null, inside: null, layer: 0, head: 0, pinned: null,
-                plotted: new Set(), metrics: {}, unit: "bpc", poll: null, colours: {},
+                plotted: new Set(), listed: new Set(), waiting: null, metrics: {}, unit: "bpc", poll: null, colours: {},
                 writeReq: 0, insideReq: 0, detailReq: 0 };  // a request whose number is not the latest is stale
 const COLOURS = ["#2456c9", "#d2462b", "#1b8a5a", "#8e44ad", "#c98a00", "#00838f", "#6d4c41", "#c2185b"];
 const LN2 = Math.log(2);
@@ -83,7 +83,14 @@ async function loadRuns() {
   picker.value = state.run;
   renderFacts();
   renderWriteMode();
-  if (state.plotted.size === 0) names.forEach((n) => state.plotted.add(n));
+  // every run the page has not listed before is plotted (the first listing, and runs that appear later); a run
+  // unticked by hand stays unticked
+  names.filter((n) => !state.listed.has(n)).forEach((n) => { state.listed.add(n); state.plotted.add(n); });
+  if (!names.length && !state.waiting) {  // an empty folder: look again until its first run appears
+    state.waiting = setInterval(() => loadRuns().then(() => {
+      if (state.runs.length) { clearInterval(state.waiting); state.waiting = null; }
+    }).catch(() => {}), 3000);
+  }
 }
 
 function newest(runs) { return runs.reduce((a, b) => (b.updated > a.updated ? b : a)); }
@@ -207,7 +214,8 @@ function sourceLines(text) {
 }
 
 async function onGenerate() {
-  if (!state.run || document.body.dataset.state === "generating") return;
+  if (document.body.dataset.state === "generating") return;
+  if (!state.run) { status("write-status", "no run to write with yet: train one first (python train.py)", true); return; }
   const req = ++state.writeReq;  // from here on, only this request's output is shown
   const stale = () => req !== state.writeReq;
   const body = writeSettings();
@@ -237,6 +245,7 @@ async function onGenerate() {
       done = await generate({...body, prompt: lines[line]}, (start) => {
         if (stale()) return;
         state.job = {id: start.id, prompt: pairs ? "" : start.prompt, texts, seed: start.seed, warning: start.warning};
+        if (body.seed === null || body.seed === undefined) body.seed = start.seed;  // every line: the seed shown
         if (!nodes.length) {
           const n = start.settings.num_samples, name = pairs ? "translation" : "sample";
           nodes = Array.from({length: n}, (_, i) => {
@@ -259,7 +268,7 @@ async function onGenerate() {
       if (stale()) return;
       chars += done.chars;
       seconds += done.seconds;
-      if (done.error || done.stopped) break;
+      if (done.error || done.stopped || state.stopWanted) break;
     }
     if (!done) {
       status("write-status", state.stopWanted ? "stopped" : "nothing to translate: type a sentence, one per line",
@@ -267,8 +276,10 @@ async function onGenerate() {
       return;
     }
     const rate = seconds > 0 ? Math.round(chars / seconds) : 0;
-    const what = done.error ? `stopped by an error: ${done.error}` : done.stopped ? "stopped" : "done";
-    const count = pairs && lines.length > 1 ? ` · ${lines.length} lines` : "";
+    const stopped = done.stopped || state.stopWanted;
+    const what = done.error ? `stopped by an error: ${done.error}` : stopped ? "stopped" : "done";
+    const reached = Math.min(line + 1, lines.length);
+    const count = pairs && lines.length > 1 ? (stopped ? ` · line ${reached} of ${lines.length}` : ` · ${lines.length} lines`) : "";
     status("write-status", `${what}${count} · ${chars} characters in ${fmt(seconds, 2)} s (${rate} chars/s) · ` +
       `seed ${state.job.seed}` + (state.job.warning ? ` · ${state.job.warning}` : ""), Boolean(done.error));
     $("to-inside").disabled = false;
@@ -329,7 +340,8 @@ function markUnknown(prompt, found) {
 
 async function onStop() {
   $("stop-button").disabled = true;
-  if (!state.job) { state.stopWanted = true; return; }
+  state.stopWanted = true;  // a translation between two lines stops before the next one
+  if (!state.job) return;
   await api("/api/stop", {id: state.job.id}).catch(() => {});  // already finished: nothing to stop
 }
 

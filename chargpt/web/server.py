@@ -71,8 +71,7 @@ try:  # the optional web extra; serve() names it when it is missing
     from starlette.middleware import Middleware
     from starlette.requests import ClientDisconnect
     from starlette.responses import FileResponse, JSONResponse, StreamingResponse
-    from starlette.routing import Mount, Route
-    from starlette.staticfiles import StaticFiles
+    from starlette.routing import Route
     WEB_MISSING = None
 except ImportError as e:
     WEB_MISSING = e.name
@@ -288,7 +287,25 @@ async def read_json(request, limit=MAX_BODY_BYTES):
         raise RequestError(400, "request body nests arrays or objects too deeply; send a flat JSON object") from None
     if not isinstance(value, dict):
         raise RequestError(400, "request body must be a JSON object")
+    if _has_surrogate(value):  # "\ud800" is valid JSON but no character: nothing could encode it back
+        raise RequestError(400, "request body holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not a "
+                                "character; send the text as UTF-8")
     return value
+
+
+def _has_surrogate(value):
+    """Whether any string in a parsed JSON value holds a lone surrogate (walked with a stack: no recursion)."""
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, str):
+            if any("\ud800" <= c <= "\udfff" for c in v):
+                return True
+        elif isinstance(v, dict):
+            todo += [*v.keys(), *v.values()]
+        elif isinstance(v, list):
+            todo += v
+    return False
 
 
 def _no_constant(name):
@@ -444,8 +461,18 @@ def state(request):
     return request.app.state
 
 
+PAGE_FILES = ("app.js", "style.css")  # what /static/ serves: the page's own files, not the package's Python
+
+
 async def index(request):
     return FileResponse(WEB / "index.html")
+
+
+async def static_file(request):
+    name = request.path_params["name"]
+    if name not in PAGE_FILES:
+        raise RequestError(404, f"no file {clipped(name, 80)!r} here; the page uses {', '.join(PAGE_FILES)}")
+    return FileResponse(WEB / name)
 
 
 async def list_runs(request):
@@ -590,7 +617,8 @@ def host_name(header):
     """The host part of a Host header: 'localhost:8000' -> 'localhost', '[::1]:8000' -> '::1', lower-cased."""
     header = header.strip().lower()
     if header.startswith("["):  # an IPv6 literal, bracketed because of the port's colon
-        return header[1:].partition("]")[0]
+        literal, _, rest = header[1:].partition("]")
+        return literal if rest == "" or (rest.startswith(":") and rest[1:].isdigit()) else ""  # nothing else after
     return header.rpartition(":")[0] if header.count(":") == 1 else header
 
 
@@ -631,7 +659,7 @@ class SecurityHeaders:
 def create_app(checkpoints, device="auto", hosts=LOOPBACK_NAMES, max_busy=MAX_BUSY, max_models=MAX_MODELS):
     """The Starlette app serving the runs under `checkpoints`. hosts: the Host names it answers (None: any)."""
     need_web()
-    routes = [Route("/", index), Mount("/static", StaticFiles(directory=WEB), name="static"),
+    routes = [Route("/", index), Route("/static/{name}", static_file),
               Route("/api/runs", list_runs), Route("/api/runs/{name}", run_details),
               Route("/api/runs/{name}/metrics", run_metrics), Route("/api/generate", generate, methods=["POST"]),
               Route("/api/stop", stop, methods=["POST"]), Route("/api/inside", inside, methods=["POST"]),
