@@ -105,10 +105,10 @@ def _validates(t):
     """Which text validated, as the run split it (runs from before --val-split: the tail)."""
     fraction = t.get("val_fraction", 0.1)
     if t.get("task") == "pairs":
-        return f"{fraction:g} of the pairs, at random, validate"
+        return f"{fraction:.0%} of the pairs, at random, for validation"
     if run_val_split(t) == "tail":
-        return f"last {fraction:g} validates"
-    return f"{fraction:g} validates, in blocks spread through it"
+        return f"the last {fraction:.0%} for validation"
+    return f"{fraction:.0%} for validation, in blocks spread through it"
 
 
 def format_info(info):
@@ -139,7 +139,7 @@ def format_info(info):
             ("best val loss", best + (f", {info['evaluations']} evaluations" if info["evaluations"] else "")),
             ("corpus", f"{info['corpus'] or '?'} ({t.get('data') or 'built-in'}, {t.get('encoding', 'utf-8')}, "
                        f"{_validates(t)})" if t else info["corpus"] or "unknown"),
-            *([("started from", f"{describe_lineage(info['init_from'])}; {info['init_from'].get('added_chars', 0)} "
+            *([("started from", f"{describe_lineage(info['init_from'])}; {info['init_from'].get('added_chars', 0):,} "
                                 f"characters added to its vocabulary")] if info.get("init_from") else []),
             ("saved", info["saved_at"] or "unknown"),
             ("files", ", ".join(f"{name} {_size(n)}" for name, n in info["files"].items()))]

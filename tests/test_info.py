@@ -95,8 +95,8 @@ def test_info_bad_input_is_one_line(tmp_path, args, needle):
 def test_info_counts_processes_in_good_english_and_names_the_split(tiny_run):
     text = format_info(run_info(tiny_run))
     assert "per step, on 1 process)" in text and "1 processes" not in text
-    assert "0.1 validates, in blocks spread through it" in text
+    assert "10% for validation, in blocks spread through it" in text
     info = run_info(tiny_run)
     old = {**info, "processes": 2, "train_config": {k: v for k, v in info["train_config"].items() if k != "val_split"}}
     text = format_info(old)
-    assert "on 2 processes)" in text and "last 0.1 validates" in text  # a run from before --val-split: the tail
+    assert "on 2 processes)" in text and "the last 10% for validation" in text  # a run from before --val-split: the tail

@@ -388,8 +388,10 @@ async function onAnalyse(end = null) {
     $("inside-result").hidden = false;
     const shown = data.window < data.chars.length ? `; attention over characters ${data.window_start} to ` +
       `${data.window_start + data.window - 1}, one context window (click a character to move it there)` : "";
-    status("inside-status", `${data.chars.length} characters, mean surprise ${fmt(data.mean_bits)} bits/char ` +
-      `(a uniform guess: ${fmt(data.scale)})${shown}`);
+    const unseen = (data.unknown || []).length;  // not in the vocabulary: outlined, and not in the mean
+    const scored = unseen ? `; ${unseen.toLocaleString()} of them unknown to this model, not scored` : "";
+    status("inside-status", `${data.chars.length.toLocaleString()} characters${scored}, mean surprise ` +
+      `${fmt(data.mean_bits)} bits/char (a uniform guess: ${fmt(data.scale)})${shown}`);
   } catch (err) {
     if (req !== state.insideReq) return;
     clearInside();  // the message alone: no earlier analysis under it
@@ -825,7 +827,7 @@ function lineage(r) {
   if (!b) return [];
   const val = typeof b.val_loss === "number" ? `, val loss ${fmt(b.val_loss, 4)}` : "";
   return [el("p", {class: "hint lineage", text: `started from ${b.path} (${b.weights || "?"} weights, step ` +
-    `${b.step ?? 0} on ${b.corpus || "?"}${val}); ${b.added_chars ?? 0} characters added to its vocabulary`})];
+    `${b.step ?? 0} on ${b.corpus || "?"}${val}); ${(b.added_chars ?? 0).toLocaleString()} characters added to its vocabulary`})];
 }
 
 // --- wiring --------------------------------------------------------------------------------------------------
