@@ -207,7 +207,7 @@ class EncodedCorpus:
     @property
     def key(self):
         """The cache key (a hash of the corpus bytes): runs record it, to find their text again (chargpt.novelty)."""
-        return self.ids_path.stem
+        return self.ids_path.name.split(".")[0]  # <key>.bin, or <key>.in-<vocab>.bin remapped for --init-from
 
     @property
     def cache_dir(self):

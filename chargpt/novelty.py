@@ -32,7 +32,6 @@ when it lies inside a span of at least min_span characters that occurs in the sp
 
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -548,7 +547,12 @@ def run_corpus(meta, data=None, cache_dir=None, run="the run", log=print):
 
 
 def _same_vocab(corpus, meta, run):
-    if corpus.vocab != meta["vocab"]:  # the guard for runs saved before they recorded their corpus key
+    """The corpus, if its vocabulary is the run's: the guard for runs saved before they recorded their corpus key.
+    A run started from another (--init-from) trains in the base's vocabulary extended by its corpus's characters,
+    so there the corpus's characters need only be among the run's (the text is scored in the corpus's own ids)."""
+    from .init_from import read_lineage
+    within = read_lineage(meta) is not None and all(c in meta["vocab"].stoi for c in corpus.vocab.chars)
+    if corpus.vocab != meta["vocab"] and not within:
         raise DataError(f"the corpus found for {run} has a different vocabulary ({len(corpus.vocab):,} characters "
                         f"against its {len(meta['vocab']):,}): not the text it trained on; pass --data FILE with it")
     return corpus
@@ -665,7 +669,9 @@ def bench_one(n_chars=None, data=None, sample_chars=1000, seed=0, builder="auto"
 
 
 def _peak_rss():
-    """This process's peak resident memory in bytes (Linux reports KiB, macOS bytes)."""
+    """This process's peak resident memory in bytes (Linux reports KiB, macOS bytes). The benchmark's only: the
+    resource module is POSIX's, so it is imported here and not where Windows would fail to import chargpt.novelty."""
+    import resource
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
 

@@ -313,6 +313,11 @@ def _resumed_configs(meta, settings: Settings):
         raise ConfigError(f"--resume: the run was trained with --val-split {saved_train['val_split']}; another split "
                           f"would train on its validation text; drop --val-split, or train a new run with another "
                           f"--out-dir")
+    saved_fraction = saved_train.get("val_fraction", TrainConfig.val_fraction)
+    if train_kw.get("val_fraction", saved_fraction) != saved_fraction:
+        raise ConfigError(f"--resume: the run was trained with --val-fraction {saved_fraction:g}; another fraction "
+                          f"moves the split and would train on its validation text; drop --val-fraction, or train a "
+                          f"new run with another --out-dir")
     if "max_iters" in train_kw and "max_time" not in train_kw:
         train_kw["max_time"] = None  # a step budget alone lifts the run's old time budget
     tcfg = TrainConfig(**{**saved_train, **train_kw, "resume": True}).validate()

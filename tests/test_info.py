@@ -99,4 +99,4 @@ def test_info_counts_processes_in_good_english_and_names_the_split(tiny_run):
     info = run_info(tiny_run)
     old = {**info, "processes": 2, "train_config": {k: v for k, v in info["train_config"].items() if k != "val_split"}}
     text = format_info(old)
-    assert "on 2 processes)" in text and "the last 10% for validation" in text  # a run from before --val-split: the tail
+    assert "on 2 processes)" in text and "the last 10% for validation" in text  # from before --val-split: the tail

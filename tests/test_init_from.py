@@ -16,6 +16,7 @@ from chargpt import rundir
 from chargpt.checkpoint import load_model, read_meta
 from chargpt.cli import train_cli
 from chargpt.config import ModelConfig
+from chargpt.errors import DataError
 from chargpt.evaluate import evaluate
 from chargpt.init_from import transplant
 from chargpt.model import build_model
@@ -232,3 +233,17 @@ def test_the_init_from_benchmark_runs_on_tiny_sizes(tmp_path, corpus, new_text):
     rows = [r for r in report.splitlines() if r.startswith("| from")]
     assert [r.split(" | ")[0] for r in rows] == ["| from the base", "| from scratch"]
     assert all(float(r.split(" | ")[2]) > 0 for r in rows)
+
+
+def test_novelty_of_a_fine_tuned_run_scores_against_its_own_training_text(tmp_path, tiny_run, new_text):
+    """The run's ids live in the base's extended vocabulary, its corpus cache in the corpus's own: chargpt novelty
+    finds the corpus by the key the run recorded and scores in the corpus's characters (text and pairs runs)."""
+    from chargpt import novelty
+    train(data=str(new_text), out_dir="ft", init_from=str(tiny_run), max_iters=2, eval_interval=2)
+    index = novelty.for_run(tmp_path / "ft", log=lambda m: None)
+    line = NEW_TEXT.splitlines()[3] + "\n" + NEW_TEXT.splitlines()[4]
+    report = index.score(line, 20)
+    assert report.summary()["longest"] >= 20 and report.summary()["copied_fraction"] + report.summary()[
+        "val_copied_fraction"] > 0.9
+    with pytest.raises(DataError, match="hash differs"):  # another text is still refused
+        novelty.for_run(tmp_path / "ft", data=str(tiny_run.parent / "corpus.txt"), log=lambda m: None)

@@ -112,7 +112,7 @@ def test_training_says_which_split_and_warns_about_characters_only_validation_ha
     logs.clear()
     chargpt.train(data=str(data), out_dir="blocks", max_iters=2, eval_interval=2, log=logs.append, **TINY_KW)
     text = "\n".join(logs)
-    assert "stretches spread through the corpus" in text and "warning" not in text
+    assert "stretches spread through the corpus" in text and "warning: the validation text" not in text
 
 
 def test_the_closing_sample_starts_from_a_line_of_validation_text(tmp_path):
@@ -154,6 +154,9 @@ def test_an_old_run_resumes_and_evaluates_with_the_tail_split_it_was_trained_on(
     # a new run on the same file validates in blocks; a resumed one never changes its split
     with pytest.raises(ConfigError, match="trained with --val-split tail"):
         chargpt.train(data=str(data), out_dir="run", resume=True, max_iters=8, val_split="blocks",
+                      log=lambda m: None, **TINY_KW)
+    with pytest.raises(ConfigError, match="trained with --val-fraction 0.1; another fraction moves the split"):
+        chargpt.train(data=str(data), out_dir="run", resume=True, max_iters=8, val_fraction=0.2,
                       log=lambda m: None, **TINY_KW)
 
 
