@@ -54,6 +54,11 @@ INDEX_VERSION = 1
 DEFAULT_MIN_SPAN = 20
 BLOCK = 32  # characters compared per step of the vectorised searches
 ROWS = 1 << 16  # text positions searched together (their working arrays: ~BLOCK x 24 bytes each)
+# The binary searches compare at most this many characters. A text copied at length L would otherwise cost every
+# one of its L positions O(L) compares per step, O(L^2) in all; past the cap, a copied stretch is followed once,
+# linearly, from where it was found (extend_capped): the text a position shares with the corpus at p, its next
+# position shares at p + 1.
+SEARCH_CAP = 1024
 EXCERPT_CHARS = 80  # of a copied span shown from the corpus (with up to CONTEXT_CHARS before it)
 CONTEXT_CHARS = 20
 MAX_SPANS = 1000  # spans listed per text (its share and longest count them all)
@@ -294,13 +299,15 @@ def check_min_span(min_span):
 
 
 # --- scoring ----------------------------------------------------------------------------------------------------
-def matching_statistics(text, sa, query, block=BLOCK):
+def matching_statistics(text, sa, query, block=BLOCK, cap=SEARCH_CAP):
     """-> (starting, where), (m,) int64 each: for every position i of `query` (ids; NO_MATCH matches nothing),
     the length of the longest prefix of query[i:] that occurs in `text` at one of the positions `sa` lists (in
     sorted order), and one position of `text` where it does.
 
     All m binary searches run together: lo/hi bound where query[i:] goes among the sorted suffixes (-1 and n are
-    virtual ends), llo/lhi are its common prefix with them, and each comparison starts past min(llo, lhi)."""
+    virtual ends), llo/lhi are its common prefix with them, and each comparison starts past min(llo, lhi) and stops
+    at `cap` characters (longer matches: extend_capped). A match found past the cap is the one at the position the
+    search stopped at, so its length is exact there and a lower bound for the text at large."""
     n, m = len(sa), len(query)
     starting, where = np.zeros(m, np.int64), np.zeros(m, np.int64)
     if n == 0 or m == 0:
@@ -308,11 +315,35 @@ def matching_statistics(text, sa, query, block=BLOCK):
     q = np.asarray(query, dtype=np.int64)
     for first in range(0, m, ROWS):  # positions are independent: a long text goes in groups, in bounded memory
         rows = np.arange(first, min(m, first + ROWS))
-        starting[rows], where[rows] = _search(text, sa, q, rows, block)
+        starting[rows], where[rows] = _search(text, sa, q, rows, block, cap)
+    extend_capped(text, q, starting, where, cap, block)
     return starting, where
 
 
-def _search(text, sa, q, rows, block):
+def extend_capped(text, q, starting, where, cap, block):
+    """Positions whose search stopped at `cap` get their match followed to its end, in place: the first of a run
+    of such positions is compared on from where it was found, and each next one inherits that match, one shorter
+    (query[i + k:] occurs at where[i] + k). Each copied stretch is read once: linear in its length."""
+    n, m = len(text), len(q)
+    chain_end = chain_at = -1  # the current stretch: query[i:chain_end] occurs at chain_at + (i - chain_start)
+    chain_start = 0
+    for i in np.flatnonzero(starting >= cap):
+        if i < chain_end - cap:  # inside a stretch already followed: at least the rest of it
+            starting[i], where[i] = chain_end - i, chain_at + (i - chain_start)
+            continue
+        length, p = int(starting[i]), int(where[i])
+        while i + length < m and p + length < n:  # compare on, a block at a time
+            k = min(block * 64, m - i - length, n - p - length)
+            differ = np.flatnonzero(np.asarray(text[p + length:p + length + k], dtype=np.int64)
+                                    != q[i + length:i + length + k])
+            if len(differ):
+                length += int(differ[0])
+                break
+            length += k
+        starting[i], chain_start, chain_at, chain_end = length, i, p, i + length
+
+
+def _search(text, sa, q, rows, block, cap):
     """matching_statistics for the positions `rows` of q."""
     n, r = len(sa), len(rows)
     lo, hi = np.full(r, -1, np.int64), np.full(r, n, np.int64)
@@ -325,7 +356,7 @@ def _search(text, sa, q, rows, block):
             break
         mid = (lo[act] + hi[act]) // 2
         start = np.asarray(sa[mid], dtype=np.int64)
-        common, less = _compare(text, start, q, rows[act], np.minimum(llo[act], lhi[act]), block)
+        common, less = _compare(text, start, q, rows[act], np.minimum(llo[act], lhi[act]), block, cap)
         down, up = act[less], act[~less]
         hi[down], lhi[down] = mid[less], common[less]
         lo[up], llo[up] = mid[~less], common[~less]
@@ -337,9 +368,10 @@ def _search(text, sa, q, rows, block):
     return starting, where
 
 
-def _compare(text, start, q, qstart, depth, block):
+def _compare(text, start, q, qstart, depth, block, cap):
     """Compare query[qstart:] with text[start:] from `depth` on (both agree before it) -> (common prefix length,
-    whether the query sorts first), a block of characters per step for every row still equal."""
+    whether the query sorts first), a block of characters per step for every row still equal. A row equal for
+    `cap` characters stops there (as if the query sorted after)."""
     n, m = len(text), len(q)
     common, less = depth.copy(), np.zeros(len(start), bool)
     todo, span = np.arange(len(start)), np.arange(block)
@@ -356,6 +388,9 @@ def _compare(text, start, q, qstart, depth, block):
         less[done] = qv[found, k] < tv[found, k]
         common[todo[~found]] += block
         todo = todo[~found]  # a query ends (NO_MATCH) before any corpus character: every row finishes
+        reached = common[todo] >= cap
+        common[todo[reached]] = cap
+        todo = todo[~reached]
     return common, less
 
 

@@ -86,6 +86,24 @@ def test_matching_statistics_against_brute_force():
             assert got == max([j - i + 1 for i in range(j + 1) if starting[i] >= j - i + 1], default=0)
 
 
+def test_long_copied_stretches_are_followed_past_the_search_cap():
+    """A text copied at length L is searched to SEARCH_CAP characters a position, then followed once: the same
+    lengths and sources as an uncapped search, and a whole copied corpus scores in linear time."""
+    rng = np.random.default_rng(2)
+    ids = rng.integers(0, 16, 3000).astype(np.uint16)  # random: long matches are unique
+    query = np.concatenate([ids[100:1100], rng.integers(0, 16, 50), ids[2000:2600], [-1], ids[5:40]])
+    sa = novelty.suffix_array(ids)
+    exact = novelty.matching_statistics(ids, sa, query, block=3, cap=10**9)
+    capped = novelty.matching_statistics(ids, sa, query, block=3, cap=8)
+    assert exact[0].tolist() == capped[0].tolist() and exact[0][0] >= 1000
+    for i in (0, 500, 1050, 1600):
+        n = int(capped[0][i])
+        assert ids[capped[1][i]:capped[1][i] + n].tolist() == query[i:i + n].tolist()
+    big = rng.integers(0, 60, 100_000).astype(np.uint16)
+    starting, _ = novelty.matching_statistics(big, novelty.suffix_array(big), big.astype(np.int64))  # not hours
+    assert starting[0] == len(big) and starting[-1] == 1 and (np.diff(starting) == -1).all()
+
+
 def _common(a, b):
     n = 0
     while n < min(len(a), len(b)) and a[n] == b[n]:
