@@ -225,9 +225,10 @@ def check_target(target, checkpoint, force):
                            f"replace it")
     if target.is_dir() and Path(checkpoint).resolve().is_relative_to(target.resolve()):
         raise ChargptError(f"--to {target} holds the checkpoint being exported; choose another folder")
-    if target.is_dir() and any(target.iterdir()) and not (target / "config.json").is_file():
-        raise ChargptError(f"--to {target} is not an earlier export (it has no config.json), and --force replaces "
-                           f"only those; choose a new folder")
+    marks = ("config.json", "model.safetensors", "tokenizer.json")  # what every export writes; a config.json alone
+    if target.is_dir() and any(target.iterdir()) and not all((target / m).is_file() for m in marks):  # is not one
+        raise ChargptError(f"--to {target} is not an earlier export (it lacks {', '.join(marks)}), and --force "
+                           f"replaces only those; choose a new folder")
 
 
 @contextlib.contextmanager

@@ -163,6 +163,9 @@ def test_cli_errors_are_one_line_and_leave_folders_alone(tmp_path):
         r = run_chargpt("export", "--checkpoint", ckpt, "--to", busy, *force)
         assert r.returncode == 1 and r.stderr.startswith("error: --to") and len(r.stderr.splitlines()) == 1
     assert [p.name for p in busy.iterdir()] == ["notes.txt"]
+    (busy / "config.json").write_text("{}")  # a config.json alone does not make a folder an export
+    r = run_chargpt("export", "--checkpoint", ckpt, "--to", busy, "--force")
+    assert r.returncode == 1 and "is not an earlier export" in r.stderr and (busy / "notes.txt").read_text() == "mine"
     r = run_chargpt("export", "--checkpoint", ckpt)
     assert r.returncode == 1 and r.stderr == "error: --to is required: the folder to write the export to\n"
 
