@@ -396,6 +396,10 @@ def init_settings(meta, settings: Settings, device_type, base_name):
     if base.arch == "encoder-decoder" and train_kw["task"] != "pairs":
         raise ConfigError(f"{param('init_from')}: the base model {base_name} is an encoder-decoder (a translator); "
                           f"it continues only as {param('task', 'pairs')}, or start from a decoder run")
+    if meta["task"] == "pairs" and train_kw["task"] == "text":
+        raise ConfigError(f"{param('init_from')}: the base model {base_name} was trained on sentence pairs; it "
+                          f"continues only on pairs ({param('task', 'pairs')}, a TSV of source<TAB>target lines), so "
+                          f"start a text run from a text run, or from scratch")
     cfg = TrainConfig(**{**train_kw, "preset": settings.preset}).validate()
     notes = [f"dropout {model['dropout']} (base: {base.dropout})"] if model["dropout"] != base.dropout else []
     if model["block_size"] != base.block_size:

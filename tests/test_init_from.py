@@ -247,3 +247,14 @@ def test_novelty_of_a_fine_tuned_run_scores_against_its_own_training_text(tmp_pa
         "val_copied_fraction"] > 0.9
     with pytest.raises(DataError, match="hash differs"):  # another text is still refused
         novelty.for_run(tmp_path / "ft", data=str(tiny_run.parent / "corpus.txt"), log=lambda m: None)
+
+
+def test_a_pairs_base_does_not_start_a_text_run(tmp_path, tiny_run):
+    """A translator's vocabulary holds the pair markers: as a text run it would write them into its text."""
+    pairs = tmp_path / "pairs.tsv"
+    write_cipher(pairs, 60)
+    train(data=str(pairs), task="pairs", out_dir="dec", init_from=str(tiny_run), max_iters=2, eval_interval=2,
+          eval_pairs=2)
+    with pytest.raises(chargpt.ConfigError, match="was trained on sentence pairs; it continues only on pairs"):
+        train(data=str(tiny_run.parent / "corpus.txt"), task="text", out_dir="back", init_from="dec", max_iters=2)
+    assert not (tmp_path / "back").exists()
