@@ -2,8 +2,9 @@
 
 A run with a --max-time budget does not know how many steps it will take, so a step interval from a preset
 (--eval-interval 250) gives a fast machine many evaluations and a slow one two or three: a three-point validation
-curve. Unless --eval-interval is given, such a run also evaluates whenever 1/EVALS_PER_BUDGET of its time budget
-has passed since the last evaluation, so every budget gets a real curve. Only the agreed clock decides (RunState
+curve. Unless --eval-interval is given, such a run evaluates instead whenever 1/EVALS_PER_BUDGET of its time budget
+has passed since the last evaluation (and at step 0 and the end), so every budget gets a real curve and no two
+evaluations fall a few steps apart. Only the agreed clock decides (RunState
 .elapsed, the same on every rank), so all ranks evaluate at the same step. Evaluations use their own random
 stream and no dropout: when they happen never changes the training itself.
 
@@ -15,7 +16,7 @@ import math
 
 from .config import TrainConfig
 
-EVALS_PER_BUDGET = 20  # evaluations over a time budget, at the least (the step interval may add more)
+EVALS_PER_BUDGET = 20  # evaluations over a time budget (with the first and the last: about 21)
 
 
 def eval_period(cfg: TrainConfig, interval_source):

@@ -397,7 +397,7 @@ def check_numbers(config):
 def check_paths(settings):
     """Path settings must not be empty strings: Path("") is the current folder, which is never what was meant."""
     defaults = {"data": "the built-in corpus", "out_dir": "checkpoints/<corpus name>", "cache_dir": "the default",
-                "config": "no config file",
+                "config": "no config file", "init_from": "random weights (a run from scratch)",
                 "target_data": "none (--data then holds source<TAB>target lines)"}
     for name, default in defaults.items():
         if settings.get(name) == "":

@@ -328,8 +328,8 @@ class Trainer:
                      f"larger {param('max_iters')} or a smaller {param('warmup_iters')}")
         self.eval_period = eval_period(cfg, self.settings.source("eval_interval"))  # None: by steps alone
         if self.eval_period:
-            self.log(f"evaluating every {self.eval_period:.3g} s of training (1/{EVALS_PER_BUDGET} of --max-time)"
-                     f" and every {cfg.eval_interval:,} steps; --eval-interval N for steps alone")
+            self.log(f"evaluating every {self.eval_period:.3g} s of training (1/{EVALS_PER_BUDGET} of --max-time); "
+                     f"--eval-interval N to evaluate every N steps instead")
         for note in self.notes:
             self.log(note)
 
@@ -438,8 +438,9 @@ class Trainer:
         while True:
             lr = lr_at(s.step, s.elapsed, self.cfg, s)
             reason = finished(self.cfg, s)
-            due = s.step % self.cfg.eval_interval == 0 or time_to_evaluate(s.elapsed, self.last_eval_at,
-                                                                           self.eval_period)
+            # by the clock under a time budget (cadence.py), else every eval_interval steps; both from step 0
+            due = s.step % self.cfg.eval_interval == 0 if self.eval_period is None else \
+                s.step == 0 or time_to_evaluate(s.elapsed, self.last_eval_at, self.eval_period)
             if (due or reason) and not s.evaluated:
                 with self._phase("1 evaluate and save"):  # at the interval, by the clock, and at the end
                     try:

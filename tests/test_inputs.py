@@ -68,6 +68,7 @@ BAD_TRAIN_INPUTS = [
     ("empty-data", dict(data=""), ConfigError, r"--data is an empty path; .*leave it out for the built-in corpus"),
     ("empty-out-dir", dict(out_dir=""), ConfigError, r"--out-dir is an empty path"),
     ("empty-cache-dir", dict(cache_dir=""), ConfigError, r"--cache-dir is an empty path"),
+    ("empty-init-from", dict(init_from=""), ConfigError, r"--init-from is an empty path; .*random weights"),
     # 9: seeds torch cannot take
     ("seed-1e23", dict(seed=10**23), ConfigError,
      rf"--seed must be a whole number from 0 to {MAX_SEED} \(2\*\*63 - 1\), got 100000000000000000000000"),
