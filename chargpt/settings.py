@@ -211,6 +211,14 @@ def _same(name, a, b):
     return a == b
 
 
+def _as_flag(name, value, alone=False):
+    """A model setting as its flag, in messages about a checkpoint's model: --n-layer 4, --no-bias (alone: the
+    value only, 4, for a flag that takes one)."""
+    if isinstance(value, bool):
+        return f"--{flag(name)}" if value else f"--no-{flag(name)}"
+    return str(value) if alone else f"--{flag(name)} {value}"
+
+
 def _spelled(name, value):
     """A setting as the user would give it: --n-layer 4, --no-bias, --sample-prompt 'ROMEO:' (n_layer=4 from
     Python)."""
@@ -295,8 +303,8 @@ def _resumed_configs(meta, settings: Settings):
         raise ConfigError(f"--resume continues the run's own weights and optimizer; {param('init_from')} starts a "
                           f"new run from another's weights: drop one of them")
     model_kw, train_kw = split_overrides(settings.merged())
-    clashes = [f"--{flag(k)} {v}" + (f" from {settings.source(k)}" if settings.source(k) != FLAGS else "")
-               + f" (checkpoint: {getattr(saved_model, k)})" for k, v in model_kw.items()
+    clashes = [_as_flag(k, v) + (f" from {settings.source(k)}" if settings.source(k) != FLAGS else "")
+               + f" (checkpoint: {_as_flag(k, getattr(saved_model, k), alone=True)})" for k, v in model_kw.items()
                if k != "dropout" and getattr(saved_model, k) != v]
     if clashes:
         raise ConfigError(f"--resume: flags disagree with the checkpoint's model: {'; '.join(clashes)}; "
@@ -380,8 +388,8 @@ def init_settings(meta, settings: Settings, device_type, base_name):
              for k, v in values.items()}
     model_given, _ = split_overrides(given)
     _, train_kw = split_overrides(settings.merged())
-    clashes = [f"--{flag(k)} {v}" + (f" from {settings.source(k)}" if settings.source(k) != FLAGS else "")
-               + f" (base: {getattr(base, k)})" for k, v in model_given.items()
+    clashes = [_as_flag(k, v) + (f" from {settings.source(k)}" if settings.source(k) != FLAGS else "")
+               + f" (base: {_as_flag(k, getattr(base, k), alone=True)})" for k, v in model_given.items()
                if k not in ("dropout", "block_size") and getattr(base, k) != v]
     if clashes:
         raise ConfigError(f"{param('init_from')}: settings disagree with the base model {base_name}: "
