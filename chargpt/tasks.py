@@ -41,11 +41,13 @@ class Text:
         self.closing_prompt = cfg.sample_prompt or val_snippet(ids, self.split, corpus.vocab)
         return Batches(ids, cfg.val_fraction, mcfg.block_size, cfg.batch_size, device, self.split)
 
-    def describe_split(self, corpus, cfg):
-        """Start-up lines: which text validates, and a warning when it holds characters training never shows."""
+    def describe_split(self, corpus, cfg, known=()):
+        """Start-up lines: which text validates, and a warning when it holds characters training never shows (and,
+        for a run started from another, its base never learned: `known`)."""
         vocab = corpus.vocab
         lines = [self.split.describe(corpus.length)]
         unseen = [vocab.chars[int(i)] for i in unseen_in_training(corpus.ids(), self.split, len(vocab))]
+        unseen = [c for c in unseen if c not in known]
         if unseen:
             shown = " ".join(repr(c) for c in unseen[:12]) + (f" and {len(unseen) - 12} more" if len(unseen) > 12
                                                               else "")
@@ -96,7 +98,7 @@ class Pairs:
     def describe_corpus(self, corpus):
         return f"{corpus.n_pairs:,} sentence pairs, {corpus.length:,} characters"
 
-    def describe_split(self, corpus, cfg):
+    def describe_split(self, corpus, cfg, known=()):
         return []  # pairs: a shuffled split of whole pairs (chargpt.pairs)
 
     def describe_examples(self, mcfg):

@@ -169,6 +169,7 @@ class Trainer:
         self.task = make_task(self.cfg)
         self._setup_hardware()
         self.corpus = self._prepare_corpus(model_kw["block_size"])
+        self.distinct = len(self.corpus.vocab)  # the corpus's own characters (an --init-from run's vocabulary grows)
         self._run_vocab(meta)
         if resume and meta["vocab"] != self.corpus.vocab:
             raise ConfigError(f"--resume: the corpus's vocabulary ({len(self.corpus.vocab)} characters) differs from "
@@ -291,7 +292,7 @@ class Trainer:
 
     def _log_start(self, meta):
         cfg, mcfg, corpus = self.cfg, self.mcfg, self.corpus
-        self.log(f"corpus: {corpus.name} — {self.task.describe_corpus(corpus)}, {len(corpus.vocab):,} distinct"
+        self.log(f"corpus: {corpus.name} — {self.task.describe_corpus(corpus)}, {self.distinct:,} distinct"
                  + (" (built-in default: the Python help topics from pydoc_data; pass --data FILE for your own "
                     "text)" if cfg.data is None else f" ({cfg.data})"))
         self.log(f"device: {self.device}, {self.dtype_reason}" + (f", {self.threads} threads" if self.threads else "")
@@ -318,7 +319,8 @@ class Trainer:
                  f"{global_batch} {self.task.describe_examples(mcfg)} = {self.chars_per_step:,.0f} chars/step; "
                  f"run dir: {self.out_dir}")
         if self.dist.is_main:  # which text validates (and what only it holds): a pass over the corpus, once
-            for line in self.task.describe_split(corpus, cfg):
+            known = self.base.vocab.stoi if self.base is not None else ()  # what the base run already learned
+            for line in self.task.describe_split(corpus, cfg, known):
                 self.log(line)
         if not any(note.startswith("new budget") for note in self.notes):
             self.log(f"budget: {describe_budget(cfg, self.state)}")
