@@ -436,14 +436,10 @@ def index_corpus(corpus, val_fraction, log=print, split=None):
         from .pairs import split_pairs
         train_rows, val_rows = split_pairs(corpus.n_pairs, val_fraction)
         tag = f"{len(val_rows)}"
-        full = None
+        whole = _whole_index(corpus, ids, log)
 
         def part(rows):
-            nonlocal full
-            if full is None:
-                log(f"indexing the {len(ids):,} characters of {corpus.name} for novelty (once per corpus)"
-                    + _builder_note(corpus.vocab))
-                full = suffix_array(ids)
+            full = whole()
             in_split = np.zeros(corpus.n_pairs, bool)
             in_split[rows] = True
             example = np.searchsorted(line_ends, full, side="left")  # pair i holds positions up to its END
@@ -473,20 +469,30 @@ def index_corpus(corpus, val_fraction, log=print, split=None):
     return Novelty(corpus.vocab, ids, splits, line_ends)
 
 
+def _whole_index(corpus, ids, log):
+    """-> a function giving the suffix array of the whole corpus, built on the first call only: the splits that
+    keep their positions of it (pairs, blocks) share one build, and a split found in the cache needs none."""
+    built = []
+
+    def whole():
+        if not built:
+            log(f"indexing the {len(ids):,} characters of {corpus.name} for novelty (once per corpus)"
+                + _builder_note(corpus.vocab))
+            built.append(suffix_array(ids))
+        return built[0]
+    return whole
+
+
 def _index_blocks(corpus, split, line_ends, log):
     """The --val-split blocks indexes: one suffix array of the whole corpus, kept per split to the positions in its
     stretches (as for pairs). A span may run on across the line end where a stretch meets the next one (at most
     one per block of SPLIT_CHARS): a rare slight overcount of the longest spans, for one array instead of two."""
     cache, key, ids = corpus.cache_dir, corpus.key, corpus.ids()
     tag = f"b{split.block_chars}-{split.size('val')}"  # names the split: its block length and validation size
-    full = None
+    whole = _whole_index(corpus, ids, log)
 
     def part(segs):
-        nonlocal full
-        if full is None:
-            log(f"indexing the {len(ids):,} characters of {corpus.name} for novelty (once per corpus)"
-                + _builder_note(corpus.vocab))
-            full = suffix_array(ids)
+        full = whole()
         inside = np.zeros(len(ids), bool)
         for a, b in segs:
             inside[a:b] = True

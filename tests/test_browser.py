@@ -397,12 +397,7 @@ def test_write_marks_the_text_a_sample_copied_with_its_source_line(browser, tmp_
                   max_iters=40, eval_interval=20, learning_rate=1e-2, warmup_iters=2, log=lambda *a: None,
                   **webutil.TINY)
     with serve.running(serve.create_app(root, device="cpu")) as url:
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.set_default_timeout(WAIT_MS)
-        errors = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(url)
-        page.wait_for_selector("body[data-ready='1']")
+        page, errors = open_page(browser, url)
         page.check("#novelty")
         write(page, "a", temperature=0, length=60)
         page.wait_for_selector("#outputs[data-novelty='done']")

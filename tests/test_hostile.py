@@ -14,9 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
+import test_faults as faults
 import torch
 from click.testing import CliRunner
-from conftest import ROOT, TINY, run_chargpt, run_cli
+from conftest import ROOT, run_chargpt, run_cli
 from pairsutil import train_pairs, write_cipher
 
 import chargpt
@@ -25,33 +26,16 @@ from chargpt import rundir, textio
 from chargpt.config import ModelConfig, check_model_fits, estimated_params
 from chargpt.errors import ChargptError, ConfigError, DataError
 
-TINY_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
-               threads=1, sample_chars=0, dtype="float32", warmup_iters=0, curves=False)
+TINY_KW = {**faults.TINY_KW, "curves": False}
 
 
 def quiet_train(**kw):
     return chargpt.train(log=lambda msg: None, **{"data": "corpus.txt", **TINY_KW, **kw})
 
 
-def start_training(tmp_path, *args):
-    """A real `python train.py` process (output to files: a full pipe would block it)."""
-    out, err = open(tmp_path / "stdout.txt", "w"), open(tmp_path / "stderr.txt", "w")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), "--data", "corpus.txt", "--out-dir", "run",
-                             *TINY, *args], stdout=out, stderr=err, env=env)
-    out.close(), err.close()
-    return proc
-
-
 def wait_for(condition, proc, tmp_path, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if proc.poll() is not None:
-            pytest.fail(f"training exited early ({proc.returncode}): {(tmp_path / 'stderr.txt').read_text()}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail("training made no progress")
-        time.sleep(0.001)
+    """test_faults.wait_for, polling every millisecond: the saves these tests catch last tens of milliseconds."""
+    return faults.wait_for(condition, proc, tmp_path, timeout, poll=0.001)
 
 
 def finish(proc, timeout=60):
@@ -76,7 +60,7 @@ SLOW_SAVE = ["--n-layer", "6", "--n-embd", "256", "--n-head", "4", "--max-iters"
 # --- 1. two or three signals during the final save ----------------------------------------------------------------
 def test_item1_a_second_signal_during_the_final_save_waits_for_it(tmp_path, corpus):
     run = tmp_path / "run"
-    proc = start_training(tmp_path, *SLOW_SAVE, "--save-state", "end", "--eval-interval", "100000")
+    proc = faults.start_training(tmp_path, *SLOW_SAVE, "--save-state", "end", "--eval-interval", "100000")
     wait_for(lambda: (run / rundir.METRICS).exists(), proc, tmp_path)  # evaluated at step 0; now training
     proc.send_signal(signal.SIGTERM)
     wait_for(saving_state(run), proc, tmp_path)  # the final save has begun
@@ -91,7 +75,7 @@ def test_item1_a_second_signal_during_the_final_save_waits_for_it(tmp_path, corp
 
 def test_item1_a_third_signal_abandons_the_save_and_keeps_the_last_complete_one(tmp_path, corpus):
     run = tmp_path / "run"
-    proc = start_training(tmp_path, *SLOW_SAVE, "--eval-interval", "100000")  # state saved at step 0
+    proc = faults.start_training(tmp_path, *SLOW_SAVE, "--eval-interval", "100000")  # state saved at step 0
     wait_for(lambda: (run / rundir.STATE).exists(), proc, tmp_path)
     wait_for(lambda: not saving_state(run)(), proc, tmp_path)
     proc.send_signal(signal.SIGTERM)
@@ -234,7 +218,7 @@ def test_item5_a_model_that_cannot_fit_is_refused_before_building(tmp_path, corp
 
 # --- 6. a signal during a long evaluation, or during pairs scoring --------------------------------------------------
 def test_item6_a_signal_during_evaluation_stops_it_at_once(tmp_path, corpus):
-    proc = start_training(tmp_path, "--eval-iters", "1000000", "--max-iters", "10")  # minutes of evaluation
+    proc = faults.start_training(tmp_path, "--eval-iters", "1000000", "--max-iters", "10")  # minutes of evaluation
     wait_for(lambda: "run dir:" in (tmp_path / "stderr.txt").read_text(), proc, tmp_path)
     time.sleep(1.0)  # well inside the first evaluation
     t0 = time.monotonic()
