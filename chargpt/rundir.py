@@ -198,10 +198,14 @@ def _acquire(path, wait):
     return _Unlocked()
 
 
+OWNER_BYTES = 4096  # the .owner file holds {"pid": ..., "host": ...}: anything longer is not one
+
+
 def _read_holder(directory):
     """-> (how the message names the training that holds directory's lock, whether it runs on another machine)."""
     try:
-        info = json.loads((Path(directory) / OWNER).read_text(encoding="utf-8"))
+        with open(Path(directory) / OWNER, "rb") as f:  # a few dozen bytes; never more than OWNER_BYTES read
+            info = json.loads(f.read(OWNER_BYTES).decode("utf-8"))
         pid, host = int(info["pid"]), str(info["host"])
     except (OSError, ValueError, KeyError, TypeError):
         return "a process that is still starting", False
