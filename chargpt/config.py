@@ -5,8 +5,9 @@ SampleSettings says how to choose characters. The CLIs generate one flag per fie
 with the `help` metadata as its help line (flag_specs), so a field added here is a documented flag everywhere.
 
 Defaults: a field's dataclass default is its value on a GPU (the classic 10.7M-parameter Shakespeare model);
-PRESETS names starting points over them, "cpu" among them, which a run without a GPU starts from: --help shows
-both defaults where they differ. chargpt/settings.py layers defaults, preset, config file and flags.
+PRESETS names starting points over them, "auto" among them, which a run without a GPU starts from (its model sized
+at start by chargpt/sizing.py): --help shows both defaults where they differ. chargpt/settings.py layers defaults,
+preset, config file and flags.
 PRESETS also holds transformer-base (the 2017 paper's model) and transformer-small (its CPU-sized sibling).
 Validation lives here too, once per dataclass; messages name a setting with param(), which spells it as the
 user did: `--n-layer` on the command line, `n_layer` from Python.
@@ -38,6 +39,8 @@ OPTIMIZERS = ("adamw", "muon")
 LR_SCHEDULES = ("cosine", "wsd", "inverse-sqrt")
 SAVE_STATES = ("eval", "end")
 COMPILE_CHOICES = ("auto", "on", "off")
+AUTO_BUDGET_S = 150.0  # --preset auto's time budget when none is given: `python train.py` ends in about 3 minutes
+SIZED = ("n_layer", "n_embd", "n_head", "block_size", "batch_size", "dropout", "max_iters")  # what auto chooses
 THREADS_PER_CPU = 4  # --threads above this many per CPU is a typo: torch only slows down, and crashes near 100000
 
 
@@ -71,7 +74,7 @@ def param(name, value=_NO_VALUE):
 
 # --- presets: named starting points for every setting -------------------------------------------------------
 # name -> {field: value}, over the dataclass defaults (the GPU's: shakespeare-char is exactly them); flags and
-# --config override a preset. Without --preset the device picks one (device_preset): cpu, or shakespeare-char on
+# --config override a preset. Without --preset the device picks one (device_preset): auto, or shakespeare-char on
 # CUDA. Each has a one-line description in PRESET_ABOUT; --help and docs/runs.md give their sizes.
 # The 2017 Transformer ("Attention Is All You Need", Table 3, base) at character level: 6 + 6 layers x 512, 8 heads,
 # feed-forward 2048 (our MLP is 4 x --n-embd: exactly 2048 at 512), dropout 0.1, sinusoidal positions, embeddings x
@@ -82,13 +85,20 @@ def param(name, value=_NO_VALUE):
 TRANSFORMER = dict(task="pairs", arch="encoder-decoder", pos_emb="sinusoidal", emb_scale=True, norm="post",
                    activation="relu", dropout=0.1, label_smoothing=0.1, beta2=0.98, weight_decay=0.0,
                    lr_schedule="inverse-sqrt")
+# "auto" (chargpt/sizing.py) is the cpu preset's optimiser and schedule, a time budget instead of a step budget, and
+# the model sized at start from that budget, this machine's measured speed and the corpus; the model settings
+# here (the cpu preset's) are what a run keeps when there is nothing to size by (sentence pairs).
+_CPU_TRAINING = dict(learning_rate=4e-3, optimizer="muon", muon_lr=0.01, lr_schedule="wsd", eval_interval=250,
+                     eval_iters=20)
 PRESETS = {
+    "auto": dict(n_layer=2, n_head=4, n_embd=128, block_size=128, dropout=0.0, batch_size=16, **_CPU_TRAINING,
+                 max_time=AUTO_BUDGET_S, max_iters=UNLIMITED),
     "tiny": dict(n_layer=2, n_head=2, n_embd=64, block_size=32, dropout=0.0, batch_size=16, learning_rate=3e-3,
                  max_iters=300, warmup_iters=20, eval_interval=100, eval_iters=10, sample_chars=200),
     # the setting that learned most in a fixed two minutes in searches on 2-core CPUs (benchmarks/RESULTS.md):
     # Muon for the block matrices at 0.01 and AdamW at 4e-3 for the rest, warmup-stable-decay, context 128
-    "cpu": dict(n_layer=2, n_head=4, n_embd=128, block_size=128, dropout=0.0, batch_size=16, learning_rate=4e-3,
-                optimizer="muon", muon_lr=0.01, lr_schedule="wsd", max_iters=3000, eval_interval=250, eval_iters=20),
+    "cpu": dict(n_layer=2, n_head=4, n_embd=128, block_size=128, dropout=0.0, batch_size=16, **_CPU_TRAINING,
+                max_iters=3000),
     "shakespeare-char": {},
     # GPT-2 small's shape and optimiser (AdamW at 6e-4 decaying to 6e-5, beta2 0.95, 2000 warmup steps, as in
     # nanoGPT's GPT-2 config) over characters at context 1024. 32 x 1024 characters per step; dropout 0.1 against
@@ -105,9 +115,12 @@ PRESETS = {
                               eval_interval=250, eval_iters=20),
 }
 PRESET_ABOUT = {
+    "auto": f"the default without a GPU: the model (2 x 64 up to 6 x 384), context, batch, dropout and steps sized "
+            f"at start for the time budget (--max-time, default {AUTO_BUDGET_S:g} s), this machine's measured speed "
+            f"and the corpus; the cpu preset's optimiser and schedule",
     "tiny": "tests and demos: 300 steps, seconds on any CPU; writes word-like text, not sense",
-    "cpu": "the default without a GPU: learned most in two minutes in a search on a 2-core CPU; Muon (0.01) and "
-           "AdamW (4e-3), warmup-stable-decay; 3000 steps of 16 x 128 characters",
+    "cpu": "a fixed model, --preset auto's for short budgets: learned most in two minutes in a search on a 2-core "
+           "CPU; Muon (0.01) and AdamW (4e-3), warmup-stable-decay; 3000 steps of 16 x 128 characters",
     "shakespeare-char": "the default on a CUDA GPU: nanoGPT's classic shakespeare-char recipe, dropout 0.2; 5000 "
                         "steps of 64 x 256 characters",
     "gpt2-small-char": "GPT-2 small's shape and optimiser (learning rate 6e-4 to 6e-5, beta2 0.95, 2000 warmup "
@@ -123,7 +136,7 @@ PRESET_ABOUT = {
 
 def device_preset(device_type):
     """The preset a run without --preset starts from: what suits the device found."""
-    return "shakespeare-char" if device_type == "cuda" else "cpu"
+    return "shakespeare-char" if device_type == "cuda" else "auto"
 
 
 @dataclass
@@ -179,7 +192,7 @@ class ModelConfig:
 class TrainConfig:
     # where the settings come from (chargpt/settings.py): defaults <- preset <- config file <- flags
     preset: str | None = opt(None, "named settings to start from (listed below, with their sizes); flags and "
-                                   "--config override it [default: cpu, or shakespeare-char on a CUDA GPU]",
+                                   "--config override it [default: auto, or shakespeare-char on a CUDA GPU]",
                              choices=tuple(PRESETS))
     config: str | None = opt(None, "TOML file of settings, its keys the flag names (n-layer = 4); it overrides "
                                    "--preset, and flags override it. A run directory's config.toml repeats that run")
@@ -208,7 +221,7 @@ class TrainConfig:
     max_iters: int = opt(5000, "optimizer steps to train for")
     max_time: float | None = opt(None, "wall-clock budget in seconds of training from this command on (with "
                                        "--resume: more time); the learning-rate schedule is fitted to it and training "
-                                       "stops (and saves) when it is spent [default: none]")
+                                       "stops (and saves) when it is spent")
     learning_rate: float = opt(1e-3, "peak learning rate (AdamW)")
     min_lr: float | None = opt(None, "final learning rate of the decay [default: learning rate / 10]")
     warmup_iters: int = opt(100, "steps of linear warmup")
@@ -530,8 +543,12 @@ def flag_specs(cls):
         if f.metadata.get("flag") is False:
             continue
         typ, help_ = field_type(f), f.metadata["help"]
-        if f.name in PRESETS["cpu"]:
-            help_ += f" [default: {PRESETS['cpu'][f.name]} on CPU, {f.default} on GPU]"
+        if f.name in SIZED:
+            help_ += f" [default: sized by --preset auto on CPU, {f.default} on GPU]"
+        elif f.name == "max_time":
+            help_ += f" [default: {AUTO_BUDGET_S:g} on CPU (--preset auto), none on GPU]"
+        elif f.name in PRESETS["auto"]:
+            help_ += f" [default: {PRESETS['auto'][f.name]} on CPU, {f.default} on GPU]"
         elif f.default is not None and typ is not bool and "[default" not in help_:
             help_ += f" [default: {f.default}]"
         specs.append(FlagSpec(f.name, flag(f.name), typ, f.default, help_, f.metadata.get("choices"),

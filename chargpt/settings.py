@@ -21,7 +21,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI (a dependency there)
     import tomli as tomllib
 
-from . import config
+from . import config, sizing
 from .config import (
     PRESET_ABOUT,
     PRESETS,
@@ -171,7 +171,19 @@ class Settings:
             source = self.source("preset")
         self.preset, self.preset_source = named or device_preset(device_type), source
         self.device_type = device_type
-        self.layers.insert(0, (f"preset {self.preset}", PRESETS[self.preset]))
+        values = PRESETS[self.preset]
+        if "max_time" in values and "max_iters" in self.given() and "max_time" not in self.given():
+            # a step budget given lifts the preset's time budget (as --max-time alone lifts a step budget)
+            values = {k: v for k, v in values.items() if k not in ("max_time", "max_iters")}
+        self.layers.insert(0, (f"preset {self.preset}", values))
+
+    def given(self):
+        """{name: value} of what a config file or the flags set (not a preset); a step limit lifted by --max-time
+        alone (no_step_limit) is not a step budget given."""
+        values = {k: v for source, layer in self.layers if not source.startswith("preset ") for k, v in layer.items()}
+        if values.get("max_iters", 0) >= UNLIMITED:
+            del values["max_iters"]
+        return values
 
     def keep_changes(self, saved):
         """For --resume: keep, from the preset and the config file, only values that differ from the run's `saved`
@@ -189,7 +201,7 @@ class Settings:
         below = {f.name: f.default for cls in (ModelConfig, TrainConfig) for f in fields(cls)}
         for i, (source, values) in enumerate(self.layers):
             later = {k for _, higher in self.layers[i + 1:] for k in higher}
-            shown = [_spelled(k, v) for k, v in values.items() if k not in later and below.get(k) != v
+            shown = [spelled(k, v) for k, v in values.items() if k not in later and below.get(k) != v
                      and k not in ("preset", "config") and not (k == "max_iters" and v >= UNLIMITED)]
             below.update(values)
             where = source if source != FLAGS else "the command line" if config._CLI_NAMES.get() else "arguments"
@@ -219,7 +231,7 @@ def _as_flag(name, value, alone=False):
     return str(value) if alone else f"--{flag(name)} {value}"
 
 
-def _spelled(name, value):
+def spelled(name, value):
     """A setting as the user would give it: --n-layer 4, --no-bias, --sample-prompt 'ROMEO:' (n_layer=4 from
     Python)."""
     if not config._CLI_NAMES.get():
@@ -446,13 +458,25 @@ def config_toml(mcfg: ModelConfig, tcfg: TrainConfig):
 # --- the presets, described ------------------------------------------------------------------------------------
 def preset_params(name, vocab_size=65):
     """Parameters of the model preset `name` builds at a vocabulary of `vocab_size` characters (tiny Shakespeare
-    has 65), counted on torch's meta device: nothing is allocated, so even the largest costs nothing."""
+    has 65), counted on torch's meta device: nothing is allocated, so even the largest costs nothing. For auto,
+    whose model is sized at start: (smallest, largest) of its rungs."""
+    if name == "auto":
+        return tuple(model_params(r.model_settings(), vocab_size) for r in (sizing.RUNGS[0], sizing.RUNGS[-1]))
+    return model_params(split_overrides(PRESETS[name])[0], vocab_size)
+
+
+def model_params(model_kw, vocab_size=65):
     import torch
 
     from .model import build_model
-    model_kw, _ = split_overrides(PRESETS[name])
     with torch.device("meta"):
         return build_model(ModelConfig(**{**model_kw, "vocab_size": vocab_size})).num_params()
+
+
+def describe_params(name, vocab_size=65):
+    """'0.43M', or auto's range '0.11M-10.77M'."""
+    n = preset_params(name, vocab_size)
+    return "-".join(f"{x / 1e6:.2f}M" for x in n) if isinstance(n, tuple) else f"{n / 1e6:.2f}M"
 
 
 def preset_table(vocab_size=65):
@@ -460,8 +484,8 @@ def preset_table(vocab_size=65):
     lines = [f"Presets (--preset NAME; parameters at a vocabulary of {vocab_size} characters, as tiny Shakespeare's):"]
     for name in PRESETS:
         model_kw, _ = split_overrides(PRESETS[name])
-        m = ModelConfig(**model_kw)
-        lines.append(f"  {name:<17} {preset_params(name, vocab_size) / 1e6:6.2f}M parameters: {describe_model(m)}")
+        shape = "sized at start" if name == "auto" else describe_model(ModelConfig(**model_kw))
+        lines.append(f"  {name:<17} {describe_params(name, vocab_size):>12} parameters: {shape}")
         lines += textwrap.wrap(PRESET_ABOUT[name], 100, initial_indent=" " * 6, subsequent_indent=" " * 6,
                                break_on_hyphens=False)
     return lines

@@ -13,19 +13,20 @@ it; all decisions to stop (the budget, --patience, a signal) are taken together.
 chargpt/settings.py.
 """
 
+import json
 import math
 import signal
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from . import checkpoint as ckpt
-from . import errors, init_from, rundir
+from . import errors, init_from, rundir, sizing
 from .cadence import EVALS_PER_BUDGET, RunningLoss, eval_period, time_to_evaluate
 from .config import (
     UNLIMITED,
@@ -68,6 +69,7 @@ from .settings import (
     init_settings,
     resolve,
     resume_settings,
+    spelled,
 )
 from .tasks import make_task
 from .tokenizer import describe_chars
@@ -171,6 +173,9 @@ class Trainer:
         self.corpus = self._prepare_corpus(model_kw["block_size"])
         self.distinct = len(self.corpus.vocab)  # the corpus's own characters (an --init-from run's vocabulary grows)
         self._run_vocab(meta)
+        self.sizing_lines = []
+        if self.cfg.preset == "auto" and not resume and self.base is None:
+            model_kw = self._auto_size(model_kw)
         if resume and meta["vocab"] != self.corpus.vocab:
             raise ConfigError(f"--resume: the corpus's vocabulary ({len(self.corpus.vocab)} characters) differs from "
                               f"the checkpoint's ({len(meta['vocab'])}); resume with the same --data")
@@ -183,6 +188,28 @@ class Trainer:
             self._restore(meta)
         self._wrap_model()
         self._log_start(meta)
+
+    def _auto_size(self, model_kw):
+        """--preset auto: the model for this corpus, budget and machine (chargpt/sizing.py), decided on rank 0 (its
+        speed measured there) for every rank -> model_kw; self.cfg and self.sizing_lines updated."""
+        if self.task.name != "text":
+            self.sizing_lines = ["auto: sentence pairs keep the cpu preset's model (sizing is fitted to text)"]
+            return model_kw
+        given, cfg = self.settings.given(), self.cfg
+        train_chars = int(self.corpus.length * (1 - cfg.val_fraction))
+        decided = ""
+        if self.dist.is_main:
+            probe = sizing.Probe(len(self.corpus.vocab), cfg, self.device, self.dtype)
+            plan = sizing.plan_run(cfg, given, train_chars, probe, self.dist.world_size)
+            model_kw, train_kw, kept = sizing.apply(plan, model_kw, {}, given)
+            lines = sizing.describe(plan, cfg.max_time, train_chars, kept, spelled)
+            if plan.warning:
+                lines.append(f"warning: {plan.warning}")
+            decided = json.dumps({"model": model_kw, "train": train_kw, "lines": lines})
+        decided = json.loads(broadcast_str(decided, self.dist))
+        self.cfg = replace(cfg, **decided["train"]).validate()
+        self.sizing_lines = decided["lines"]
+        return decided["model"]
 
     def _run_vocab(self, meta):
         """A run started from another trains in the base's vocabulary extended by the corpus's new characters (on
@@ -298,7 +325,7 @@ class Trainer:
         self.log(f"device: {self.device}, {self.dtype_reason}" + (f", {self.threads} threads" if self.threads else "")
                  + (f", {self.dist.world_size} processes" if self.dist.enabled else "") + f"; {self.compile_reason}")
         self.log(describe_numerics(self.dtype, cfg.optimizer))
-        for line in self.settings.describe():
+        for line in self.settings.describe() + self.sizing_lines:
             self.log(line)
         if cfg.optimizer == "muon":
             self.log(f"optimizer: Muon (lr {cfg.muon_lr:g}, momentum {cfg.muon_momentum:g}) for the block matrices, "
@@ -323,7 +350,9 @@ class Trainer:
             for line in self.task.describe_split(corpus, cfg, known):
                 self.log(line)
         if not any(note.startswith("new budget") for note in self.notes):
-            self.log(f"budget: {describe_budget(cfg, self.state)}")
+            default = meta is None and str(self.settings.source("max_time")).startswith("preset ")
+            self.log(f"budget: {describe_budget(cfg, self.state)}" + (f" (the default of --preset {cfg.preset}; "
+                     f"--max-time SECONDS or --max-iters N for another)" if default else ""))
         if cfg.lr_schedule != "inverse-sqrt" and self.state.budget_lr is None and cfg.warmup_iters >= cfg.max_iters:
             self.log(f"warning: the warmup ({param('warmup_iters', cfg.warmup_iters)}) does not end before the budget "
                      f"({param('max_iters', cfg.max_iters)}): the learning rate only rises and never decays; give a "

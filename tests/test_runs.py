@@ -19,7 +19,7 @@ from chargpt.config import PRESET_ABOUT, PRESETS, ModelConfig, cli_names
 from chargpt.errors import ConfigError
 from chargpt.model import build_model
 from chargpt.runinfo import run_info
-from chargpt.settings import config_toml, preset_params, read_config_file, resolve, toml_value, tomllib
+from chargpt.settings import config_toml, describe_params, preset_params, read_config_file, resolve, toml_value, tomllib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUIET = dict(log=lambda *a: None)
@@ -59,16 +59,16 @@ def test_help_and_the_runs_guide_list_every_preset_with_its_size():
     readme = open(os.path.join(ROOT, "docs", "runs.md"), encoding="utf-8").read()
     assert "parameters at a vocabulary of 65 characters" in shown
     for name in PRESETS:
-        size = f"{preset_params(name) / 1e6:.2f}M"
+        size = describe_params(name)  # auto's: the range of its rungs, 0.11M-10.77M
         assert re.search(rf"^  {re.escape(name)} +{re.escape(size)} parameters", shown, re.M), name
         assert re.search(rf"^\| `{re.escape(name)}` \| {re.escape(size)} \|", readme, re.M), name
 
 
-def test_without_a_preset_the_device_picks_one_as_before():
+def test_without_a_preset_the_device_picks_one():
     (cpu_model, cpu_train, _), (gpu_model, gpu_train, _) = resolve({}, "cpu"), resolve({}, "cuda")
     cpu_model, gpu_model = ModelConfig(**cpu_model), ModelConfig(**gpu_model)
-    assert (cpu_train.preset, gpu_train.preset) == ("cpu", "shakespeare-char")
-    assert (cpu_model.n_layer, cpu_model.n_embd, cpu_train.batch_size) == (2, 128, 16)
+    assert (cpu_train.preset, gpu_train.preset) == ("auto", "shakespeare-char")  # auto sizes its model at start
+    assert (cpu_model.n_layer, cpu_model.n_embd, cpu_train.batch_size) == (2, 128, 16)  # until then, the cpu preset's
     assert (gpu_model.n_layer, gpu_model.n_embd, gpu_train.batch_size) == (6, 384, 64)
     tiny_model, tiny_train, _ = resolve({"preset": "tiny"}, "cuda")  # a preset named wins over the device's
     assert tiny_train.preset == "tiny" and tiny_model["n_embd"] == PRESETS["tiny"]["n_embd"]

@@ -9,7 +9,8 @@ from .speed import machine, parse_sets
 
 
 def quality_run(args, sets):
-    """Train with the defaults plus `sets` ({flag: value}) for --max-time seconds -> (full val loss, summary)."""
+    """Train with the defaults plus `sets` ({flag: value}) for --max-time seconds -> (full val loss, summary, with
+    "model": what was trained, e.g. '3 x 160, context 128, batch 16, dropout 0.1')."""
     from ..checkpoint import read_meta
     from ..evaluate import evaluate
     from ..rundir import resolve
@@ -17,24 +18,31 @@ def quality_run(args, sets):
     out = tempfile.mkdtemp(prefix="chargpt-quality-")
     # the tail split unless --set says otherwise: tiny Shakespeare's published numbers (and RESULTS.md's) use it
     summary = train(out_dir=out, data=args.data, max_time=args.max_time, sample_chars=0, device=args.device,
-                    log=lambda msg: None, **{"val_split": "tail", **sets})
+                    curves=False, log=lambda msg: None, **{"val_split": "tail", **sets})
     # consecutive windows (stride = context), as for the numbers already in benchmarks/RESULTS.md
-    block = read_meta(resolve(out))[0]["model_config"].block_size
-    val = evaluate(out, stride=block, device=args.device, progress=False)["loss"]
+    meta = read_meta(resolve(out))[0]
+    m, batch = meta["model_config"], meta["train_config"]["batch_size"]
+    summary["model"] = f"{m.n_layer} x {m.n_embd}, context {m.block_size}, batch {batch}, dropout {m.dropout:g}"
+    val = evaluate(out, stride=m.block_size, device=args.device, progress=False)["loss"]
     return val, summary
 
 
 def quality(args):
     """Learning at a fixed budget: one run per candidate (the defaults, then each line of --candidates: NAME=VALUE
-    pairs over the defaults and --set), each the full validation loss of its best checkpoint."""
+    pairs over the defaults and --set), each the full validation loss of its best checkpoint, and the loop's
+    estimates of the best and the final (a final far above the best: a run that ended overfit). Without a model
+    setting the defaults are --preset auto's choice for the budget (chargpt/sizing.py)."""
     base = parse_sets(args.set)
     candidates = [""] + (read_candidates(args.candidates) if args.candidates else [])
     rows = [f"quality: --max-time {args.max_time:g} on {args.data or 'the built-in corpus'}"
             + (f", over {' '.join(args.set)}" if args.set else ""), "",
-            "| settings | steps | full val loss | loop estimate |", "|---|---|---|---|"]
+            "| settings | model | steps | ms/step | full val loss | loop estimate: best | final |",
+            "|---|---|---|---|---|---|---|"]
     for line in candidates:
         val, summary = quality_run(args, {**base, **parse_sets(line.split())})
-        rows.append(f"| {line or '(defaults)'} | {summary['step']} | {val:.4f} | {summary['best_val_loss']:.4f} |")
+        ms = 1e3 * summary["chars_per_step"] / max(summary["chars_per_s"], 1e-9)
+        rows.append(f"| {line or '(defaults)'} | {summary['model']} | {summary['step']:,} | {ms:.1f} | {val:.4f} | "
+                    f"{summary['best_val_loss']:.4f} | {summary['val_loss']:.4f} |")
         print(rows[-1], file=sys.stderr, flush=True)  # a long search shows each result as it comes
     return "\n".join(rows)
 

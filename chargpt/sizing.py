@@ -1,0 +1,282 @@
+"""--preset auto, the default without a GPU: the model for this corpus, this machine and this time budget.
+
+    plan = choose(budget_s, step_seconds, train_chars)   # the rule: pure (step_seconds a function of a rung)
+    step_seconds = Probe(vocab_size, cfg, device, dtype)   # this machine's speed: a few timed steps per rung
+
+A fixed model is the wrong model for most runs. Compute-optimal size grows with compute (Kaplan et al. 2020;
+Hoffmann et al. 2022: about 20 tokens per parameter), so a longer budget wants a larger model; and a small corpus
+read many times over is memorised (nanoGPT's shakespeare_char run is best at step ~2,000 of 5,000), so a small
+corpus wants dropout, fewer passes and a model that cannot learn it by heart. The rule below is those two facts
+with constants fitted to a grid of rungs on tiny Shakespeare, CPython's standard library and a 40,000-character
+corpus, at 120 s and 600 s on a 2-core CPU (benchmarks/RESULTS.md, issue #22). It is a table and a few numbers,
+not a search: each rung's speed is measured here (a few steps, about a second), because machines differ several
+times over in speed and in how a step's cost grows with the model.
+
+The rule, in order:
+1. Climb RUNGS, from the smallest, while the next rung would still see TOKENS_PER_PARAM characters per block
+   parameter in the budget at its measured speed, and holds at most PARAMS_PER_CHAR block parameters per
+   training character (a larger one memorises a small corpus before it generalises).
+2. Dropout (DROPOUT) when the passes over the corpus the budget buys, times the model's block parameters per
+   training character, exceed MEMORISE: a model learns a text by heart the sooner the more it can hold of it.
+3. Past WARN_EPOCHS passes the log warns that the model may learn the text by heart (and what to do); past
+   MAX_EPOCHS the run ends there (a step budget, reached before the time budget; the schedule decays to it).
+Anything the user sets (a flag or a config file) wins over what the rule picks, for that setting alone.
+"""
+
+import statistics
+import time
+from dataclasses import dataclass, field, fields
+
+from .config import SIZED, UNLIMITED, ModelConfig
+
+HEAD_SIZE = 32  # channels per attention head in every rung (a given --n-embd gets heads of about this size)
+
+# Fitted (benchmarks/RESULTS.md, issue #22). Characters seen per block parameter below which a larger rung
+# loses to the one below it at the same budget:
+TOKENS_PER_PARAM = 3.0
+# A rung may hold at most this many block parameters per training character (on 40,000 characters with dropout:
+# 2 x 64, 2.7 a character, beat 2 x 96, 6.1, which beat 2 x 128, 11):
+PARAMS_PER_CHAR = 4.0
+# Dropout when passes over the training text x block parameters per training character exceed this: a model
+# learns text by heart sooner the more parameters it has per character. Measured: 40,000 characters, 2 x 128 was
+# best after ~13 passes (x 11 parameters a character: 143) and then only got worse, and dropout 0.2 fixed it; tiny
+# Shakespeare at 600 s, 4 x 256 (10 passes x 3.2 = 33) was the best run without dropout, and 4 x 192 with dropout
+# 0.2 lost 0.1 nats to it (dropout halves a CPU step and slows learning): 60 lies between
+MEMORISE = 60.0
+DROPOUT = 0.2  # shakespeare-char's; on the 40,000-character corpus it took 2 x 96 from overfit to still improving
+WARN_EPOCHS = 100.0  # more passes than this: the log warns that the model may memorise the text
+MAX_EPOCHS = 250.0  # more passes than this, even with dropout, only memorise: the run ends there
+
+PROBE_STEPS = 3  # timed steps per rung, after one untimed (the first call allocates and warms caches)
+PROBE_SHARE = 0.02  # measuring rungs may cost at most this share of the budget
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One model shape of the ladder, with the context and batch it trains with."""
+    n_layer: int
+    n_embd: int
+    block_size: int = 128
+    batch_size: int = 16
+
+    @property
+    def n_head(self):
+        return self.n_embd // HEAD_SIZE
+
+    @property
+    def params(self):
+        """Weights in the blocks (attention 4 d^2, MLP 8 d^2 a layer): what compute buys. The embeddings and the
+        head are left out, as in Kaplan et al.: their size follows the vocabulary, not the budget."""
+        return 12 * self.n_layer * self.n_embd ** 2
+
+    @property
+    def chars_per_step(self):
+        return self.block_size * self.batch_size
+
+    def flops(self):
+        """Rough work of a step (6 per parameter per character, plus attention): only to guess whether measuring
+        the next rung is worth its time."""
+        return self.chars_per_step * (6 * self.params + 12 * self.n_layer * self.block_size * self.n_embd)
+
+    def describe(self):
+        return f"{self.n_layer} x {self.n_embd}"
+
+    def model_settings(self, dropout=0.0):
+        return {"n_layer": self.n_layer, "n_embd": self.n_embd, "n_head": self.n_head, "block_size": self.block_size,
+                "dropout": dropout}
+
+
+# Small to large, each about 1.5-2x the work of the one below. Context 128 and batch 16 won the 2-minute search
+# on this CPU (RESULTS.md); the last rung is shakespeare-char's model, batch and context, the GPU default.
+RUNGS = (
+    Rung(2, 64),
+    Rung(2, 96),
+    Rung(2, 128),  # the cpu preset's model
+    Rung(3, 128),
+    Rung(3, 160),
+    Rung(4, 192),
+    Rung(4, 256),
+    Rung(5, 320),
+    Rung(6, 384, block_size=256, batch_size=64),
+)
+STEP_BUDGET_RUNG = RUNGS[1]  # a run given steps, not time (--max-iters alone), keeps the cpu preset's model
+
+
+@dataclass
+class Plan:
+    """What auto chose, and why: settings for the run, the estimates behind them, and the lines for the log."""
+    rung: Rung
+    settings: dict  # {field: value}: the model's shape, context, batch, dropout, and max_iters when capped
+    step_s: float | None = None  # measured seconds per step of the rung
+    steps: float | None = None  # steps the run takes: what the budget buys at that speed, or the cap
+    epochs: float | None = None  # passes over the training text in the run
+    reasons: list = field(default_factory=list)
+    warning: str | None = None
+    budget_steps: float | None = None  # steps the time budget buys at the measured speed
+
+
+def dropout_for(epochs, params_per_char):
+    """Dropout for a model of `params_per_char` block parameters per training character that would read the
+    training text `epochs` times without it."""
+    return DROPOUT if epochs * params_per_char > MEMORISE else 0.0
+
+
+def choose(budget_s, step_seconds, train_chars, world_size=1, grad_accum=1):
+    """The rule (module docstring). budget_s: seconds of training; step_seconds(rung, dropout) -> measured seconds
+    per optimizer step (called for each rung considered, smallest first); train_chars: characters of training
+    text. -> Plan."""
+    scale = world_size * grad_accum  # characters per step of one micro-batch on one process -> per optimizer step
+    picked, why_not = None, None
+    for i, rung in enumerate(RUNGS):
+        if picked is not None:
+            if rung.params > PARAMS_PER_CHAR * train_chars:
+                why_not = (f"{rung.describe()} has {rung.params / max(train_chars, 1):.1f} block parameters per "
+                           f"training character (at most {PARAMS_PER_CHAR:g}: it would memorise this corpus)")
+                break
+            guess = picked[1] * rung.flops() / RUNGS[i - 1].flops()  # its step, guessed from the last one measured
+            if guess * (PROBE_STEPS + 1) > PROBE_SHARE * budget_s:
+                why_not = f"{rung.describe()} is too slow for {budget_s:g} s (about {guess:.2g} s a step)"
+                break
+        step_s = step_seconds(rung, 0.0)
+        passes = budget_s / step_s * rung.chars_per_step * scale / max(train_chars, 1)
+        dropout = dropout_for(passes, rung.params / max(train_chars, 1))
+        if dropout:  # dropout's masks cost time too (on a CPU about as much as the rest of a small step)
+            step_s = step_seconds(rung, dropout)
+        chars = budget_s / step_s * rung.chars_per_step * scale
+        if picked is not None and chars < TOKENS_PER_PARAM * rung.params:
+            why_not = (f"{rung.describe()} would see {chars / rung.params:.1f} characters per block parameter (at "
+                       f"least {TOKENS_PER_PARAM:g} pay)")
+            break
+        picked = (rung, step_s, chars, dropout)
+    rung, step_s, chars, dropout = picked
+    steps = budget_s / step_s
+    epochs = chars / max(train_chars, 1)
+    settings = {**rung.model_settings(dropout), "batch_size": rung.batch_size}
+    plan = Plan(rung, settings, step_s, steps, epochs, budget_steps=steps)
+    plan.reasons.append(f"{chars / rung.params:.0f} characters per block parameter in the budget")
+    if dropout:
+        plan.reasons.append(f"dropout {dropout:g}: the budget reads the training text {epochs:.0f} times with "
+                            f"{rung.params / train_chars:.1f} block parameters per character")
+    if why_not:
+        plan.reasons.append(f"not larger: {why_not}")
+    if epochs > MAX_EPOCHS:
+        cap = max(1, int(MAX_EPOCHS * train_chars / (rung.chars_per_step * scale)))
+        settings["max_iters"] = cap
+        plan.epochs, plan.steps = MAX_EPOCHS, cap
+    if plan.epochs > WARN_EPOCHS:
+        stop = (f"the run stops at step {plan.steps:,.0f} ({MAX_EPOCHS:g} passes, about {plan.steps * step_s:.0f} s "
+                f"of the budget); --max-iters N trains longer anyway" if "max_iters" in settings else
+                f"dropout {dropout:g} holds it off for a while")
+        plan.warning = (f"the corpus is small for this budget: its {train_chars:,} training characters are read "
+                        f"{plan.epochs:.0f} times, and a model learns text read that often by heart; {stop}. More "
+                        f"text helps most; a shorter --max-time, or --patience N (stop when validation stops "
+                        f"improving), also keeps the model from memorising")
+    return plan
+
+
+def step_budget_plan(train_chars, max_iters, world_size=1, grad_accum=1):
+    """A run given steps, not time: the cpu preset's model (nothing to size by) -> Plan, with the warning if those
+    steps read the corpus so often that the model will memorise it."""
+    rung = STEP_BUDGET_RUNG
+    settings = {**rung.model_settings(), "batch_size": rung.batch_size}
+    epochs = max_iters * rung.chars_per_step * world_size * grad_accum / max(train_chars, 1)
+    plan = Plan(rung, settings, None, max_iters, epochs,
+                ["a step budget (--max-iters) gives nothing to size by; --max-time SECONDS sizes the model"])
+    if epochs > WARN_EPOCHS:
+        plan.warning = (f"{max_iters:,} steps read the {train_chars:,} training characters {epochs:.0f} times: the "
+                        f"model will memorise them; give more text, fewer steps, or --patience N")
+    return plan
+
+
+def heads_for(n_embd):
+    """A head count for a given width: heads of about HEAD_SIZE channels that divide it."""
+    return min((h for h in range(1, n_embd + 1) if n_embd % h == 0), key=lambda h: abs(n_embd / h - HEAD_SIZE))
+
+
+def plan_run(cfg, given, train_chars, probe, world_size=1):
+    """The Plan for a run of TrainConfig `cfg` whose settings `given` ({name: value}, from a flag or a config
+    file) win: sized by time (--max-time; the probe is measured), or by steps. Nothing is measured when the
+    user gave every setting of the model's size."""
+    if cfg.max_time is None:
+        return step_budget_plan(train_chars, cfg.max_iters, world_size, cfg.grad_accum)
+    if all(name in given for name in ("n_layer", "n_embd", "block_size", "batch_size")):
+        rung = Rung(given["n_layer"], given["n_embd"], given["block_size"], given["batch_size"])
+        epochs = cfg.max_iters * rung.chars_per_step * world_size * cfg.grad_accum / max(train_chars, 1) \
+            if cfg.max_iters < UNLIMITED else None
+        return Plan(rung, {}, None, None, epochs, ["the model's size is given: nothing to choose"])
+    return choose(cfg.max_time, probe, train_chars, world_size, cfg.grad_accum)
+
+
+def apply(plan, model_kw, train_kw, given):
+    """The plan's settings into the run's, but for those in `given` (set by a flag or a config file: they win)
+    -> (model_kw, train_kw, [(name, value)] of the user's settings auto left alone)."""
+    kept = [(name, given[name]) for name in SIZED if name in given and name in plan.settings]
+    chosen = {k: v for k, v in plan.settings.items() if k not in given}
+    if "n_embd" in given and "n_head" not in given:  # the rung's head count may not divide the width given
+        chosen["n_head"] = heads_for(given["n_embd"])
+    model_names = {f.name for f in fields(ModelConfig)}
+    model_kw = {**model_kw, **{k: v for k, v in chosen.items() if k in model_names}}
+    train_kw = {**train_kw, **{k: v for k, v in chosen.items() if k not in model_names}}
+    return model_kw, train_kw, kept
+
+
+def describe(plan, budget_s, train_chars, kept=(), spelled=lambda name, value: f"--{name} {value}"):
+    """The start-up lines: what auto chose, for what, why; the user's settings it left alone ([(name, value)])."""
+    s, r = plan.settings, plan.rung
+    if not s:
+        line = f"auto: the model's size is given ({r.describe()}, context {r.block_size}, batch {r.batch_size})"
+    else:
+        line = (f"auto: {r.describe()} ({r.params / 1e6:.2f}M block parameters), context {s['block_size']}, batch "
+                f"{s['batch_size']}, dropout {s['dropout']:g}")
+        if plan.step_s is None:
+            line += f" for {plan.steps:,.0f} steps on {train_chars:,} training characters: ~{plan.epochs:.1f} passes"
+        else:
+            line += (f" for {budget_s:g} s on {train_chars:,} training characters: {plan.step_s * 1e3:.0f} ms a step "
+                     f"measured, ~{plan.steps:,.0f} steps, ~{plan.epochs:.1f} passes")
+    lines = [line, "auto, why: " + "; ".join(plan.reasons)]
+    if kept:
+        lines.append("auto left to you: " + ", ".join(spelled(k, v) for k, v in kept))
+    return lines
+
+
+class Probe:
+    """step_seconds for choose(): times PROBE_STEPS training steps (forward, backward, optimizer) of each rung on
+    this machine, at the run's vocabulary, dtype and optimizer, on random characters. Memoised per rung."""
+
+    def __init__(self, vocab_size, cfg, device, dtype):
+        self.vocab_size, self.cfg, self.device, self.dtype, self.times = vocab_size, cfg, device, dtype, {}
+
+    def __call__(self, rung, dropout=0.0):
+        if (rung, dropout) not in self.times:
+            self.times[rung, dropout] = self._measure(rung, dropout)
+        return self.times[rung, dropout]
+
+    def _measure(self, rung, dropout):
+        import torch
+
+        from .model import build_model
+        from .optim import make_optimizer
+        from .runtime import autocast
+        g = torch.Generator().manual_seed(0)
+        mcfg = ModelConfig(vocab_size=self.vocab_size, n_layer=rung.n_layer, n_embd=rung.n_embd,
+                           n_head=rung.n_head, block_size=rung.block_size, dropout=dropout)
+        with torch.random.fork_rng(devices=[]):  # the run's own random streams are untouched (dropout's too)
+            model = build_model(mcfg).to(self.device)
+            optimizer = make_optimizer(model, self.cfg, self.device, self.dtype)
+            x = torch.randint(self.vocab_size, (rung.batch_size, rung.block_size + 1), generator=g).to(self.device)
+            times = []
+            for i in range(PROBE_STEPS + 1):
+                t0 = time.perf_counter()
+                with autocast(self.device, self.dtype):
+                    _, loss = model(idx=x[:, :-1], targets=x[:, 1:])
+                loss.backward()
+                if self.cfg.grad_clip > 0:  # as a training step: clipping is a norm and a multiply per tensor
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), self.cfg.grad_clip)
+                for part in optimizer.parts.values():
+                    part.step()
+                optimizer.zero_grad(set_to_none=True)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                if i:
+                    times.append(time.perf_counter() - t0)
+        return statistics.median(times)

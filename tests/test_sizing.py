@@ -1,0 +1,148 @@
+"""--preset auto (chargpt/sizing.py): the rule is pure and behaves as its reasons say; the trainer applies it, says
+what it chose, lets explicit settings win and keeps a resumed run's model."""
+
+import json
+
+import pytest
+
+from chargpt import sizing
+from chargpt.checkpoint import read_meta
+from chargpt.config import AUTO_BUDGET_S, UNLIMITED, TrainConfig
+from chargpt.settings import Settings, resolve
+from chargpt.sizing import RUNGS, choose
+from chargpt.training import train
+
+ENGLISH = "".join(f"line {i}: the quick brown fox jumps over the lazy dog, and then it rests.\n" for i in range(400))
+
+
+def flops_speed(seconds_per_gflop=0.01, overhead=0.005):
+    """A fake machine: a step costs a fixed overhead plus time in proportion to its work, 1.5x with dropout."""
+    return lambda rung, dropout=0.0: (overhead + seconds_per_gflop * rung.flops() / 1e9) * (1.5 if dropout else 1)
+
+
+def test_a_longer_budget_never_picks_a_smaller_model():
+    picked = [choose(budget, flops_speed(), 10_000_000).rung.params for budget in (30, 60, 120, 300, 600, 1800, 7200,
+                                                                                    36000)]
+    assert picked == sorted(picked) and picked[0] < picked[-1]
+
+
+def test_a_faster_machine_never_picks_a_smaller_model():
+    picked = [choose(600, flops_speed(s), 10_000_000).rung.params for s in (0.1, 0.03, 0.01, 0.003, 0.001)]
+    assert picked == sorted(picked) and picked[0] < picked[-1]
+
+
+def test_less_text_means_a_smaller_model_or_more_dropout():
+    plans = [choose(600, flops_speed(), chars) for chars in (10_000_000, 1_000_000, 200_000, 40_000, 5_000)]
+    sizes = [p.rung.params for p in plans]
+    dropouts = [p.settings["dropout"] for p in plans]
+    assert sizes == sorted(sizes, reverse=True) and dropouts == sorted(dropouts)
+    assert sizes[-1] < sizes[0] and dropouts[-1] > dropouts[0]
+
+
+def test_a_corpus_read_too_often_ends_the_run_early_and_says_so():
+    plan = choose(600, flops_speed(), 2_000)
+    cap = plan.settings["max_iters"]
+    assert cap * plan.rung.chars_per_step == pytest.approx(sizing.MAX_EPOCHS * 2_000, rel=0.01)
+    assert plan.epochs == sizing.MAX_EPOCHS and cap == plan.steps < plan.budget_steps
+    assert "by heart" in plan.warning and "--patience" in plan.warning and f"{cap:,}" in plan.warning
+    warned = choose(120, flops_speed(), 40_000)  # read often, not too often: dropout, the whole budget, a warning
+    assert "max_iters" not in warned.settings and warned.settings["dropout"] > 0 and "by heart" in warned.warning
+    large = choose(600, flops_speed(), 50_000_000)
+    assert "max_iters" not in large.settings and large.warning is None and large.settings["dropout"] == 0
+
+
+def test_measuring_stops_where_a_rung_could_not_pay():
+    measured = []
+
+    def slow(rung, dropout=0.0):
+        measured.append(rung)
+        return 5.0  # seconds a step, whatever the rung: a very slow machine
+    plan = choose(60, slow, 10_000_000)
+    assert plan.rung == RUNGS[0] and measured == [RUNGS[0]]  # the next rung's probe alone would cost too much
+
+
+def test_a_step_budget_keeps_the_cpu_preset_model_and_measures_nothing():
+    cfg = TrainConfig(max_iters=200, max_time=None)
+    plan = sizing.plan_run(cfg, {"max_iters": 200}, 1_000_000, probe=lambda rung: pytest.fail("measured"))
+    assert plan.rung == sizing.STEP_BUDGET_RUNG and plan.warning is None
+    assert "memorise" in sizing.plan_run(TrainConfig(max_iters=100_000, max_time=None), {}, 1_000, None).warning
+
+
+def test_explicit_settings_win_each_alone():
+    plan = choose(600, flops_speed(), 1_000_000)
+    model_kw, train_kw, kept = sizing.apply(plan, {"n_layer": 5, "n_embd": 200, "n_head": 4}, {"batch_size": 7},
+                                            {"n_layer": 5, "n_embd": 200, "batch_size": 7})
+    assert model_kw["n_layer"] == 5 and model_kw["n_embd"] == 200 and 200 % model_kw["n_head"] == 0
+    assert train_kw["batch_size"] == 7  # the user's, not the rung's
+    assert model_kw["block_size"] == plan.settings["block_size"] and model_kw["dropout"] == plan.settings["dropout"]
+    assert kept == [("n_layer", 5), ("n_embd", 200), ("batch_size", 7)]
+
+
+def test_auto_is_the_cpu_default_with_a_time_budget_and_steps_lift_it():
+    _, cfg, settings = resolve({})
+    assert cfg.preset == "auto" and cfg.max_time == AUTO_BUDGET_S and cfg.max_iters >= UNLIMITED
+    _, cfg, _ = resolve({"max_iters": 50})
+    assert cfg.max_iters == 50 and cfg.max_time is None  # a step budget given: no time budget left over
+    _, cfg, _ = resolve({"max_time": 30})
+    assert cfg.max_time == 30 and cfg.max_iters >= UNLIMITED
+    assert resolve({}, "cuda")[1].preset == "shakespeare-char"
+    assert "max_iters" not in Settings({"max_time": 30}).given()  # --max-time alone gives no step budget
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text(ENGLISH, encoding="utf-8")
+    return str(path)
+
+
+def run_log(**kw):
+    lines = []
+    summary = train(log=lines.append, sample_chars=0, curves=False, threads=1, **kw)
+    return summary, lines
+
+
+def test_a_time_budget_sizes_the_run_and_the_log_says_how(corpus, tmp_path):
+    out = tmp_path / "run"
+    summary, lines = run_log(data=corpus, out_dir=str(out), max_time=1.0)
+    auto = [ln for ln in lines if ln.startswith("auto: ")]
+    assert len(auto) == 1 and "ms a step measured" in auto[0] and "passes" in auto[0]
+    assert any(ln.startswith("auto, why: ") for ln in lines)
+    model = read_meta(out / "best.safetensors")[0]["model_config"]
+    shape = auto[0].removeprefix("auto: ").split(" (")[0]
+    assert shape == f"{model.n_layer} x {model.n_embd}"
+    assert f"dropout {model.dropout:g} " in auto[0] and f"context {model.block_size}," in auto[0]
+    config = (out / "config.toml").read_text()
+    assert 'preset = "auto"' in config and f"n-layer = {model.n_layer}" in config
+
+
+def test_a_flag_wins_and_a_resume_keeps_the_model(corpus, tmp_path):
+    out = tmp_path / "run"
+    _, lines = run_log(data=corpus, out_dir=str(out), max_time=1.0, n_layer=1, dropout=0.05)
+    assert "auto left to you: n_layer=1, dropout=0.05" in lines
+    first = read_meta(out / "state.safetensors")[0]["model_config"]
+    assert first.n_layer == 1 and first.dropout == 0.05
+    _, lines = run_log(data=corpus, out_dir=str(out), resume=True, max_time=1.0)
+    assert not any(ln.startswith("auto") for ln in lines)  # nothing re-sized: the run's own model goes on
+    assert read_meta(out / "state.safetensors")[0]["model_config"] == first
+
+
+def test_sentence_pairs_keep_the_cpu_model(tmp_path):
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("".join(f"a{i % 7} b{i % 5}\tc{i % 3} d\n" for i in range(300)), encoding="utf-8")
+    _, lines = run_log(data=str(pairs), task="pairs", out_dir=str(tmp_path / "p"), max_iters=2, eval_pairs=0)
+    assert any("sentence pairs keep the cpu preset's model" in ln for ln in lines)
+    assert json.loads(json.dumps(lines))  # plain strings
+
+
+def test_the_default_budget_is_time_and_the_log_says_so(corpus, tmp_path):
+    from chargpt.training import Trainer
+    lines = []
+    trainer = Trainer(dict(data=corpus, out_dir=str(tmp_path / "run"), threads=1), log=lines.append)  # set up only
+    try:
+        assert trainer.cfg.max_time == AUTO_BUDGET_S and trainer.cfg.max_iters >= UNLIMITED
+        assert f"budget: {AUTO_BUDGET_S:g} s of training (the default of --preset auto; --max-time SECONDS or " \
+               f"--max-iters N for another)" in lines
+        assert any(ln.startswith("auto: ") and f"for {AUTO_BUDGET_S:g} s on" in ln for ln in lines)
+    finally:
+        trainer.close()
