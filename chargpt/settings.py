@@ -396,9 +396,7 @@ def init_settings(meta, settings: Settings, device_type, base_name):
     base_train = meta.get("train_config") or {}
     preset = base_train.get("preset") if base_train.get("preset") in PRESETS else None
     settings.pick_preset(device_type, fallback=(preset, f"the base run {base_name}") if preset else None)
-    given = {k: v for source, values in settings.layers if not source.startswith("preset ")
-             for k, v in values.items()}
-    model_given, _ = split_overrides(given)
+    model_given, _ = split_overrides(settings.given())
     _, train_kw = split_overrides(settings.merged())
     clashes = [_as_flag(k, v) + (f" from {settings.source(k)}" if settings.source(k) != FLAGS else "")
                + f" (base: {_as_flag(k, getattr(base, k), alone=True)})" for k, v in model_given.items()
