@@ -100,7 +100,7 @@ BAD_FILES = [  # (file text, the error after "run.toml: ")
     ("curves = 1", r"curves must be true or false, not a whole number: 1"),
     ("data = 3", r"data must be a string \(in quotes\), not a whole number: 3"),
     ('dtype = "fp16"', r'dtype must be one of auto, float32, bfloat16, float16, not "fp16"'),
-    ('preset = "tinyy"', r"preset must be one of tiny, cpu, .*, not \"tinyy\"; did you mean 'tiny'\?"),
+    ('preset = "tinyy"', r"preset must be one of auto, tiny, cpu, .*, not \"tinyy\"; did you mean 'tiny'\?"),
     ("[model]\nn-layer = 2", r"\[model\] is a table; settings are top-level keys"),
     ("resume = true", r"'resume' cannot be set in a config file; pass --resume on the command line"),
     ('config = "other.toml"', r"'config' cannot be set in a config file"),
@@ -131,7 +131,7 @@ def test_unreadable_config_files(tmp_path, corpus):
         assert_one_line_error(invoke(train_cli, ["--config", name, *flags(TINY_KW)]), "^error: " + pattern)
     assert_one_line_error(invoke(train_cli, ["--config", "", *flags(TINY_KW)]), r"--config is an empty path")
     r = invoke(train_cli, ["--preset", "huge"])
-    assert r.exit_code == 2 and "'huge' is not one of 'tiny', 'cpu'" in r.stderr  # click's own usage error
+    assert r.exit_code == 2 and "'huge' is not one of 'auto', 'tiny', 'cpu'" in r.stderr  # click's own usage error
     with pytest.raises(ConfigError, match=r"^preset 'tinyy' is not a preset; did you mean 'tiny'\?"):
         train(preset="tinyy")
     assert snapshot(tmp_path) == before
