@@ -27,7 +27,7 @@ import statistics
 import time
 from dataclasses import dataclass, field, fields
 
-from .config import SIZED, UNLIMITED, ModelConfig
+from .config import SIZED, ModelConfig
 
 HEAD_SIZE = 32  # channels per attention head in every rung (a given --n-embd gets heads of about this size)
 
@@ -201,9 +201,7 @@ def plan_run(cfg, given, train_chars, probe, world_size=1):
         return step_budget_plan(train_chars, cfg.max_iters, world_size, cfg.grad_accum)
     if all(name in given for name in ("n_layer", "n_embd", "block_size", "batch_size")):
         rung = Rung(given["n_layer"], given["n_embd"], given["block_size"], given["batch_size"])
-        epochs = cfg.max_iters * rung.chars_per_step * world_size * cfg.grad_accum / max(train_chars, 1) \
-            if cfg.max_iters < UNLIMITED else None
-        return Plan(rung, {}, None, None, epochs, ["the model's size is given: nothing to choose"])
+        return Plan(rung, {}, reasons=["the model's size is given: nothing to choose"])
     return choose(cfg.max_time, probe, train_chars, world_size, cfg.grad_accum)
 
 
