@@ -55,8 +55,14 @@ def _weights(model):
 
 
 def model_tensors(model, prefix=""):
-    """The weights as contiguous CPU tensors, ready for safetensors."""
-    return {prefix + k: v.detach().to("cpu").contiguous() for k, v in _weights(model).items()}
+    """The weights as CPU tensors of their own, ready for safetensors (which refuses tensors sharing memory: in
+    training every parameter is a view of one flat buffer, chargpt/flat.py)."""
+    return {prefix + k: own_copy(v) for k, v in _weights(model).items()}
+
+
+def own_copy(t):
+    """A contiguous CPU copy of t that shares memory with nothing."""
+    return torch.as_tensor(t).detach().to("cpu", copy=True).contiguous()
 
 
 def write_safetensors(path, tensors, meta):
@@ -114,7 +120,7 @@ def save_state(path, model, optimizer, rng, vocab, train_config, weights=None, *
     for name, part in optimizer_parts(optimizer).items():
         for idx, state in part.state_dict()["state"].items():
             for key, value in state.items():
-                tensors[f"{name}.{idx}.{key}"] = torch.as_tensor(value).detach().to("cpu").contiguous()
+                tensors[f"{name}.{idx}.{key}"] = own_copy(value)  # FlatAdamW's moments are slices of one
     for name, value in rng.items():
         tensors[f"rng.{name}"] = value.contiguous()
     meta = checkpoint_meta(model, vocab, train_config, checksum=tensor_checksum(tensors), **extra)
@@ -271,7 +277,8 @@ def load_state(path, model, optimizer):
     target = unwrap(model)
     _check_shapes(path, target.config, shapes, "model.")
     parts = optimizer_parts(optimizer)
-    params = {name: [p for g in part.param_groups for p in g["params"]] for name, part in parts.items()}
+    params = {name: part.parameters_by_index() if hasattr(part, "parameters_by_index")  # flat.FlatAdamW
+              else [p for g in part.param_groups for p in g["params"]] for name, part in parts.items()}
     optim = {}  # tensor name -> (optimizer name, parameter index, state key)
     for k, shape in shapes.items():
         if k.startswith(OPTIMIZER_PREFIXES):

@@ -268,11 +268,11 @@ class Probe:
                 with autocast(self.device, self.dtype):
                     _, loss = model(idx=x[:, :-1], targets=x[:, 1:])
                 loss.backward()
-                if self.cfg.grad_clip > 0:  # as a training step: clipping is a norm and a multiply per tensor
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), self.cfg.grad_clip)
+                if self.cfg.grad_clip > 0:  # as a training step
+                    optimizer.clip_grad_norm_(self.cfg.grad_clip)
                 for part in optimizer.parts.values():
                     part.step()
-                optimizer.zero_grad(set_to_none=True)
+                optimizer.zero_grad()
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
                 if i:

@@ -23,6 +23,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
+from torch.func import functional_call
 from tqdm import tqdm
 
 from . import checkpoint as ckpt
@@ -41,7 +42,7 @@ from .config import (
 from .data import corpus_sources
 from .errors import ChargptError, CheckpointError, ConfigError, Interrupted
 from .model import build_model
-from .optim import describe_numerics, make_optimizer
+from .optim import describe_numerics, low_precision_copies, make_optimizer
 from .platforms import STOP_SIGNALS
 from .rundir import CONFIG, LOSSES, METRICS, SAMPLES, STATE
 from .runtime import (
@@ -316,6 +317,8 @@ class Trainer:
             self.train_model = DDP(self.train_model, device_ids=ids)
         # every sync_every steps the host reads whether to stop (a sync: free on a CPU, a stall on a GPU)
         self.sync_every = 1 if self.device.type == "cpu" or self.cfg.skip_nonfinite else GPU_SYNC_EVERY
+        self.copies = low_precision_copies(self.model, self.optimizer, self.device, self.dtype,
+                                           self.compiled or self.dist.enabled)
 
     def _log_start(self, meta):
         cfg, mcfg, corpus = self.cfg, self.mcfg, self.corpus
@@ -523,14 +526,19 @@ class Trainer:
         With one micro-batch no averaging op is issued: small models are bound by per-op overhead."""
         cfg, model = self.cfg, self.train_model
         t0, loss_sum = time.perf_counter() if self.first_step_s is None else None, None
+        copies = self.copies.refresh() if self.copies is not None else None  # bf16 weights, once per step
         for micro in range(cfg.grad_accum):
             with self._phase("2a batch"):
                 batch = model_inputs(self.batches.get("train", self.data_gen))
             last = micro == cfg.grad_accum - 1  # DDP: all-reduce gradients on the last micro-batch only
             with model.no_sync() if self.dist.enabled and not last else nullcontext():  # enter once
                 with autocast(self.device, self.dtype):
-                    _, loss = model(**batch, label_smoothing=cfg.label_smoothing)
+                    kw = dict(batch, label_smoothing=cfg.label_smoothing)
+                    _, loss = model(**kw) if copies is None else functional_call(model, copies, (), kw,
+                                                                                 tie_weights=False)
                 self.scaler.scale(loss / cfg.grad_accum if cfg.grad_accum > 1 else loss).backward()
+                if copies is not None:
+                    self.copies.grads_to_flat()
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
         if t0 is not None:
             self._first_step(t0)
@@ -590,7 +598,7 @@ class Trainer:
         """Apply the gradients; a non-finite loss stops the run (or, with --skip-nonfinite, drops the step)."""
         s, cfg = self.state, self.cfg
         if bad_step is not None:
-            self.optimizer.zero_grad(set_to_none=True)
+            self.optimizer.zero_grad()
             if not cfg.skip_nonfinite:
                 raise ChargptError(
                     f"loss became {self.bad_value} at step {bad_step} (learning rate {self.lrs.get(bad_step, lr):.2e})"
@@ -606,11 +614,11 @@ class Trainer:
             if cfg.grad_clip > 0:
                 for part in parts:
                     self.scaler.unscale_(part)
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+                self.optimizer.clip_grad_norm_(cfg.grad_clip)  # one norm over the flat gradient buffer
             for part in parts:
                 self.scaler.step(part)
             self.scaler.update()
-            self.optimizer.zero_grad(set_to_none=True)
+            self.optimizer.zero_grad()
         if s.step % self.sync_every == 0:
             self.lrs.clear()
         s.step += 1
