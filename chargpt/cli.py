@@ -238,9 +238,14 @@ def _sample_settings(flags):
 @click.option("--dtype", default="auto", show_default=True, type=click.Choice(["auto", "float32", "bfloat16"]),
               help="precision of decoding: auto is bfloat16 where the device computes it natively (half the bytes "
                    "read per character), else float32")
-@click.option("--quantize", default="none", show_default=True, type=click.Choice(["none", "int8"]),
+@click.option("--quantize", default="none", show_default=True, type=click.Choice(["none", "int8", "auto"]),
               help="int8: int8 weights for faster decoding on a CPU (torch's dynamic quantisation; `chargpt bench "
-                   "--only decode` measures its speed and its cost in loss)")
+                   "--only decode` measures its speed and its cost in loss); auto: int8 where, measured at load "
+                   "(about a second), it decodes 1.15x faster here at a cost of at most 0.01 nats per character")
+@click.option("--compile", "compile_mode", default="auto", show_default=True,
+              type=click.Choice(["auto", "on", "off"]), help="torch.compile the decode step (compiled once per "
+              "batch size, kept in torch's on-disk cache): auto compiles on a CPU with a C++ compiler from "
+              "20,000 new characters, where it repays compiling")
 @click.option("--no-cache", is_flag=True, help="decode without the KV cache (the slow reference path)")
 @click.option("--novelty", is_flag=True, help="say how much of each sample is copied from the training text: one "
               "line per sample on stderr, or a `novelty` object in each --json record (chargpt novelty)")
@@ -249,7 +254,7 @@ def _sample_settings(flags):
 @click.option("--data", "novelty_data", default=None, help="the run's training text, for --novelty and chargpt "
               "novelty when the path it trained on has moved (checked to be the same corpus by its hash)")
 def sample_cli(checkpoint_path, prompt, prompt_file, num_samples, seed, unknown, output, as_json, interactive,
-               device, dtype, quantize, no_cache, novelty, min_span, novelty_data, **flags):
+               device, dtype, quantize, compile_mode, no_cache, novelty, min_span, novelty_data, **flags):
     """Write text in the style of a trained run. The text goes to stdout (with a separator line above each
     sample when there are several); everything else goes to stderr."""
     def main():
@@ -261,8 +266,11 @@ def sample_cli(checkpoint_path, prompt, prompt_file, num_samples, seed, unknown,
             _check_interactive(prompt, prompt_file, output, as_json, num_samples)
         text = textio.read_prompt(prompt, prompt_file)
         path = checkpoint_path or latest_run()
-        gen = load(path, device=device, dtype=dtype, quantize=quantize)
+        gen = load(path, device=device, dtype=dtype, quantize=quantize, compile=compile_mode)
         click.echo(f"loaded {path} ({_describe_run(gen)}) on {gen.device}, {gen.precision}", err=True)
+        runner, reason = gen.decode_runner(settings["max_new_tokens"] * num_samples)
+        if compile_mode != "auto" or runner is not None and runner.compiled:  # said when it is not the usual
+            click.echo(reason, err=True)
         scorer = _novelty_scorer(gen, path, novelty, min_span, novelty_data, interactive)  # before any sample
         textio.tolerant_stdout()
         if interactive:

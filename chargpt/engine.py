@@ -13,10 +13,11 @@ import torch
 from .checkpoint import load_model, unwrap
 from .config import SampleSettings, check_sample_options, param
 from .errors import ChargptError
+from .model import CharGPT
 from .pairs import END, SEP
 from .quantize import check_precision, inference_model
-from .runtime import pick_device
-from .sampling import StopFilter, decode, through_filters
+from .runtime import pick_decode_compile, pick_device
+from .sampling import StepRunner, StopFilter, decode, through_filters
 from .tokenizer import describe_chars
 from .translate import iter_sample_search, make_steps, source_ids, translate
 
@@ -27,12 +28,25 @@ class Generator:
     A model trained on sentence pairs (task 'pairs', either architecture) answers a prompt with its translation:
     the prompt is the source, and the text written is the target alone (see stream)."""
 
-    def __init__(self, model, vocab, device, dtype=torch.float32, meta=None):
+    def __init__(self, model, vocab, device, dtype=torch.float32, meta=None, compile="auto", quantized=False):
         # decode with the plain module: no DDP sync, no recompiles per length
         self.model, self.vocab, self.device, self.dtype = unwrap(model).eval(), vocab, torch.device(device), dtype
         self.meta = meta or {}
         self.task = self.meta.get("task", "text")
         self.precision = str(dtype).removeprefix("torch.")  # what the model computes in, in words (load says more)
+        self.compile, self.quantized = compile, quantized  # --compile auto|on|off for the decode step
+        self.runners = {}  # compiled? -> StepRunner: a compiled step is compiled once and kept
+
+    def decode_runner(self, new_chars):
+        """-> (the StepRunner that decodes new_chars characters (all samples together) after the prefill, or None
+        for the model's own forward; the choice in words). A decoder-only text model gets the static step, compiled
+        where --compile (runtime.pick_decode_compile) says it pays; other models decode through their forward."""
+        if not isinstance(self.model, CharGPT) or self.task == "pairs":
+            return None, "decode step: the model's forward"
+        compiled, reason = pick_decode_compile(self.compile, self.device, new_chars, self.quantized)
+        if compiled not in self.runners:
+            self.runners[compiled] = StepRunner(self.model, compiled)
+        return self.runners[compiled], reason
 
     def start_text(self):
         """What an empty prompt conditions on: a newline (as if a new paragraph started), else a space."""
@@ -76,7 +90,8 @@ class Generator:
         ids = self.vocab.encode(prompt_seen or self.start_text())
         ctx = torch.tensor([ids] * num_samples, dtype=torch.long, device=self.device)  # (B, T)
         filters = [StopFilter(prompt_seen, settings.stop) for _ in range(num_samples)]
-        steps = decode(self.model, ctx, settings, generator, use_cache=use_cache, dtype=self.dtype)
+        runner = self.decode_runner(settings.max_new_tokens * num_samples)[0] if use_cache else None
+        steps = decode(self.model, ctx, settings, generator, use_cache=use_cache, dtype=self.dtype, runner=runner)
         yield from through_filters(filters, ([(i, self.vocab.chars[c]) for i, c in enumerate(nxt.tolist())]
                                               for nxt in steps))
 
@@ -111,14 +126,17 @@ class Generator:
         return out
 
 
-def load(path, device="auto", dtype="auto", quantize=None):
+def load(path, device="auto", dtype="auto", quantize=None, compile="auto"):
     """Checkpoint file or run directory -> Generator. dtype: auto (bf16 where the device computes it natively,
     else float32: runtime.pick_decode_dtype), float32 or bfloat16; quantize='int8': int8 weights for decoding on
-    a CPU (chargpt.quantize)."""
+    a CPU (chargpt.quantize); compile: auto|on|off, torch.compile of the decode step (auto: where it pays,
+    runtime.pick_decode_compile)."""
     device = pick_device(device)
     check_precision(device, dtype, quantize)  # a bad choice fails before the checkpoint is read
+    pick_decode_compile(compile, device, 0, quantize == "int8")  # so does a bad --compile (auto: checked later)
     model, vocab, meta = load_model(path, device)
     model, torch_dtype, precision = inference_model(model, device, dtype, quantize)
-    gen = Generator(model, vocab, device, torch_dtype, meta)
+    quantized = quantize == "int8" or quantize == "auto" and precision.startswith("int8")
+    gen = Generator(model, vocab, device, torch_dtype, meta, compile=compile, quantized=quantized)
     gen.precision = precision
     return gen

@@ -29,24 +29,40 @@ from .loss import head_loss, use_fused
 
 class KVCache:
     """Keys and values of every (decoder) layer for the positions decoded so far, so each new character costs
-    one position of work per layer. Allocated once for block_size positions."""
+    one position of work per layer. Allocated once for block_size positions.
+
+    Two ways to fill it: update() (a prefill or a step of any length; the attention then covers the positions so
+    far, so shapes change every step) and write() (CharGPT.decode_step: one position at a tensor index, the
+    attention over all block_size positions with the unfilled ones masked, so every step has the same shapes and
+    one torch.compile'd step serves them all, as in gpt-fast)."""
 
     def __init__(self, cfg: ModelConfig, batch_size, device="cpu", dtype=torch.float32):
-        shape = (cfg.n_layer, batch_size, cfg.n_head, cfg.block_size, cfg.head_size)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)  # (L, B, nh, block_size, hs)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        shape = (batch_size, cfg.n_head, cfg.block_size, cfg.head_size)
+        # a tensor per layer, not one (L, ...) tensor: a compiled step then writes each in place (a view of a
+        # larger input would be copied whole every step)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layer)]  # (B, nh, block, hs)
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layer)]
+        self.dtype = dtype
         self.pos = 0  # positions filled so far
+        self.positions = torch.arange(cfg.block_size, device=device)  # (block_size,): write()'s mask compares
+
+    def write(self, layer, k, v, pos):
+        """Store k, v (B, nh, 1, hs) at position pos (a (1,) long tensor); -> this layer's whole cache, keys and
+        values (B, nh, block_size, hs) each. The caller advances self.pos."""
+        self.k[layer].index_copy_(2, pos, k)
+        self.v[layer].index_copy_(2, pos, v)
+        return self.k[layer], self.v[layer]
 
     def update(self, layer, k, v):
         """Store k, v (B, nh, T, hs) at the next positions; return all keys/values so far (B, nh, S, hs)."""
         end = self.pos + k.size(2)
-        self.k[layer, :, :, self.pos:end] = k
-        self.v[layer, :, :, self.pos:end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        self.k[layer][:, :, self.pos:end] = k
+        self.v[layer][:, :, self.pos:end] = v
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
 
     def select(self, rows):
         """Keep the batch rows `rows` (N,) in that order (repeats allowed): beam search forks and drops rows."""
-        self.k, self.v = self.k[:, rows], self.v[:, rows]
+        self.k, self.v = [k[rows] for k in self.k], [v[rows] for v in self.v]
 
     def reset(self):
         self.pos = 0
@@ -116,18 +132,25 @@ class Attention(nn.Module):
         B, T, _ = t.size()
         return t.view(B, T, self.n_head, self.n_embd // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
 
-    def forward(self, x, cache=None, key_mask=None, memory=None, attn_weights=None):
+    def forward(self, x, cache=None, key_mask=None, memory=None, attn_weights=None, step=None):
+        """step: (pos (1,) long tensor, visible (1, block_size) bool) for CharGPT.decode_step's one position."""
         B, T, C = x.size()
         start = 0
+        if step is not None:  # the static decode step: the same shapes at every position
+            pos, visible = step
+            q, k, v = self.split_heads(self.c_attn(x))  # (B, nh, 1, hs)
+            k, v = cache.write(self.layer, k.to(cache.dtype), v.to(cache.dtype), pos)  # (B, nh, block, hs)
+            y = F.scaled_dot_product_attention(q.to(k.dtype), k, v, attn_mask=visible)  # unfilled keys masked
+            return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
         if self.cross:
             q = self.heads(self.c_q(x))  # (B, nh, T, hs)
             k, v = memory.keys_values(self.layer, self.memory_heads)  # (B, nh, S, hs), once per source
             key_mask = memory.mask
         else:
-            q, k, v = (self.heads(t) for t in self.c_attn(x).split(self.n_embd, dim=2))  # (B, nh, T, hs)
+            q, k, v = self.split_heads(self.c_attn(x))  # (B, nh, T, hs)
             if cache is not None:
                 start = cache.pos
-                k, v = cache.update(self.layer, k.to(cache.k.dtype), v.to(cache.v.dtype))  # (B, nh, S, hs)
+                k, v = cache.update(self.layer, k.to(cache.dtype), v.to(cache.dtype))  # (B, nh, S, hs)
                 q = q.to(k.dtype)
         if attn_weights is None and self.use_fused(q):
             y = self.fused(q, k, v, start, key_mask)
@@ -135,6 +158,11 @@ class Attention(nn.Module):
             y = self.reference(q, k, v, start, key_mask, attn_weights)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side again
         return self.resid_dropout(self.c_proj(y))
+
+    def split_heads(self, qkv):
+        """(B, T, 3C) from c_attn -> q, k, v, each (B, nh, T, hs): views, in one view, permute and unbind."""
+        B, T, _ = qkv.size()
+        return qkv.view(B, T, 3, self.n_head, self.n_embd // self.n_head).permute(2, 0, 3, 1, 4).unbind(0)
 
     def memory_heads(self, m):
         """Encoder output (B, S, C) -> this layer's cross-attention keys and values, each (B, nh, S, hs)."""
@@ -217,8 +245,9 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cache=None, key_mask=None, memory=None, attn_weights=None):
-        x = self.residual(x, self.ln_1, lambda h: self.attn(h, cache, key_mask, attn_weights=attn_weights))
+    def forward(self, x, cache=None, key_mask=None, memory=None, attn_weights=None, step=None):
+        x = self.residual(x, self.ln_1, lambda h: self.attn(h, cache, key_mask, attn_weights=attn_weights,
+                                                             step=step))
         if memory is not None:
             x = self.residual(x, self.ln_x, lambda h: self.cross(h, memory=memory))
         return self.residual(x, self.ln_2, self.mlp)
@@ -360,6 +389,19 @@ class CharGPT(Transformer):
         (B, nh, T, S), computed on the explicit softmax path."""
         return self.head(self.decoder_stack(idx, cache, attn_weights=attn_weights), targets, loss_mask,
                          label_smoothing)
+
+    def decode_step(self, idx, cache, pos):
+        """One new character per row at position pos: idx (B, 1) ids, pos a (1,) long tensor (= cache.pos) ->
+        logits (B, V). Every call has the same shapes whatever the position (KVCache.write), so torch.compile
+        compiles it once (chargpt/sampling.py's StepRunner). The caller advances cache.pos."""
+        tok = self.wte(idx)  # (B, 1, C)
+        if self.config.emb_scale:
+            tok = tok * math.sqrt(self.config.n_embd)
+        x = tok + (self.wpe(pos) if self.config.pos_emb == "learned" else self.pe[pos])  # (B, 1, C)
+        visible = (cache.positions <= pos)[None]  # (1, block_size): keys at positions 0 .. pos
+        for block in self.h:
+            x = block(x, cache, step=(pos, visible))
+        return self.lm_head(self.ln_f(x))[:, -1, :]  # (B, V)
 
 
 class EncoderDecoder(Transformer):

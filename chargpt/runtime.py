@@ -167,6 +167,40 @@ def pick_compile(setting, device):
     return False, f"eager (--compile auto: torch.compile has not measured faster on {device.type.upper()})"
 
 
+# --compile auto for sampling compiles the decode step from this many new characters (all samples together) on a
+# CPU with a C++ compiler. Measured on a 2-core Xeon with native bf16 (benchmarks/RESULTS.md, issue #26), 6 x 384 at
+# batch 1: the compiled step writes 510 characters/s against the eager step's 395 (0.57 ms saved per character),
+# and compiling costs 2.5 s with torch's on-disk cache warm and about 10 s cold; so it pays from about 4,000
+# characters warm and 17,500 cold. Below this, the eager step: never slower than before the static step existed.
+DECODE_COMPILE_MIN_CHARS = 20_000
+
+
+def pick_decode_compile(setting, device, new_chars, quantized=False):
+    """--compile auto|on|off for sampling -> (compile the decode step?, the reason in words)."""
+    if setting not in ("auto", "on", "off"):
+        raise ConfigError(f"--compile must be auto, on or off (got {setting!r})")
+    if setting == "on":
+        if quantized:
+            raise ConfigError("--compile on cannot compile int8 (--quantize int8) decoding: torch.compile does not "
+                              "take torch's dynamic int8 modules; drop one of the two")
+        if device.type == "cpu" and cpp_compiler() is None:
+            raise ConfigError("--compile on: torch.compile turns CPU code into C++ and no C++ compiler was found (g++ "
+                              "or clang++, or set CXX); install one, or sample with --compile off")
+        return True, "decode step: torch.compile (requested)"
+    if setting == "off":
+        return False, "decode step: eager (--compile off)"
+    if quantized:
+        return False, "decode step: eager (--compile auto: int8 modules do not compile)"
+    if device.type != "cpu":
+        return False, f"decode step: eager (--compile auto: compiling has not been measured on {device.type.upper()})"
+    if cpp_compiler() is None:
+        return False, "decode step: eager (--compile auto: no C++ compiler for torch.compile)"
+    if new_chars < DECODE_COMPILE_MIN_CHARS:
+        return False, (f"decode step: eager (--compile auto: {new_chars:,} characters would not repay compiling; "
+                       f"from {DECODE_COMPILE_MIN_CHARS:,} it compiles)")
+    return True, f"decode step: torch.compile (--compile auto: {new_chars:,} characters repay compiling it)"
+
+
 def cpp_compiler():
     """The C++ compiler torch.compile's CPU backend would find ($CXX, else the usual names on PATH), or None."""
     names = [os.environ.get("CXX")] + ["cl", "clang-cl"] * (os.name == "nt") + ["g++", "clang++", "c++"]

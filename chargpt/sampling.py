@@ -43,12 +43,32 @@ def sample_next(logits, generator, temperature=1.0, top_k=None, top_p=None):
     return (cdf <= u).sum(dim=-1)  # (B,): the first index whose cdf exceeds u
 
 
+class StepRunner:
+    """The decode step after the prefill: CharGPT.decode_step, eager or torch.compile'd. Its shapes never change
+    (model.KVCache.write), so a compiled step is compiled once for a model, batch size and dtype and serves every
+    position and every later call; torch keeps the compiled code in its on-disk cache (TORCHINDUCTOR_CACHE_DIR,
+    by default under the temporary directory), so another process with the same shapes loads it instead of
+    compiling again."""
+
+    def __init__(self, model, compiled=False):
+        self.model, self.compiled = model, compiled
+        self.fn = torch.compile(model.decode_step, fullgraph=True, dynamic=False) if compiled else model.decode_step
+
+    def __call__(self, idx, cache):
+        """idx (B, 1) at position cache.pos -> logits (B, V); advances the cache."""
+        pos = torch.tensor([cache.pos], device=idx.device)  # a tensor: one compiled step for every position
+        logits = self.fn(idx, cache, pos)
+        cache.pos += 1
+        return logits
+
+
 @torch.no_grad()
-def decode(model, ctx, settings, generator, use_cache=True, keep=None, dtype=torch.float32):
+def decode(model, ctx, settings, generator, use_cache=True, keep=None, dtype=torch.float32, runner=None):
     """Yield the next ids (B,) one step at a time, continuing ctx (B, T) ids.
 
     use_cache=False is the reference: a full forward over the last block_size characters every step.
-    keep: characters the cache is rebuilt from when the window is full [default: 3/4 of block_size]."""
+    keep: characters the cache is rebuilt from when the window is full [default: 3/4 of block_size].
+    runner: a StepRunner for the steps after each prefill (None: the model's forward, its shapes growing)."""
     if settings.max_new_tokens == 0:
         return
     block = model.config.block_size
@@ -72,6 +92,9 @@ def decode(model, ctx, settings, generator, use_cache=True, keep=None, dtype=tor
         seq = torch.cat([seq[:, max(0, seq.size(1) - block + 1):], nxt[:, None]], dim=1)  # (B, <= block)
         if cache is None:
             logits = forward(seq)  # already trimmed to the last block_size characters
+        elif cache.pos < block and runner is not None:
+            with autocast(device, dtype):
+                logits = runner(nxt[:, None], cache)  # one new position per layer, static shapes
         elif cache.pos < block:
             logits = forward(nxt[:, None])  # one new position per layer
         else:  # window full: rebuild the cache from the last `keep` characters

@@ -26,6 +26,7 @@ def hermetic(tmp_path, monkeypatch, request):
     the CPU unless marked `cuda`: --device auto finds no GPU, in this process or in the ones it starts, so every
     test checks the same thing on a machine with a GPU (where a GPU changes presets, dtypes and timing)."""
     monkeypatch.setenv("CHARGPT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "torchinductor"))  # torch.compile's disk cache
     monkeypatch.chdir(tmp_path)
     if request.node.get_closest_marker("cuda") is None:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")

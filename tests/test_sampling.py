@@ -7,11 +7,13 @@ import random
 import pytest
 import torch
 
+from chargpt import runtime
 from chargpt.config import ModelConfig, SampleSettings
 from chargpt.engine import Generator
-from chargpt.errors import ChargptError
-from chargpt.model import CharGPT
-from chargpt.sampling import StopFilter, decode, sample_next
+from chargpt.errors import ChargptError, ConfigError
+from chargpt.model import CharGPT, KVCache
+from chargpt.runtime import DECODE_COMPILE_MIN_CHARS, cpp_compiler, pick_decode_compile
+from chargpt.sampling import StepRunner, StopFilter, decode, sample_next
 from chargpt.tokenizer import Vocab
 
 ALPHABET = "\n abcdefghijklmnopqrstuvwxyz"  # sorted, as a Vocab must be
@@ -47,9 +49,10 @@ def counter_gen():
     return Generator(counter_model(), VOCAB, "cpu")
 
 
-def run(model, ctx, seed=0, use_cache=True, **settings):
+def run(model, ctx, seed=0, use_cache=True, runner=None, **settings):
     """decode() collected into (B, N) ids."""
-    steps = decode(model, ctx, SampleSettings(**settings), torch.Generator().manual_seed(seed), use_cache=use_cache)
+    steps = decode(model, ctx, SampleSettings(**settings), torch.Generator().manual_seed(seed), use_cache=use_cache,
+                   runner=runner)
     return torch.stack(list(steps), dim=1)
 
 
@@ -71,6 +74,63 @@ def test_cached_equals_uncached_within_block(kernel, settings):
         # crossing block_size: identical up to the window's edge, and decoding goes on
         long = run(model, ctx, seed, use_cache=True, max_new_tokens=3 * BLOCK, **settings)
         assert long.shape == (2, 3 * BLOCK) and torch.equal(long[:, :within], cached)
+
+
+# --- the static decode step: the same shapes at every position ----------------------------------------------
+def step_logits(model, idx, runner):
+    """Prefill idx[:, :3] with the model's forward, then each next column through `runner` -> (B, T-3, V)."""
+    cache = KVCache(model.config, idx.size(0))
+    with torch.no_grad():
+        out = [model(idx[:, :3], cache=cache)[0][:, -1]]
+        out += [runner(idx[:, t:t + 1], cache) for t in range(3, idx.size(1) - 1)]
+    return torch.stack(out, dim=1)
+
+
+@pytest.mark.parametrize("kernel", ["fused", "manual"])
+def test_static_step_gives_the_growing_caches_logits_and_text(kernel):
+    """CharGPT.decode_step attends over the whole cache with the unfilled positions masked: the logits of the
+    cached forward, and so the same text, within the window and across its rebuilds."""
+    model = random_model()
+    model.set_attention(kernel)
+    idx = torch.randint(len(ALPHABET), (2, BLOCK), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(idx)[0][:, 2:-1]  # the logits after positions 2 .. BLOCK-2
+    torch.testing.assert_close(step_logits(model, idx, StepRunner(model)), full, rtol=1e-5, atol=1e-5)
+    for seed, settings in enumerate(SETTINGS):
+        ctx = torch.randint(len(ALPHABET), (2, 3), generator=torch.Generator().manual_seed(seed))
+        want = run(model, ctx, seed, max_new_tokens=3 * BLOCK, **settings)
+        assert torch.equal(run(model, ctx, seed, runner=StepRunner(model), max_new_tokens=3 * BLOCK, **settings),
+                           want)
+
+
+@pytest.mark.skipif(cpp_compiler() is None, reason="torch.compile on a CPU needs a C++ compiler")
+def test_compiled_step_computes_what_the_eager_step_does():
+    """torch.compile'd once, the step serves every position (the same logits as eager, to rounding) and a new
+    KVCache, without compiling again."""
+    model = random_model()
+    idx = torch.randint(len(ALPHABET), (1, BLOCK), generator=torch.Generator().manual_seed(2))
+    eager, compiled = StepRunner(model), StepRunner(model, compiled=True)
+    want = step_logits(model, idx, eager)
+    torch.testing.assert_close(step_logits(model, idx, compiled), want, rtol=1e-4, atol=1e-4)
+    torch._dynamo.utils.counters.clear()
+    torch.testing.assert_close(step_logits(model, idx, compiled), want, rtol=1e-4, atol=1e-4)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 0  # nothing compiled the second time
+
+
+def test_compile_auto_compiles_the_decode_step_only_where_it_pays(monkeypatch):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(runtime, "cpp_compiler", lambda: "/usr/bin/g++")
+    assert not pick_decode_compile("auto", cpu, 500)[0]  # sample.py's default length: eager
+    assert pick_decode_compile("auto", cpu, DECODE_COMPILE_MIN_CHARS)[0]
+    assert not pick_decode_compile("auto", cpu, DECODE_COMPILE_MIN_CHARS, quantized=True)[0]
+    assert not pick_decode_compile("auto", cuda, 10**6)[0]  # not measured there
+    assert pick_decode_compile("on", cpu, 1)[0] and not pick_decode_compile("off", cpu, 10**6)[0]
+    with pytest.raises(ConfigError, match="int8"):
+        pick_decode_compile("on", cpu, 1, quantized=True)
+    monkeypatch.setattr(runtime, "cpp_compiler", lambda: None)
+    assert not pick_decode_compile("auto", cpu, 10**6)[0]
+    with pytest.raises(ConfigError, match="C\\+\\+ compiler"):
+        pick_decode_compile("on", cpu, 1)
 
 
 def test_uncached_decode_is_the_plain_loop():
@@ -185,7 +245,7 @@ def test_greedy_text_and_empty_prompt():
 def test_api_exposes_every_decoding_flag_of_the_cli():
     from chargpt.cli import sample_cli
     cli_only = {"checkpoint_path", "prompt_file", "output", "as_json", "interactive", "device", "dtype", "quantize",
-                "no_cache",  # load() takes device, dtype and quantize
+                "compile_mode", "no_cache",  # load() takes device, dtype, quantize and compile
                 "novelty", "min_span", "novelty_data"}  # scoring a sample is chargpt.novelty's, not decoding
     api = set(inspect.signature(Generator.stream).parameters)
     assert {p.name for p in sample_cli.params} - cli_only <= api
