@@ -144,7 +144,7 @@ def evaluate(checkpoint, data=None, *, encoding="utf-8", encoding_errors="strict
     device = pick_device(device)
     if dtype is None:  # on CPU float32 keeps the number exact and reproducible; on a GPU bf16 where it is native
         dtype = "float32" if device.type == "cpu" else "auto"
-    check_precision(device, dtype, quantize)
+    check_precision(device, dtype, quantize, auto=False)
     model, vocab, meta = load_model(path, device)
     if meta["task"] == "pairs":
         if stride is not None:

@@ -15,6 +15,7 @@ and the head gets int8 weights, one scale per output channel, and its input is q
 torch marks this API deprecated in favour of torchao, but it is present and working in torch 2.13.
 """
 
+import time
 import warnings
 
 import torch
@@ -22,7 +23,12 @@ import torch
 from .errors import ConfigError
 from .runtime import pick_decode_dtype
 
-QUANTIZE = ("none", "int8")
+QUANTIZE = ("none", "int8", "auto")
+# --quantize auto takes int8 where it measures at least this much faster here, at most this loss cost
+AUTO_MIN_SPEEDUP = 1.15
+AUTO_MAX_NATS = 0.01
+AUTO_TEXT = 128  # characters the float32 model writes (timed) for the comparison
+AUTO_STEPS = 32  # int8 steps timed
 
 
 def quantize_int8(model):
@@ -37,11 +43,17 @@ def quantize_int8(model):
         return quantize_dynamic(model.eval(), {torch.nn.Linear: per_channel_dynamic_qconfig}, inplace=False)
 
 
-def check_precision(device, dtype="auto", quantize=None):
-    """Refuse a bad dtype/quantize pair before anything is loaded; -> (compute dtype, what it is, in words)."""
+def check_precision(device, dtype="auto", quantize=None, auto=True):
+    """Refuse a bad dtype/quantize pair before anything is loaded; -> (compute dtype, what it is, in words).
+    auto: whether --quantize auto is allowed (for decoding, not for scoring)."""
     quantize = quantize or "none"
-    if quantize not in QUANTIZE:
-        raise ConfigError(f"--quantize must be none or int8 (got {quantize!r})")
+    if quantize not in QUANTIZE or quantize == "auto" and not auto:
+        allowed = "none, int8 or auto" if auto else "none or int8"
+        raise ConfigError(f"--quantize must be {allowed} (got {quantize!r})")
+    if quantize == "auto" and (device.type != "cpu" or dtype not in ("auto", "float32")):
+        return pick_decode_dtype(dtype, device)  # int8 is out of the question: as none
+    if quantize == "auto":
+        return torch.float32, "float32 or int8 weights, by measurement (--quantize auto)"
     if quantize == "none":
         return pick_decode_dtype(dtype, device)
     if device.type != "cpu":
@@ -56,8 +68,59 @@ def inference_model(model, device, dtype="auto", quantize=None):
     """A model loaded on `device` -> (model to run, compute dtype, one line saying what was chosen). dtype:
     auto (runtime.pick_decode_dtype), float32 or bfloat16; quantize: None/'none' or 'int8' (CPU only, float32)."""
     torch_dtype, reason = check_precision(device, dtype, quantize)
+    if quantize == "auto" and torch_dtype == torch.float32 and device.type == "cpu":
+        return auto_quantize(model.eval())
     if quantize == "int8":
         return quantize_int8(model), torch_dtype, reason
     if device.type == "cpu" and torch_dtype == torch.bfloat16:
         model = model.to(torch.bfloat16)  # the weights themselves: see the module docstring
     return model, torch_dtype, reason
+
+
+@torch.no_grad()
+def auto_quantize(model):
+    """--quantize auto on a CPU: int8 weights if, measured here and now, they decode at least AUTO_MIN_SPEEDUP x
+    faster than float32 and cost at most AUTO_MAX_NATS per character; -> (model, torch.float32, the choice and its
+    reason in words). The float32 model writes AUTO_TEXT characters (timed, at batch 1 with the static step, as
+    sample.py decodes), int8 decodes AUTO_STEPS (timed); the cost is the mean KL divergence of int8's next-character
+    distribution from float32's over the written text, which is int8's expected extra loss on text like the
+    model's own. About a second for a 10M-parameter model."""
+    from .model import KVCache
+    if not hasattr(model, "decode_step"):
+        return model, torch.float32, "float32 (--quantize auto measures decoder-only models; --quantize int8 to choose)"
+    int8 = quantize_int8(model)
+    cfg = model.config
+    n = min(AUTO_TEXT, cfg.block_size - 1)
+    gen = torch.Generator().manual_seed(0)
+
+    def timed_steps(m, ids, count):
+        """-> (seconds per step after the first, ids written): count steps continuing ids (1, t)."""
+        cache = KVCache(cfg, 1)
+        logits = m(ids, cache=cache)[0][:, -1]
+        out, t0 = [ids], None
+        for i in range(count):
+            nxt = torch.multinomial(torch.softmax(logits.float(), -1), 1, generator=gen)  # (1, 1)
+            out.append(nxt)
+            if i == 1:
+                t0 = time.perf_counter()  # the first step warms up
+            logits = m.decode_step(nxt, cache, torch.tensor([cache.pos]))
+            cache.pos += 1
+        return (time.perf_counter() - t0) / max(1, count - 2), torch.cat(out, dim=1)
+
+    fp32_s, text = timed_steps(model, torch.zeros(1, 1, dtype=torch.long), n)
+    int8_s, _ = timed_steps(int8, text[:, :1], min(AUTO_STEPS, n))
+    logp = torch.log_softmax(model(text)[0].float(), -1)  # (1, T, V)
+    logq = torch.log_softmax(int8(text)[0].float(), -1)
+    nats = (logp.exp() * (logp - logq)).sum(-1).mean().item()
+    take, reason = prefer_int8(fp32_s / int8_s, nats)
+    return (int8 if take else model), torch.float32, reason
+
+
+def prefer_int8(speedup, nats):
+    """--quantize auto's rule, from what was measured: int8's decoding speed over float32's and its cost in nats
+    per character -> (take int8?, the choice and its reason in words)."""
+    measured = f"int8 decodes at {speedup:.2f}x float32's speed here, {nats:.4f} nats per character from it"
+    if speedup >= AUTO_MIN_SPEEDUP and nats <= AUTO_MAX_NATS:
+        return True, f"int8 weights (--quantize auto: {measured})"
+    why = f"not {AUTO_MIN_SPEEDUP:.2f}x faster" if speedup < AUTO_MIN_SPEEDUP else f"more than {AUTO_MAX_NATS} nats"
+    return False, f"float32 (--quantize auto: {measured}; {why})"

@@ -3,6 +3,7 @@ the quality search and the side-by-side against nanoGPT (with a stand-in for nan
 in seconds, writing their tables where --write says. Their numbers are not checked: they mean nothing here."""
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -30,12 +31,16 @@ def test_quick_speed_benchmark_prints_every_part_and_writes_results(tmp_path, ti
     out = bench("--quick", "--checkpoint", tiny_run, "--write", cwd=tmp_path)
     assert out.startswith("machine: ") and f"\nkind: {KIND}\n" in out and "matmul peak float32: " in out
     assert "| 1x16 ctx16 b4 | float32 | manual | AdamW for-loop |" in out and "1.00x (baseline) |" in out
-    assert "| 1x16 ctx16 b4 | float32 | fused | AdamW fused |" in out
-    assert "| 1x16 ctx16 b4 | float32 | manual | AdamW fused |" in out
-    assert "| 1x16 ctx16 b4 | float32 | auto | Muon + AdamW |" in out
-    assert ("| 1x16 ctx16 b4 | bfloat16 | fused | AdamW fused |" in out) == cpu_has_native_bf16()  # rows that apply
+    assert "| 1x16 ctx16 b4 | float32 | auto | AdamW fused, per tensor |" in out  # torch's, as before flat buffers
+    assert "| 1x16 ctx16 b4 | float32 | fused | AdamW fused, flat |" in out
+    assert "| 1x16 ctx16 b4 | float32 | manual | AdamW fused, flat |" in out
+    assert "| 1x16 ctx16 b4 | float32 | auto | Muon + AdamW, flat |" in out
+    bf16_row = "| 1x16 ctx16 b4 | bfloat16 | fused | AdamW fused, flat |"
+    assert (bf16_row in out) == cpu_has_native_bf16()  # rows that apply
     assert "compile: skipped with --quick" in out
     assert "decode 20 chars, batch 1, 1x16 ctx16" in out and "| float32 | " in out and "| int8 | " in out
+    static = next(line for line in out.splitlines() if line.startswith("| static, eager |")).split("|")
+    assert float(static[2].replace(",", "")) > 0 and abs(float(static[6])) < 1e-3  # the step's loss: the forward's
     int8 = next(line for line in out.splitlines() if line.startswith("| int8 |")).split("|")
     assert float(int8[4]) > 0 and int8[5].strip().startswith(("+", "-"))  # val loss, and its change against float32
     results = (tmp_path / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")
@@ -59,6 +64,8 @@ def test_results_keep_one_section_per_machine_kind(tmp_path):
 def test_profile_lists_the_loop_phases_and_the_top_operators(tmp_path, corpus):
     out = bench("profile", "--quick", "--data", corpus, "--top", "5", cwd=tmp_path)
     assert out.startswith("profile: 20 training steps after 5 of warm-up, --n-layer 1")
+    calls = re.search(r"aten calls per training step: ([\d,]+) ", out)
+    assert calls and int(calls.group(1).replace(",", "")) > 100  # counted, not timed
     for phase in ("2 forward and backward", "2a batch", "3 agree", "4 optimizer step", "5 progress"):
         assert f"| {phase} | " in out
     ops = [line for line in out.splitlines() if line.startswith("| aten::")]

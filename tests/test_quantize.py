@@ -79,7 +79,7 @@ def test_sample_cli_quantize_int8(trained):
 
 
 def test_bad_precision_choices_are_refused_before_loading(tmp_path):
-    with pytest.raises(ConfigError, match=r"--quantize must be none or int8 \(got 'int4'\)"):
+    with pytest.raises(ConfigError, match=r"--quantize must be none, int8 or auto \(got 'int4'\)"):
         chargpt.load(tmp_path / "missing", device="cpu", quantize="int4")  # refused before the missing file
     with pytest.raises(ConfigError, match=r"must be auto, float32 or bfloat16 \(got 'float16'\)"):
         chargpt.load(tmp_path / "missing", device="cpu", dtype="float16")
@@ -94,3 +94,27 @@ def test_decoding_on_cpu_is_float32_unless_bf16_is_asked_for(monkeypatch, native
     assert pick_decode_dtype("float32", torch.device("cpu"))[0] == torch.float32
     if native:
         assert pick_decode_dtype("bfloat16", torch.device("cpu"))[0] == torch.bfloat16
+
+
+# --- --quantize auto: int8 where it measures faster here and costs little -----------------------------------------
+def test_quantize_auto_rule_takes_int8_only_when_faster_and_nearly_free():
+    from chargpt.quantize import AUTO_MAX_NATS, AUTO_MIN_SPEEDUP, prefer_int8
+    assert prefer_int8(2.8, 0.001)[0]  # the AMD EPYC of issue 26
+    assert not prefer_int8(1.05, 0.001)[0]  # within noise of float32
+    assert not prefer_int8(3.0, 5 * AUTO_MAX_NATS)[0]  # fast, but the text would change
+    take, reason = prefer_int8(AUTO_MIN_SPEEDUP - 0.01, 0.0)
+    assert not take and reason.startswith("float32 (--quantize auto: int8 decodes at") and "not" in reason
+
+
+def test_quantize_auto_measures_and_says_what_it_chose(trained):
+    """Whatever this CPU measures, the model loaded is the one the line names, and the text is the model's."""
+    gen = chargpt.load(trained, device="cpu", quantize="auto")
+    int8 = any("quantized" in type(m).__module__ for m in gen.model.modules())
+    assert gen.precision.startswith("int8 weights (--quantize auto:" if int8 else "float32 (--quantize auto:")
+    assert "nats per character" in gen.precision and gen.quantized == int8
+    assert len(gen.generate(PROMPT, max_new_tokens=20, temperature=0.0)[0]) == 20
+
+
+def test_quantize_auto_is_for_decoding_not_for_scoring(trained):
+    with pytest.raises(ConfigError, match="none or int8"):
+        evaluate(trained, quantize="auto", progress=False)

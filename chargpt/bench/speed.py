@@ -102,15 +102,18 @@ def flops_per_step(cfg, batch):
     return per_token * batch * cfg.block_size
 
 
-def time_train_step(cfg, batch, device, dtype, attention="auto", optimizer="fused", compile=False, steps=8,
+def time_train_step(cfg, batch, device, dtype, attention="auto", optimizer="flat", compile=False, steps=8,
                     warmup=3):
     """-> (median seconds of a full step: forward, backward, clip, optimizer; seconds of the first step, which
-    includes torch.compile's compilation). optimizer: 'for-loop' or 'fused' AdamW, or 'muon' (Muon + AdamW)."""
+    includes torch.compile's compilation). optimizer: 'flat' (training's: fused AdamW over the flat buffer,
+    chargpt/flat.py), 'muon' (training's Muon + AdamW), or torch's per-tensor AdamW and clipping, 'fused' or
+    'for-loop' (the baseline)."""
     torch.manual_seed(0)
     model = CharGPT(cfg).to(device)
     model.set_attention(attention)
-    if optimizer == "muon":
-        opt = make_optimizer(model, TrainConfig(optimizer="muon"), device, dtype)
+    opt = None
+    if optimizer in ("flat", "muon"):
+        opt = make_optimizer(model, TrainConfig(optimizer="adamw" if optimizer == "flat" else "muon"), device, dtype)
         parts = list(opt.parts.values())
     else:
         fused = optimizer == "fused"
@@ -124,22 +127,26 @@ def time_train_step(cfg, batch, device, dtype, attention="auto", optimizer="fuse
         with autocast(device, dtype):
             _, loss = step_model(x, x)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if opt is None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        else:
+            opt.clip_grad_norm_(1.0)
         for part in parts:
             part.step()
-            part.zero_grad(set_to_none=True)
+            part.zero_grad(set_to_none=True)  # a FlatAdamW zeroes the buffer in place
         sync(device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times[warmup:]), times[0]
 
 
-def decode_speed(model, device, dtype, new_tokens=1000, use_cache=True):
-    """Characters per second for one stream of new_tokens characters from a one-character prompt."""
+def decode_speed(model, device, dtype, new_tokens=1000, use_cache=True, runner=None):
+    """Characters per second for one stream of new_tokens characters from a one-character prompt; runner: a
+    sampling.StepRunner for the steps (None: the model's forward with a growing cache)."""
     ctx = torch.zeros(1, 1, dtype=torch.long, device=device)
     settings = SampleSettings(max_new_tokens=new_tokens, temperature=1.0)
     gen = torch.Generator().manual_seed(0)
     t0 = time.perf_counter()
-    n = sum(1 for _ in decode(model, ctx, settings, gen, use_cache=use_cache, dtype=dtype))
+    n = sum(1 for _ in decode(model, ctx, settings, gen, use_cache=use_cache, dtype=dtype, runner=runner))
     sync(device)
     return n / (time.perf_counter() - t0)
 
@@ -183,9 +190,10 @@ def train_rows(parts, device, peaks, args):
         if "train" not in parts:
             continue
         for dt in dtypes_for(device):  # the kernels --attention auto chooses from, each with AdamW; then Muon
-            for attention, optimizer in (("fused", "fused"), ("manual", "fused"), ("auto", "muon")):
+            for attention, optimizer in (("auto", "fused"), ("fused", "flat"), ("manual", "flat"), ("auto", "muon")):
                 t, _ = time_train_step(cfg, batch, device, dt, attention, optimizer, **step_kw)
-                label = "AdamW fused" if optimizer == "fused" else "Muon + AdamW"
+                label = {"fused": "AdamW fused, per tensor", "flat": "AdamW fused, flat",
+                         "muon": "Muon + AdamW, flat"}[optimizer]
                 rows.append(f"| {name} | {name_of(dt)} | {attention} | {label} | {t * 1e3:.1f} | {chars / t:,.0f} | "
                             f"{flops / t / 1e9 / peaks[dt]:.0%} | {base / t:.2f}x |")
     return rows + [""]
@@ -246,8 +254,64 @@ def decode_rows(device, args):
         label = "int8" if quantize else dtype
         rows.append(f"| {label} | {speed:,.0f} | {speed / speed0:.2f}x | {loss or '- | -'} |")
     uncached = decode_speed(inference_model(base, device, "float32")[0], device, torch.float32, n, use_cache=False)
-    rows += ["", f"uncached float32 reference: {uncached:,.0f} chars/s (cached float32 is {speed0 / uncached:.1f}x)"]
-    return rows + [""]
+    rows += ["", f"uncached float32 reference: {uncached:,.0f} chars/s (cached float32 is {speed0 / uncached:.1f}x)",
+             ""]
+    return rows + step_rows(base, device, n, speed0, args) + [""]
+
+
+def step_rows(model, device, n, before, args):
+    """float32 decoding with the static step (sampling.StepRunner), eager and compiled, against the growing cache
+    (`before`: the float32 row above); its cost in loss: teacher-forced through the step over validation text
+    against the model's full forward (within 0.001 nats is the bar)."""
+    from ..runtime import cpp_compiler
+    from ..sampling import StepRunner
+    text_ids = step_text(model, args)
+    rows = ["| float32 decode step | chars/s | vs growing cache | first call (compiles) | loss through the step "
+            "| vs full forward |", "|---|---|---|---|---|---|"]
+    full = step_loss(model, text_ids, None)
+    kinds = [("static, eager", False)] + ([("static, torch.compile", True)] if cpp_compiler() or device.type != "cpu"
+                                         else [])
+    for label, compiled in kinds:
+        runner = StepRunner(model, compiled)
+        t0 = time.perf_counter()
+        decode_speed(model, device, torch.float32, 2, runner=runner)  # the first step compiles
+        first = time.perf_counter() - t0
+        speed = decode_speed(model, device, torch.float32, n, runner=runner)
+        loss = step_loss(model, text_ids, runner)
+        rows.append(f"| {label} | {speed:,.0f} | {speed / before:.2f}x | {first:.1f} s | {loss:.4f} | "
+                    f"{loss - full:+.5f} |")
+    return rows
+
+
+def step_text(model, args):
+    """Up to 4 windows of validation ids (--data's last tenth, else random ids) for step_loss, (N, block_size)."""
+    cfg, n = model.config, 1 if args.quick else 4
+    if args.data and args.checkpoint:
+        from ..checkpoint import load_model
+        from ..data import corpus_sources, iter_text
+        _, vocab, _ = load_model(args.checkpoint, "cpu")
+        text = "".join(iter_text(corpus_sources(args.data)[1]))
+        tail = [vocab.stoi[c] for c in text[-len(text) // 10:] if c in vocab.stoi][:n * cfg.block_size]
+        if len(tail) == n * cfg.block_size:
+            return torch.tensor(tail).view(n, cfg.block_size)
+    return torch.randint(cfg.vocab_size, (n, cfg.block_size), generator=torch.Generator().manual_seed(0))
+
+
+@torch.no_grad()
+def step_loss(model, ids, runner):
+    """Mean next-character loss over ids (N, T): each window from its first character, one position at a time
+    through `runner` (None: the model's full forward over the window)."""
+    from ..model import KVCache
+    device = next(model.parameters()).device
+    ids = ids.to(device)
+    if runner is None:
+        logits = model(ids[:, :-1])[0]  # (N, T-1, V)
+    else:
+        cache = KVCache(model.config, ids.size(0), device)
+        steps = [model(ids[:, :1], cache=cache)[0][:, -1]]
+        steps += [runner(ids[:, t:t + 1], cache) for t in range(1, ids.size(1) - 1)]
+        logits = torch.stack(steps, dim=1)
+    return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten()).item()
 
 
 # --- vocabulary size: what 10,000 characters (Chinese) cost against 65 (English) -------------------------------
@@ -307,10 +371,10 @@ def time_vocab_step(mcfg, tcfg, device, dtype, loss="auto", compile=False, steps
         with autocast(device, dtype):
             _, out = step_model(x, y)
         out.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip or float("inf"))
+        opt.clip_grad_norm_(tcfg.grad_clip or float("inf"))
         for part in opt.parts.values():
             part.step()
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad()
 
     times = []
     for _ in range(warmup + steps):
@@ -374,22 +438,11 @@ def profile(args, device):
     """torch.profiler over the real training loop (4x128 ctx64 b12 by default), after warm-up steps: time per
     labelled phase of a step, then the top operators by self CPU time. Work that is not model math shows up as
     its own phase or operator."""
-    from ..training import Trainer
     steps, warm = (20, 5) if args.quick else (args.steps, 20)
     recipe = {**(QUICK_SHAPE_FLAGS if args.quick else PROFILE_RECIPE), **parse_sets(args.set)}
-    threads = {"threads": args.threads} if args.threads and device.type == "cpu" else {}
-    with tempfile.TemporaryDirectory(prefix="chargpt-profile-") as out:
-        trainer = Trainer({"data": args.data, "out_dir": out, "device": str(device), "max_iters": warm + steps,
-                           "eval_interval": 10**9, "eval_iters": 1, "sample_chars": 0, "warmup_iters": 0, **recipe,
-                           **threads},
-                          log=lambda msg: None)
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if device.type == "cuda":
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
-        schedule = torch.profiler.schedule(wait=0, warmup=warm, active=steps, repeat=1)
-        with torch.profiler.profile(activities=activities, schedule=schedule) as prof:
-            trainer.profiler = prof
-            trainer.run()
+    schedule = torch.profiler.schedule(wait=0, warmup=warm, active=steps, repeat=1)
+    prof, trainer = profiled_run(args, device, recipe, warm + steps, schedule)
+    calls = calls_per_step(args, device, recipe)
     averages = prof.key_averages()
     phases = sorted(e.key for e in averages if e.key[:1].isdigit() and " " in e.key)
     by_key = {e.key: e for e in averages}
@@ -397,6 +450,9 @@ def profile(args, device):
     recipe_text = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in recipe.items())
     rows = [f"profile: {steps} training steps after {warm} of warm-up, {recipe_text}, device {device}, dtype "
             f"{name_of(trainer.dtype)}, {torch.get_num_threads()} threads", "",
+            f"aten calls per training step: {calls:,.0f} (every aten:: operator torch.profiler records, nested ones "
+            f"included: the difference between runs of {CALL_STEPS[0]} and {CALL_STEPS[1]} steps, over "
+            f"{CALL_STEPS[1] - CALL_STEPS[0]})", "",
             "| phase | ms per step | share of the loop |", "|---|---|---|"]
     rows += [f"| {k} | {by_key[k].cpu_time_total / 1e3 / steps:.3f} | {by_key[k].cpu_time_total / loop:.1%} |"
              for k in phases]
@@ -406,6 +462,37 @@ def profile(args, device):
     rows += [f"| {e.key} | {e.count / steps:.1f} | {e.self_cpu_time_total / 1e3 / steps:.3f} | "
              f"{e.self_cpu_time_total / self_total:.1%} |" for e in ops[:args.top]]
     return "\n".join(rows)
+
+
+def profiled_run(args, device, recipe, iters, schedule=None):
+    """The training loop on `recipe` for `iters` steps under torch.profiler -> (profiler, trainer)."""
+    from ..training import Trainer
+    threads = {"threads": args.threads} if args.threads and device.type == "cpu" else {}
+    with tempfile.TemporaryDirectory(prefix="chargpt-profile-") as out:
+        trainer = Trainer({"data": args.data, "out_dir": out, "device": str(device), "max_iters": iters,
+                           "eval_interval": 10**9, "eval_iters": 1, "sample_chars": 0, "warmup_iters": 0, **recipe,
+                           **threads},
+                          log=lambda msg: None)
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=activities, schedule=schedule) as prof:
+            trainer.profiler = prof if schedule is not None else None
+            trainer.run()
+    return prof, trainer
+
+
+CALL_STEPS = (10, 30)  # two run lengths: set-up, the evaluations and saving cancel out of their difference
+
+
+def calls_per_step(args, device, recipe):
+    """aten operator calls per training step (nested ones included), counted, so independent of the machine's
+    load: the difference of two whole runs' counts over their difference in steps."""
+    def count(iters):
+        prof, _ = profiled_run(args, device, recipe, iters)
+        return sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
+    short, long = CALL_STEPS
+    return (count(long) - count(short)) / (long - short)
 
 
 QUICK_SHAPE_FLAGS = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, dropout=0.0)
