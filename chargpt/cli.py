@@ -245,7 +245,7 @@ def _sample_settings(flags):
 @click.option("--compile", "compile_mode", default="auto", show_default=True,
               type=click.Choice(["auto", "on", "off"]), help="torch.compile the decode step (compiled once per "
               "batch size, kept in torch's on-disk cache): auto compiles on a CPU with a C++ compiler from "
-              "20,000 new characters, where it repays compiling")
+              "30,000 new characters, where it repays compiling")
 @click.option("--no-cache", is_flag=True, help="decode without the KV cache (the slow reference path)")
 @click.option("--novelty", is_flag=True, help="say how much of each sample is copied from the training text: one "
               "line per sample on stderr, or a `novelty` object in each --json record (chargpt novelty)")

@@ -15,7 +15,7 @@ from .config import SampleSettings, check_sample_options, param
 from .errors import ChargptError
 from .model import CharGPT
 from .pairs import END, SEP
-from .quantize import check_precision, inference_model
+from .quantize import check_precision, inference_model, uses_dynamic_int8
 from .runtime import pick_decode_compile, pick_device
 from .sampling import StepRunner, StopFilter, decode, through_filters
 from .tokenizer import describe_chars
@@ -34,7 +34,7 @@ class Generator:
         self.meta = meta or {}
         self.task = self.meta.get("task", "text")
         self.precision = str(dtype).removeprefix("torch.")  # what the model computes in, in words (load says more)
-        self.compile, self.quantized = compile, quantized  # --compile auto|on|off for the decode step
+        self.compile, self.quantized = compile, quantized  # --compile auto|on|off; torch's dynamic int8 modules?
         self.runners = {}  # compiled? -> StepRunner: a compiled step is compiled once and kept
 
     def decode_runner(self, new_chars):
@@ -133,10 +133,9 @@ def load(path, device="auto", dtype="auto", quantize=None, compile="auto"):
     runtime.pick_decode_compile)."""
     device = pick_device(device)
     check_precision(device, dtype, quantize)  # a bad choice fails before the checkpoint is read
-    pick_decode_compile(compile, device, 0, quantize == "int8")  # so does a bad --compile (auto: checked later)
+    pick_decode_compile(compile, device, 0)  # so does a bad --compile
     model, vocab, meta = load_model(path, device)
     model, torch_dtype, precision = inference_model(model, device, dtype, quantize)
-    quantized = quantize == "int8" or quantize == "auto" and precision.startswith("int8")
-    gen = Generator(model, vocab, device, torch_dtype, meta, compile=compile, quantized=quantized)
+    gen = Generator(model, vocab, device, torch_dtype, meta, compile=compile, quantized=uses_dynamic_int8(model))
     gen.precision = precision
     return gen

@@ -9,10 +9,15 @@ what makes it faster; on a CPU, autocast alone would not help, since it re-reads
 on every call. So on a CPU, bf16 inference converts the weights themselves. On a GPU the model keeps fp32 weights
 and runs under bf16 autocast, as in training.
 
-int8 is torch's own dynamic quantisation (torch.ao.quantization.quantize_dynamic): every nn.Linear of the blocks
-and the head gets int8 weights, one scale per output channel, and its input is quantised on the fly at each call
-(fbgemm/oneDNN int8 kernels); embeddings, LayerNorms and attention stay float32. It runs on CPUs only.
-torch marks this API deprecated in favour of torchao, but it is present and working in torch 2.13.
+int8: every nn.Linear of the blocks and the head gets int8 weights, one scale per output channel; embeddings,
+LayerNorms and attention stay float32. It runs on CPUs only, in one of two ways, by the CPU:
+- with native bf16 (AVX512-BF16, AMX): weight-only int8 (Int8Linear), the activations in bf16 through
+  torch._weight_int8pack_mm, which dequantises inside the matmul. Its decode step also compiles (sampling's
+  --compile); at 6 x 384 on a 2-core Xeon with AMX it measured 1.7 ms a step eager, 1.0 ms compiled, against
+  float32's 2.2 ms and dynamic quantisation's 1.8 ms (benchmarks/RESULTS.md, issue #26);
+- without: torch's dynamic quantisation (torch.ao.quantization.quantize_dynamic), the input quantised to int8 on
+  the fly at each call (fbgemm/oneDNN int8 kernels). torch marks this API deprecated in favour of torchao, but it
+  is present and working in torch 2.13. Its modules do not compile.
 """
 
 import time
@@ -29,10 +34,71 @@ AUTO_MIN_SPEEDUP = 1.15
 AUTO_MAX_NATS = 0.01
 AUTO_TEXT = 128  # characters the float32 model writes (timed) for the comparison
 AUTO_STEPS = 32  # int8 steps timed
+# Int8Linear: from this many rows (a prefill), dequantise and use a bf16 matmul. Measured on a 2-core Xeon with AMX,
+# 384 -> 1152: torch._weight_int8pack_mm 18 us at 1 row (float32 16 us), 175 us at 32 rows, 1,038 us at 192;
+# dequantised, 80, 95 and 180 us.
+DEQUANTIZE_FROM_ROWS = 16
+
+
+class Int8Linear(torch.nn.Module):
+    """nn.Linear with int8 weights, one bf16 scale per output row (symmetric, -127 .. 127), computing in bf16:
+    x (..., in) of any float dtype -> (..., out) in x's dtype, through torch._weight_int8pack_mm."""
+
+    def __init__(self, linear):
+        super().__init__()
+        w = linear.weight.detach().float()  # (out, in)
+        scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12).to(torch.bfloat16)  # (out,): the kernel's dtype
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("weight", torch.round(w / scale.float()[:, None]).clamp(-127, 127).to(torch.int8))
+        self.register_buffer("scale", scale)
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(torch.bfloat16))
+
+    def forward(self, x):
+        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16)  # (rows, in)
+        if x2.size(0) < DEQUANTIZE_FROM_ROWS:  # decoding: the fused kernel reads a quarter of float32's bytes
+            y = torch._weight_int8pack_mm(x2, self.weight, self.scale)
+        else:  # a prefill: one bf16 copy of the weights and a bf16 matmul beat the kernel's row-by-row loop
+            y = torch.nn.functional.linear(x2, self.weight.to(torch.bfloat16)) * self.scale
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+def weight_only_int8(model):
+    """A copy of `model` whose nn.Linear layers are Int8Linear (a tied head gets its own int8 copy of the
+    embedding, which itself stays float32)."""
+    import copy
+    model = copy.deepcopy(model).eval()
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, torch.nn.Linear):
+                setattr(module, name, Int8Linear(child))
+    return model
+
+
+def uses_dynamic_int8(model):
+    """Whether `model` has torch's dynamic int8 modules (which torch.compile does not take)."""
+    return any("quantized" in type(m).__module__ for m in model.modules())
+
+
+def is_int8(model):
+    return uses_dynamic_int8(model) or any(isinstance(m, Int8Linear) for m in model.modules())
+
+
+def int8_kind():
+    """The int8 this CPU gets, in words (see the module docstring)."""
+    from .runtime import cpu_has_native_bf16
+    if cpu_has_native_bf16():
+        return "int8 weights (weight-only, bf16 activations: native bf16 here)"
+    return "int8 weights (dynamic quantisation), float32 activations"
 
 
 def quantize_int8(model):
-    """A copy of `model` (on the CPU, in eval mode) whose nn.Linear layers have int8 weights."""
+    """A copy of `model` (on the CPU, in eval mode) whose nn.Linear layers have int8 weights: weight-only with bf16
+    activations on a CPU with native bf16, else torch's dynamic quantisation (the module docstring)."""
+    from .runtime import cpu_has_native_bf16
+    if cpu_has_native_bf16():
+        return weight_only_int8(model)
     try:
         from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
     except ImportError:
@@ -61,7 +127,7 @@ def check_precision(device, dtype="auto", quantize=None, auto=True):
                           f"--quantize: bf16 is used where the GPU has it")
     if dtype not in ("auto", "float32"):
         raise ConfigError(f"--quantize int8 computes in float32 around its int8 weights; drop --dtype {dtype}")
-    return torch.float32, "int8 weights (dynamic quantisation), float32 activations"
+    return torch.float32, int8_kind()
 
 
 def inference_model(model, device, dtype="auto", quantize=None):
@@ -121,6 +187,6 @@ def prefer_int8(speedup, nats):
     per character -> (take int8?, the choice and its reason in words)."""
     measured = f"int8 decodes at {speedup:.2f}x float32's speed here, {nats:.4f} nats per character from it"
     if speedup >= AUTO_MIN_SPEEDUP and nats <= AUTO_MAX_NATS:
-        return True, f"int8 weights (--quantize auto: {measured})"
+        return True, f"{int8_kind()} (--quantize auto: {measured})"
     why = f"not {AUTO_MIN_SPEEDUP:.2f}x faster" if speedup < AUTO_MIN_SPEEDUP else f"more than {AUTO_MAX_NATS} nats"
     return False, f"float32 (--quantize auto: {measured}; {why})"

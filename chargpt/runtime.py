@@ -169,20 +169,22 @@ def pick_compile(setting, device):
 
 # --compile auto for sampling compiles the decode step from this many new characters (all samples together) on a
 # CPU with a C++ compiler. Measured on a 2-core Xeon with native bf16 (benchmarks/RESULTS.md, issue #26), 6 x 384 at
-# batch 1: the compiled step writes 510 characters/s against the eager step's 395 (0.57 ms saved per character),
-# and compiling costs 2.5 s with torch's on-disk cache warm and about 10 s cold; so it pays from about 4,000
-# characters warm and 17,500 cold. Below this, the eager step: never slower than before the static step existed.
-DECODE_COMPILE_MIN_CHARS = 20_000
+# batch 1: the compiled float32 step writes 488 characters/s against the eager step's 395 (0.5 ms saved per
+# character; int8's 653 against 439, 0.75 ms), and compiling costs a sample.py run about 3 s with torch's on-disk
+# cache warm and 15 s cold; so it pays from about 6,000 characters warm and 30,000 cold. Below this, the eager step,
+# as fast as decoding was before the static step existed.
+DECODE_COMPILE_MIN_CHARS = 30_000
 
 
 def pick_decode_compile(setting, device, new_chars, quantized=False):
-    """--compile auto|on|off for sampling -> (compile the decode step?, the reason in words)."""
+    """--compile auto|on|off for sampling -> (compile the decode step?, the reason in words). quantized: the model
+    has torch's dynamic int8 modules (which do not compile)."""
     if setting not in ("auto", "on", "off"):
         raise ConfigError(f"--compile must be auto, on or off (got {setting!r})")
     if setting == "on":
         if quantized:
-            raise ConfigError("--compile on cannot compile int8 (--quantize int8) decoding: torch.compile does not "
-                              "take torch's dynamic int8 modules; drop one of the two")
+            raise ConfigError("--compile on cannot compile int8 decoding on a CPU without native bf16 (--quantize "
+                              "int8 is torch's dynamic quantisation there, whose modules do not compile); drop one")
         if device.type == "cpu" and cpp_compiler() is None:
             raise ConfigError("--compile on: torch.compile turns CPU code into C++ and no C++ compiler was found (g++ "
                               "or clang++, or set CXX); install one, or sample with --compile off")

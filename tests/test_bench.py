@@ -39,7 +39,7 @@ def test_quick_speed_benchmark_prints_every_part_and_writes_results(tmp_path, ti
     assert (bf16_row in out) == cpu_has_native_bf16()  # rows that apply
     assert "compile: skipped with --quick" in out
     assert "decode 20 chars, batch 1, 1x16 ctx16" in out and "| float32 | " in out and "| int8 | " in out
-    static = next(line for line in out.splitlines() if line.startswith("| static, eager |")).split("|")
+    static = next(line for line in out.splitlines() if line.startswith("| float32, static, eager |")).split("|")
     assert float(static[2].replace(",", "")) > 0 and abs(float(static[6])) < 1e-3  # the step's loss: the forward's
     int8 = next(line for line in out.splitlines() if line.startswith("| int8 |")).split("|")
     assert float(int8[4]) > 0 and int8[5].strip().startswith(("+", "-"))  # val loss, and its change against float32

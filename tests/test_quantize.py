@@ -9,6 +9,7 @@ import chargpt
 from chargpt import runtime
 from chargpt.errors import ConfigError
 from chargpt.evaluate import evaluate
+from chargpt.quantize import Int8Linear, is_int8
 from chargpt.runtime import pick_decode_dtype
 
 PROMPT = "To be, or not"
@@ -41,7 +42,11 @@ def greedy_margins(gen, prompt, n):
     return gen.vocab.decode(ids[0, len(prompt):].tolist()), margins
 
 
-def test_int8_and_bf16_write_the_float32_text_where_the_model_is_sure(trained):
+@pytest.mark.parametrize("native_bf16", [True, False], ids=["weight-only", "dynamic"])
+def test_int8_and_bf16_write_the_float32_text_where_the_model_is_sure(trained, monkeypatch, native_bf16):
+    """Both kinds of int8 (weight-only with bf16 activations where the CPU has native bf16, torch's dynamic
+    quantisation elsewhere), whichever CPU runs the test."""
+    monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda: native_bf16)
     exact = chargpt.load(trained, device="cpu", dtype="float32")
     text, margins = greedy_margins(exact, PROMPT, 24)
     assert min(margins) > 1.0, margins  # the premise: no near-ties that rounding could flip
@@ -51,7 +56,10 @@ def test_int8_and_bf16_write_the_float32_text_where_the_model_is_sure(trained):
     assert int8.generate(PROMPT, max_new_tokens=24, temperature=0) == [text]
     assert bf16.generate(PROMPT, max_new_tokens=24, temperature=0) == [text]
     # what each one runs: int8 Linear layers; bf16 weights (on a CPU the weights themselves are converted)
-    assert int8.precision.startswith("int8") and int8.model.h[0].mlp.c_fc.weight().dtype == torch.qint8
+    fc = int8.model.h[0].mlp.c_fc
+    assert int8.precision.startswith("int8")
+    assert isinstance(fc, Int8Linear) and fc.weight.dtype == torch.int8 if native_bf16 else \
+        fc.weight().dtype == torch.qint8
     assert next(bf16.model.parameters()).dtype == torch.bfloat16 and bf16.dtype == torch.bfloat16
     assert next(exact.model.parameters()).dtype == torch.float32
     # sampling (not only greedy) runs on the int8 model and is reproducible by seed
@@ -109,9 +117,9 @@ def test_quantize_auto_rule_takes_int8_only_when_faster_and_nearly_free():
 def test_quantize_auto_measures_and_says_what_it_chose(trained):
     """Whatever this CPU measures, the model loaded is the one the line names, and the text is the model's."""
     gen = chargpt.load(trained, device="cpu", quantize="auto")
-    int8 = any("quantized" in type(m).__module__ for m in gen.model.modules())
-    assert gen.precision.startswith("int8 weights (--quantize auto:" if int8 else "float32 (--quantize auto:")
-    assert "nats per character" in gen.precision and gen.quantized == int8
+    int8 = is_int8(gen.model)
+    assert gen.precision.startswith("int8 weights (" if int8 else "float32 (--quantize auto:")
+    assert "nats per character" in gen.precision
     assert len(gen.generate(PROMPT, max_new_tokens=20, temperature=0.0)[0]) == 20
 
 

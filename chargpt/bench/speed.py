@@ -260,26 +260,29 @@ def decode_rows(device, args):
 
 
 def step_rows(model, device, n, before, args):
-    """float32 decoding with the static step (sampling.StepRunner), eager and compiled, against the growing cache
-    (`before`: the float32 row above); its cost in loss: teacher-forced through the step over validation text
-    against the model's full forward (within 0.001 nats is the bar)."""
+    """Decoding with the static step (sampling.StepRunner), eager and compiled, in float32 and (on a CPU) int8,
+    against the float32 growing cache (`before`: the float32 row above); the cost in loss: teacher-forced through
+    the step over validation text, against the float32 model's full forward (the static step's own bar: within
+    0.001 nats)."""
+    from ..quantize import quantize_int8, uses_dynamic_int8
     from ..runtime import cpp_compiler
     from ..sampling import StepRunner
     text_ids = step_text(model, args)
-    rows = ["| float32 decode step | chars/s | vs growing cache | first call (compiles) | loss through the step "
-            "| vs full forward |", "|---|---|---|---|---|---|"]
+    rows = ["| decode step | chars/s | vs float32 growing cache | first call (compiles) | loss through the step "
+            "| vs float32 full forward |", "|---|---|---|---|---|---|"]
     full = step_loss(model, text_ids, None)
-    kinds = [("static, eager", False)] + ([("static, torch.compile", True)] if cpp_compiler() or device.type != "cpu"
-                                         else [])
-    for label, compiled in kinds:
-        runner = StepRunner(model, compiled)
-        t0 = time.perf_counter()
-        decode_speed(model, device, torch.float32, 2, runner=runner)  # the first step compiles
-        first = time.perf_counter() - t0
-        speed = decode_speed(model, device, torch.float32, n, runner=runner)
-        loss = step_loss(model, text_ids, runner)
-        rows.append(f"| {label} | {speed:,.0f} | {speed / before:.2f}x | {first:.1f} s | {loss:.4f} | "
-                    f"{loss - full:+.5f} |")
+    models = [("float32", model)] + ([("int8", quantize_int8(model))] if device.type == "cpu" else [])
+    for precision, m in models:
+        compiles = (cpp_compiler() or device.type != "cpu") and not uses_dynamic_int8(m)
+        for label, compiled in [("eager", False)] + ([("torch.compile", True)] if compiles else []):
+            runner = StepRunner(m, compiled)
+            t0 = time.perf_counter()
+            decode_speed(m, device, torch.float32, 2, runner=runner)  # the first step compiles
+            first = time.perf_counter() - t0
+            speed = decode_speed(m, device, torch.float32, n, runner=runner)
+            loss = step_loss(m, text_ids, runner)
+            rows.append(f"| {precision}, static, {label} | {speed:,.0f} | {speed / before:.2f}x | {first:.1f} s | "
+                        f"{loss:.4f} | {loss - full:+.5f} |")
     return rows
 
 
