@@ -185,7 +185,8 @@ def auto_quantize(model):
 def prefer_int8(speedup, nats):
     """--quantize auto's rule, from what was measured: int8's decoding speed over float32's and its cost in nats
     per character -> (take int8?, the choice and its reason in words)."""
-    measured = f"int8 decodes at {speedup:.2f}x float32's speed here, {nats:.4f} nats per character from it"
+    cost = f"{nats:.4f}" if nats >= 1e-4 else "under 0.0001"
+    measured = f"int8 decodes at {speedup:.2f}x float32's speed here, {cost} nats per character from it"
     if speedup >= AUTO_MIN_SPEEDUP and nats <= AUTO_MAX_NATS:
         return True, f"{int8_kind()} (--quantize auto: {measured})"
     why = f"not {AUTO_MIN_SPEEDUP:.2f}x faster" if speedup < AUTO_MIN_SPEEDUP else f"more than {AUTO_MAX_NATS} nats"

@@ -168,3 +168,24 @@ def test_clipping_and_the_adamw_step_cost_the_same_calls_however_many_tensors(ti
         loss_of(model, batch(cfg, 1)).backward()
         counts.append(aten_calls(step))
     assert counts[0] == counts[1] and counts[0] < 40, counts
+
+
+def test_a_bf16_training_with_the_copies_saves_the_weights_autocast_alone_would(tmp_path, corpus, monkeypatch):
+    """Through the trainer: a bf16 run on a CPU (which uses the copies) and the same run with autocast's casts
+    end with the same weights, bit for bit."""
+    from safetensors.torch import load_file
+
+    import chargpt
+    from chargpt import optim, training
+    kw = dict(data="corpus.txt", max_iters=4, eval_interval=4, device="cpu", n_layer=1, n_head=2, n_embd=16,
+              block_size=16, batch_size=4, eval_iters=1, dropout=0.0, threads=1, sample_chars=0, dtype="bfloat16",
+              warmup_iters=0, log=lambda *a: None)
+    used = []
+    real = optim.low_precision_copies
+    monkeypatch.setattr(training, "low_precision_copies", lambda *a: used.append(real(*a)) or used[-1])
+    chargpt.train(out_dir="with", **kw)
+    monkeypatch.setattr(training, "low_precision_copies", lambda *a: None)
+    chargpt.train(out_dir="without", **kw)
+    assert used and used[0] is not None  # the first run did use them
+    a, b = (load_file(tmp_path / run / "latest.safetensors") for run in ("with", "without"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

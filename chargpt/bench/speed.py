@@ -273,7 +273,7 @@ def step_rows(model, device, n, before, args):
     full = step_loss(model, text_ids, None)
     models = [("float32", model)] + ([("int8", quantize_int8(model))] if device.type == "cpu" else [])
     for precision, m in models:
-        compiles = (cpp_compiler() or device.type != "cpu") and not uses_dynamic_int8(m)
+        compiles = (cpp_compiler() or device.type != "cpu") and not uses_dynamic_int8(m) and not args.quick
         for label, compiled in [("eager", False)] + ([("torch.compile", True)] if compiles else []):
             runner = StepRunner(m, compiled)
             t0 = time.perf_counter()
@@ -445,7 +445,7 @@ def profile(args, device):
     recipe = {**(QUICK_SHAPE_FLAGS if args.quick else PROFILE_RECIPE), **parse_sets(args.set)}
     schedule = torch.profiler.schedule(wait=0, warmup=warm, active=steps, repeat=1)
     prof, trainer = profiled_run(args, device, recipe, warm + steps, schedule)
-    calls = calls_per_step(args, device, recipe)
+    calls, (short, long) = calls_per_step(args, device, recipe), call_steps(args)
     averages = prof.key_averages()
     phases = sorted(e.key for e in averages if e.key[:1].isdigit() and " " in e.key)
     by_key = {e.key: e for e in averages}
@@ -454,8 +454,7 @@ def profile(args, device):
     rows = [f"profile: {steps} training steps after {warm} of warm-up, {recipe_text}, device {device}, dtype "
             f"{name_of(trainer.dtype)}, {torch.get_num_threads()} threads", "",
             f"aten calls per training step: {calls:,.0f} (every aten:: operator torch.profiler records, nested ones "
-            f"included: the difference between runs of {CALL_STEPS[0]} and {CALL_STEPS[1]} steps, over "
-            f"{CALL_STEPS[1] - CALL_STEPS[0]})", "",
+            f"included: the difference between runs of {short} and {long} steps, over {long - short})", "",
             "| phase | ms per step | share of the loop |", "|---|---|---|"]
     rows += [f"| {k} | {by_key[k].cpu_time_total / 1e3 / steps:.3f} | {by_key[k].cpu_time_total / loop:.1%} |"
              for k in phases]
@@ -488,13 +487,17 @@ def profiled_run(args, device, recipe, iters, schedule=None):
 CALL_STEPS = (10, 30)  # two run lengths: set-up, the evaluations and saving cancel out of their difference
 
 
+def call_steps(args):
+    return (2, 4) if args.quick else CALL_STEPS
+
+
 def calls_per_step(args, device, recipe):
     """aten operator calls per training step (nested ones included), counted, so independent of the machine's
     load: the difference of two whole runs' counts over their difference in steps."""
     def count(iters):
         prof, _ = profiled_run(args, device, recipe, iters)
         return sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
-    short, long = CALL_STEPS
+    short, long = call_steps(args)
     return (count(long) - count(short)) / (long - short)
 
 
