@@ -22,7 +22,8 @@ MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")  # AdamW state with one en
 
 class FlatParams:
     """The parameters of `groups` (lists of parameters, all of one dtype and device) moved into one buffer, group
-    after group, each parameter's .data and .grad views of it; -> group(i): that group's (data, grad) slices."""
+    after group, each parameter's .data and .grad views of it (data, grad: the two buffers, (n,) each). group(i)
+    hands an optimizer that group's slice as one tensor."""
 
     def __init__(self, groups):
         params = [p for g in groups for p in g]
