@@ -16,6 +16,7 @@ Both are built from the same Attention, MLP and Block; ModelConfig's options cho
 sinusoidal positions, token embeddings scaled by sqrt(C), post-LN, ReLU. The defaults are GPT-2's.
 """
 
+import functools
 import math
 
 import torch
@@ -92,6 +93,13 @@ def causal_mask(T, S, start, device):
     """(T, S) lower-triangular mask: the query at position start + i sees keys 0 .. start + i.
     Built per call rather than stored, so its size never depends on block_size."""
     return torch.ones(T, S, dtype=torch.bool, device=device).tril(diagonal=start)
+
+
+@functools.lru_cache(maxsize=16)
+def causal_bias(T, S, start, device, dtype):
+    """(T, S) additive mask: 0 where the query at position start + i may see the key (keys 0 .. start + i), -inf
+    elsewhere. Cached: a training run asks for one shape every step (never written to: baddbmm reads it)."""
+    return torch.zeros(T, S, dtype=dtype, device=device).masked_fill(~causal_mask(T, S, start, device), float("-inf"))
 
 
 def sinusoidal_positions(n, d):
@@ -203,11 +211,17 @@ class Attention(nn.Module):
         """Explicit attention: softmax(q k^T / sqrt(hs)) with the mask (-inf where a query may not look),
         then dropout. attn_weights: a list that receives the weights (B, nh, T, S) before dropout, for
         inspection."""
+        B, nh, T, hs = q.shape
         S = k.size(2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, nh, T, S)
-        mask = self.mask(q.size(2), S, start, key_mask, q.device)
-        if mask is not None:
-            att = att.masked_fill(~mask, float("-inf"))
+        if self.causal and key_mask is None:  # the common case in one call: scale, q k^T and the mask's -inf added
+            bias = causal_bias(T, S, start, q.device, q.dtype)  # (T, S)
+            att = torch.baddbmm(bias, q.reshape(B * nh, T, hs), k.reshape(B * nh, S, hs).transpose(1, 2),
+                                alpha=1.0 / math.sqrt(hs)).view(B, nh, T, S)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nh, T, S)
+            mask = self.mask(T, S, start, key_mask, q.device)
+            if mask is not None:
+                att = att.masked_fill(~mask, float("-inf"))
         att = F.softmax(att, dim=-1)
         if attn_weights is not None:
             attn_weights.append(att.detach())
