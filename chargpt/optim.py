@@ -79,16 +79,18 @@ def newton_schulz_dtype(dtype):
     return torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
 
 
-def describe_numerics(dtype, optimizer):
-    """The start-up line saying what each part of a training step computes in."""
+def describe_numerics(dtype, optimizer, copies=False):
+    """The start-up line saying what each part of a training step computes in; copies: whether the forward reads
+    low_precision_copies of the weights."""
     def name(d):
         return str(d).removeprefix("torch.")
     if dtype == torch.float32:
         step = "forward and backward in float32"
     else:
         scaled = " with loss scaling" if dtype == torch.float16 else ""
-        step = (f"forward and backward matmuls in {name(dtype)} (autocast{scaled}; the ops autocast keeps in float32, "
-                f"such as the loss, stay there)")
+        read = f", reading {name(dtype)} copies of the linear weights made once a step" if copies else ""
+        step = (f"forward and backward matmuls in {name(dtype)} (autocast{scaled}{read}; the ops autocast keeps in "
+                f"float32, such as the loss, stay there)")
     muon = f"; Muon's Newton-Schulz iteration in {name(newton_schulz_dtype(dtype))}" if optimizer == "muon" else ""
     return f"numerics: {step}; weights, gradients and optimizer states in float32{muon}"
 

@@ -327,7 +327,7 @@ class Trainer:
                     "text)" if cfg.data is None else f" ({cfg.data})"))
         self.log(f"device: {self.device}, {self.dtype_reason}" + (f", {self.threads} threads" if self.threads else "")
                  + (f", {self.dist.world_size} processes" if self.dist.enabled else "") + f"; {self.compile_reason}")
-        self.log(describe_numerics(self.dtype, cfg.optimizer))
+        self.log(describe_numerics(self.dtype, cfg.optimizer, copies=self.copies is not None))
         for line in self.settings.describe() + self.sizing_lines:
             self.log(line)
         if cfg.optimizer == "muon":

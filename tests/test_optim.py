@@ -140,7 +140,7 @@ def test_a_training_computes_where_its_flags_say_and_its_start_says_so(tmp_path,
                   **{**TINY_KW, "optimizer": "muon", "dtype": dtype})
     ran = torch.float32 if dtype == "float32" else pick_dtype("auto", CPU)[0]
     assert seen == {ran}
-    assert describe_numerics(ran, "muon") in logs
+    assert describe_numerics(ran, "muon", copies=ran == torch.bfloat16) in logs  # a CPU's bf16 reads copies
     if dtype == "float32":
         assert "numerics: forward and backward in float32; weights, gradients and optimizer states in float32; " \
                "Muon's Newton-Schulz iteration in float32" in logs
