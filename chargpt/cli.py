@@ -269,7 +269,7 @@ def sample_cli(checkpoint_path, prompt, prompt_file, num_samples, seed, unknown,
         gen = load(path, device=device, dtype=dtype, quantize=quantize, compile=compile_mode)
         click.echo(f"loaded {path} ({_describe_run(gen)}) on {gen.device}, {gen.precision}", err=True)
         runner, reason = gen.decode_runner(settings["max_new_tokens"] * num_samples)
-        if compile_mode != "auto" or runner is not None and runner.compiled:  # said when it is not the usual
+        if compile_mode != "auto" or runner is not None:  # said when it is not the usual
             click.echo(reason, err=True)
         scorer = _novelty_scorer(gen, path, novelty, min_span, novelty_data, interactive)  # before any sample
         textio.tolerant_stdout()

@@ -35,18 +35,21 @@ class Generator:
         self.task = self.meta.get("task", "text")
         self.precision = str(dtype).removeprefix("torch.")  # what the model computes in, in words (load says more)
         self.compile, self.quantized = compile, quantized  # --compile auto|on|off; torch's dynamic int8 modules?
-        self.runners = {}  # compiled? -> StepRunner: a compiled step is compiled once and kept
+        self.runner = None  # the compiled StepRunner, once one is asked for: compiled once and kept
 
     def decode_runner(self, new_chars):
         """-> (the StepRunner that decodes new_chars characters (all samples together) after the prefill, or None
-        for the model's own forward; the choice in words). A decoder-only text model gets the static step, compiled
-        where --compile (runtime.pick_decode_compile) says it pays; other models decode through their forward."""
+        for the model's own forward with its growing cache; the choice in words). A decoder-only text model gets the
+        compiled static step where --compile (runtime.pick_decode_compile) says it pays. Eager, the growing cache
+        stays: it reads only the positions written so far, where the static step reads the whole window."""
         if not isinstance(self.model, CharGPT) or self.task == "pairs":
             return None, "decode step: the model's forward"
         compiled, reason = pick_decode_compile(self.compile, self.device, new_chars, self.quantized)
-        if compiled not in self.runners:
-            self.runners[compiled] = StepRunner(self.model, compiled)
-        return self.runners[compiled], reason
+        if not compiled:
+            return None, reason
+        if self.runner is None:
+            self.runner = StepRunner(self.model, compiled=True)  # compiled once, on its first call
+        return self.runner, reason
 
     def start_text(self):
         """What an empty prompt conditions on: a newline (as if a new paragraph started), else a space."""

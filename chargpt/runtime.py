@@ -171,8 +171,8 @@ def pick_compile(setting, device):
 # CPU with a C++ compiler. Measured on a 2-core Xeon with native bf16 (benchmarks/RESULTS.md, issue #26), 6 x 384 at
 # batch 1: the compiled float32 step writes 444 characters/s against the eager step's 345 (0.65 ms saved per
 # character; int8's 723 against 467, 0.76 ms), and compiling costs a sample.py run about 3 s with torch's on-disk
-# cache warm and 15 s cold; so it pays from about 5,000 characters warm and 23,000 cold. Below this, the eager step,
-# as fast as decoding was before the static step existed.
+# cache warm and 15 s cold; so it pays from about 5,000 characters warm and 23,000 cold. Below this, decoding stays
+# eager, through the model's forward and its growing cache, as before the static step existed.
 DECODE_COMPILE_MIN_CHARS = 30_000
 
 

@@ -117,6 +117,18 @@ def test_compiled_step_computes_what_the_eager_step_does():
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 0  # nothing compiled the second time
 
 
+def test_the_generator_compiles_the_static_step_only_when_asked_or_when_it_pays(monkeypatch):
+    """Eager decoding keeps the growing cache (it reads only the positions so far); a compiled step is made once."""
+    monkeypatch.setattr(runtime, "cpp_compiler", lambda: "/usr/bin/g++")
+    auto = Generator(random_model(), VOCAB, "cpu")
+    assert auto.decode_runner(500) == (None, pick_decode_compile("auto", torch.device("cpu"), 500)[1])
+    runner, reason = auto.decode_runner(DECODE_COMPILE_MIN_CHARS)
+    assert runner.compiled and "repay compiling" in reason and auto.decode_runner(10**6)[0] is runner
+    on = Generator(random_model(), VOCAB, "cpu", compile="on")
+    assert on.decode_runner(1)[0].compiled  # made, not yet compiled: that happens on its first call
+    assert Generator(random_model(), VOCAB, "cpu", compile="off").decode_runner(10**6)[0] is None
+
+
 def test_compile_auto_compiles_the_decode_step_only_where_it_pays(monkeypatch):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     monkeypatch.setattr(runtime, "cpp_compiler", lambda: "/usr/bin/g++")
