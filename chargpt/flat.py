@@ -16,6 +16,7 @@ way round.
 """
 
 import torch
+from torch.func import functional_call
 
 MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")  # AdamW state with one entry per parameter element
 
@@ -176,6 +177,10 @@ class LowPrecisionCopies:
         never be stale, whatever changed the weights (torch's fused AdamW does not even bump version counters)."""
         self.data.copy_(self.flat.data)
         return self.params
+
+    def forward(self, model, kwargs):
+        """model(**kwargs) with the copies in the linear weights' place (after refresh())."""
+        return functional_call(model, self.params, (), kwargs, tie_weights=False)
 
     @torch.no_grad()
     def grads_to_flat(self):

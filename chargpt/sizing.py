@@ -253,7 +253,7 @@ class Probe:
         import torch
 
         from .model import build_model
-        from .optim import make_optimizer
+        from .optim import low_precision_copies, make_optimizer
         from .runtime import autocast
         g = torch.Generator().manual_seed(0)
         mcfg = ModelConfig(vocab_size=self.vocab_size, n_layer=rung.n_layer, n_embd=rung.n_embd,
@@ -261,13 +261,19 @@ class Probe:
         with torch.random.fork_rng(devices=[]):  # the run's own random streams are untouched (dropout's too)
             model = build_model(mcfg).to(self.device)
             optimizer = make_optimizer(model, self.cfg, self.device, self.dtype)
+            copies = low_precision_copies(model, optimizer, self.device, self.dtype, wrapped=False)  # as training
             x = torch.randint(self.vocab_size, (rung.batch_size, rung.block_size + 1), generator=g).to(self.device)
+            batch = dict(idx=x[:, :-1], targets=x[:, 1:])
             times = []
             for i in range(PROBE_STEPS + 1):
                 t0 = time.perf_counter()
+                if copies is not None:
+                    copies.refresh()
                 with autocast(self.device, self.dtype):
-                    _, loss = model(idx=x[:, :-1], targets=x[:, 1:])
+                    _, loss = model(**batch) if copies is None else copies.forward(model, batch)
                 loss.backward()
+                if copies is not None:
+                    copies.grads_to_flat()
                 if self.cfg.grad_clip > 0:  # as a training step
                     optimizer.clip_grad_norm_(self.cfg.grad_clip)
                 for part in optimizer.parts.values():

@@ -23,7 +23,6 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
-from torch.func import functional_call
 from tqdm import tqdm
 
 from . import checkpoint as ckpt
@@ -526,7 +525,9 @@ class Trainer:
         With one micro-batch no averaging op is issued: small models are bound by per-op overhead."""
         cfg, model = self.cfg, self.train_model
         t0, loss_sum = time.perf_counter() if self.first_step_s is None else None, None
-        copies = self.copies.refresh() if self.copies is not None else None  # bf16 weights, once per step
+        copies = self.copies
+        if copies is not None:
+            copies.refresh()  # the bf16 weights, once per step
         for micro in range(cfg.grad_accum):
             with self._phase("2a batch"):
                 batch = model_inputs(self.batches.get("train", self.data_gen))
@@ -534,11 +535,10 @@ class Trainer:
             with model.no_sync() if self.dist.enabled and not last else nullcontext():  # enter once
                 with autocast(self.device, self.dtype):
                     kw = dict(batch, label_smoothing=cfg.label_smoothing)
-                    _, loss = model(**kw) if copies is None else functional_call(model, copies, (), kw,
-                                                                                 tie_weights=False)
+                    _, loss = model(**kw) if copies is None else copies.forward(model, kw)
                 self.scaler.scale(loss / cfg.grad_accum if cfg.grad_accum > 1 else loss).backward()
                 if copies is not None:
-                    self.copies.grads_to_flat()
+                    copies.grads_to_flat()
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
         if t0 is not None:
             self._first_step(t0)

@@ -107,8 +107,6 @@ def test_low_precision_copies_train_exactly_as_autocast(tiny_config):
     the tied head included; over two micro-batches too, except that the tied weight's sum of three gradients
     (two micro-batches, embedding and head) is added in another order (an ulp); the copies follow every change of
     the weights when refreshed."""
-    from torch.func import functional_call
-
     from chargpt.flat import LowPrecisionCopies
     from chargpt.runtime import autocast
     torch.manual_seed(0)
@@ -117,12 +115,12 @@ def test_low_precision_copies_train_exactly_as_autocast(tiny_config):
     ref_opt, opt = make_optimizer(ref, ADAMW, CPU), make_optimizer(ours, ADAMW, CPU)
     copies = LowPrecisionCopies(ours, opt.flat, torch.bfloat16)
     for step in range(4):
-        params = copies.refresh()  # once per optimizer step
+        copies.refresh()  # once per optimizer step
         for micro in range(1 if step < 3 else 2):  # then two micro-batches: the gradients sum in float32
             x = batch(tiny_config, 10 * step + micro)
             with autocast(CPU, torch.bfloat16):
                 ref_loss = loss_of(ref, x)
-                our_loss = functional_call(ours, params, (x[:, :-1], x[:, 1:]), tie_weights=False)[1]
+                our_loss = copies.forward(ours, dict(idx=x[:, :-1], targets=x[:, 1:]))[1]
             ref_loss.backward()
             our_loss.backward()
             copies.grads_to_flat()
