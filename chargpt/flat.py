@@ -52,7 +52,8 @@ class FlatParams:
 
     def attach(self):
         """Make each parameter's .grad its view again (something that set it to None, or to a new tensor, such as
-        a foreign zero_grad(set_to_none=True), is undone); costs an identity check per parameter."""
+        a foreign zero_grad(set_to_none=True), is undone); costs an identity check per parameter. Done when zeroing,
+        before a backward: after one it would drop gradients that autograd put elsewhere."""
         for p, g in self.views + self.slices:
             if p.grad is not g:
                 p.grad = g
@@ -94,10 +95,6 @@ class FlatAdamW(torch.optim.AdamW):
     def zero_grad(self, set_to_none=True):
         """All of the flat buffer's gradients, in place: torch's would set the group slices' .grad to None."""
         self.flat.zero_grad()
-
-    def step(self, closure=None):
-        self.flat.attach()  # each slice's .grad must be its view of the buffer, whatever ran since
-        return super().step(closure)
 
     def parameters_by_index(self):
         """The parameters the state speaks of, in index order (as torch's AdamW over `groups` numbers them)."""
@@ -172,11 +169,10 @@ class LowPrecisionCopies:
 
     @torch.no_grad()
     def refresh(self):
-        """-> {parameter name: bf16 copy} for torch.func.functional_call, copied afresh from the weights: one copy
-        of the whole buffer, done once per optimizer step (before its first micro-batch), so that the copies can
-        never be stale, whatever changed the weights (torch's fused AdamW does not even bump version counters)."""
+        """Copy the weights into the copies afresh: one copy of the whole buffer, done once per optimizer step
+        (before its first micro-batch), so that they can never be stale, whatever changed the weights (torch's
+        fused AdamW does not even bump version counters)."""
         self.data.copy_(self.flat.data)
-        return self.params
 
     def forward(self, model, kwargs):
         """model(**kwargs) with the copies in the linear weights' place (after refresh())."""

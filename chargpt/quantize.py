@@ -147,12 +147,12 @@ def inference_model(model, device, dtype="auto", quantize=None):
 def auto_quantize(model):
     """--quantize auto on a CPU: int8 weights if, measured here and now, they decode at least AUTO_MIN_SPEEDUP x
     faster than float32 and cost at most AUTO_MAX_NATS per character; -> (model, torch.float32, the choice and its
-    reason in words). The float32 model writes AUTO_TEXT characters (timed, at batch 1 with the static step, as
-    sample.py decodes), int8 decodes AUTO_STEPS (timed); the cost is the mean KL divergence of int8's next-character
+    reason in words). The float32 model writes AUTO_TEXT characters (timed, at batch 1, as sample.py decodes
+    without --compile), int8 decodes AUTO_STEPS (timed); the cost is the mean KL divergence of int8's next-character
     distribution from float32's over the written text, which is int8's expected extra loss on text like the
     model's own. About a second for a 10M-parameter model."""
     from .model import KVCache
-    if not hasattr(model, "decode_step"):
+    if model.config.arch != "decoder":  # the encoder-decoder decodes through decode(), not this loop
         return model, torch.float32, "float32 (--quantize auto measures decoder-only models; --quantize int8 to choose)"
     int8 = quantize_int8(model)
     cfg = model.config
@@ -160,7 +160,8 @@ def auto_quantize(model):
     gen = torch.Generator().manual_seed(0)
 
     def timed_steps(m, ids, count):
-        """-> (seconds per step after the first, ids written): count steps continuing ids (1, t)."""
+        """-> (seconds per step after the first, ids written): count steps continuing ids (1, t) through the
+        model's forward and its growing cache, as eager sampling decodes."""
         cache = KVCache(cfg, 1)
         logits = m(ids, cache=cache)[0][:, -1]
         out, t0 = [ids], None
@@ -168,10 +169,9 @@ def auto_quantize(model):
             nxt = torch.multinomial(torch.softmax(logits.float(), -1), 1, generator=gen)  # (1, 1)
             out.append(nxt)
             if i == 1:
-                t0 = time.perf_counter()  # the first step warms up
-            logits = m.decode_step(nxt, cache, torch.tensor([cache.pos]))
-            cache.pos += 1
-        return (time.perf_counter() - t0) / max(1, count - 2), torch.cat(out, dim=1)
+                t0 = time.perf_counter()  # the first step warms up: steps 1 .. count - 1 are timed
+            logits = m(nxt, cache=cache)[0][:, -1]
+        return (time.perf_counter() - t0) / max(1, count - 1), torch.cat(out, dim=1)
 
     fp32_s, text = timed_steps(model, torch.zeros(1, 1, dtype=torch.long), n)
     int8_s, _ = timed_steps(int8, text[:, :1], min(AUTO_STEPS, n))

@@ -155,10 +155,7 @@ def pick_decode_dtype(name, device):
 def pick_compile(setting, device):
     """--compile auto|on|off -> (whether to compile, reason printed at start)."""
     if setting == "on":
-        if device.type == "cpu" and cpp_compiler() is None:
-            raise ConfigError("--compile on: torch.compile turns CPU code into C++ and no C++ compiler was found (g++ "
-                              "or clang++; on Windows MSVC's cl, from a Developer Command Prompt; or set CXX); "
-                              "install one, or train with --compile off")
+        require_compiler(device, "train")
         return True, "torch.compile (requested)"
     if setting == "off":
         return False, "eager (--compile off)"
@@ -185,9 +182,7 @@ def pick_decode_compile(setting, device, new_chars, quantized=False):
         if quantized:
             raise ConfigError("--compile on cannot compile int8 decoding on a CPU without native bf16 (--quantize "
                               "int8 is torch's dynamic quantisation there, whose modules do not compile); drop one")
-        if device.type == "cpu" and cpp_compiler() is None:
-            raise ConfigError("--compile on: torch.compile turns CPU code into C++ and no C++ compiler was found (g++ "
-                              "or clang++, or set CXX); install one, or sample with --compile off")
+        require_compiler(device, "sample")
         return True, "decode step: torch.compile (requested)"
     if setting == "off":
         return False, "decode step: eager (--compile off)"
@@ -201,6 +196,14 @@ def pick_decode_compile(setting, device, new_chars, quantized=False):
         return False, (f"decode step: eager (--compile auto: {new_chars:,} characters would not repay compiling; "
                        f"from {DECODE_COMPILE_MIN_CHARS:,} it compiles)")
     return True, f"decode step: torch.compile (--compile auto: {new_chars:,} characters repay compiling it)"
+
+
+def require_compiler(device, verb):
+    """--compile on: refuse a CPU run without the C++ compiler torch.compile's CPU backend needs."""
+    if device.type == "cpu" and cpp_compiler() is None:
+        raise ConfigError("--compile on: torch.compile turns CPU code into C++ and no C++ compiler was found (g++ "
+                          "or clang++; on Windows MSVC's cl, from a Developer Command Prompt; or set CXX); "
+                          f"install one, or {verb} with --compile off")
 
 
 def cpp_compiler():

@@ -138,7 +138,8 @@ def test_low_precision_copies_train_exactly_as_autocast(tiny_config):
     assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(ref.parameters(), ours.parameters()))
     with torch.no_grad():
         ours.h[0].mlp.c_fc.weight.add_(1.0)  # a change outside the optimizer (as loading a checkpoint does)
-    assert torch.equal(copies.refresh()["h.0.mlp.c_fc.weight"], ours.h[0].mlp.c_fc.weight.to(torch.bfloat16))
+    copies.refresh()
+    assert torch.equal(copies.params["h.0.mlp.c_fc.weight"], ours.h[0].mlp.c_fc.weight.to(torch.bfloat16))
 
 
 def aten_calls(fn):
