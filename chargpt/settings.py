@@ -13,7 +13,7 @@ import difflib
 import json
 import shlex
 import textwrap
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 try:
@@ -36,11 +36,8 @@ from .config import (
     param,
     run_val_split,
     split_overrides,
-    typed_fields,
 )
-from .errors import CheckpointError, ConfigError
-from .rundir import STATE
-from .schedules import describe_budget, final_lr, finished, lr_at, schedule_changed
+from .errors import ConfigError
 from .textio import MAX_CONFIG_BYTES, read_bounded
 
 HARDWARE = ("device", "dtype", "threads", "compile", "attention")  # how a run is computed, not what it is
@@ -250,44 +247,16 @@ def resolve(flags, device_type="cpu"):
     return model_kw, TrainConfig(**{**train_kw, "preset": settings.preset}).validate(), settings
 
 
-# --- a run's state, and the settings of a resumed run --------------------------------------------------------------
-@dataclass
-class RunState:
-    """What changes as training goes; saved in state.safetensors (with the weights and moments)."""
-    step: int = 0
-    best_val: float = float("inf")
-    elapsed: float = 0.0  # training seconds over all sessions of this run
-    evaluated: bool = False  # whether the evaluation at `step` is already logged
-    skipped: int = 0  # non-finite steps skipped with --skip-nonfinite
-    eval_time: float = 0.0  # seconds of `elapsed` spent estimating losses
-    # The current budget began here. A --resume that changes the budget starts a new one: --max-time counts
-    # from then, and the learning rate decays afresh from the rate it had reached (budget_lr).
-    budget_step: int = 0
-    budget_elapsed: float = 0.0
-    budget_lr: float | None = None  # None: the configured warmup, then decay from --learning-rate
-    since_best: int = 0  # evaluations since the best validation loss so far (--patience)
-
-
-@dataclass
-class Resumed:
-    """What a --resume continues with: the model fields (all but the vocabulary size), the training config, the
-    run state, and the notes the start-up log prints about what changed."""
-    model_kw: dict
-    cfg: TrainConfig
-    state: RunState
-    notes: list = field(default_factory=list)
-
-
+# --- the settings of a resumed run -----------------------------------------------------------------------------------
 def resume_settings(meta, settings: Settings, out_dir):
-    """A run's saved state (checkpoint.read_meta of its state.safetensors) + the settings given now -> Resumed.
-    Architecture settings must agree with the checkpoint (dropout may change, as when fine-tuning); training
-    settings may change; hardware settings come from this command alone (a run may move to other hardware).
-    From a config file or a named preset only what differs from the run counts as given."""
+    """A run's saved state (checkpoint.read_meta of its state.safetensors) + the settings given now -> (model
+    fields but the vocabulary size, validated TrainConfig, notes for the start-up log). Architecture settings must
+    agree with the checkpoint (dropout may change, as when fine-tuning); training settings may change; hardware
+    settings come from this command alone (a run may move to other hardware). From a config file or a named preset
+    only what differs from the run counts as given. The run's state: chargpt/components/state.py."""
     model_kw, cfg = _resumed_configs(meta, settings)
     cfg.out_dir = str(out_dir)
-    resumed = Resumed(model_kw, cfg, RunState(), notes=corpus_changes(meta.get("train_config") or {}, cfg))
-    resumed.state = _resumed_state(meta, settings.merged(), resumed, out_dir)
-    return resumed
+    return model_kw, cfg, corpus_changes(meta.get("train_config") or {}, cfg)
 
 
 def corpus_changes(saved, cfg: TrainConfig):
@@ -343,35 +312,6 @@ def _resumed_configs(meta, settings: Settings):
     tcfg = TrainConfig(**{**saved_train, **train_kw, "resume": True}).validate()
     model = {k: v for k, v in asdict(saved_model).items() if k != "vocab_size"}
     return {**model, **model_kw}, tcfg
-
-
-def _resumed_state(meta, flags, resumed: Resumed, out_dir):
-    """The saved RunState; with a new budget, a new decay from the learning rate the run had reached."""
-    cfg, state_file = resumed.cfg, Path(out_dir) / STATE
-    try:
-        s = RunState(**typed_fields(RunState, meta.get("run_state") or {}, "run state"))
-    except ConfigError as e:
-        raise CheckpointError(f"{state_file} has corrupted metadata ({e}); re-train or re-copy it") from None
-    old = TrainConfig(**meta["train_config"]) if meta.get("train_config") else cfg
-    if schedule_changed(old, cfg, flags):
-        lr = lr_at(s.step, s.elapsed, old, s)
-        warming = s.budget_lr is None and s.step < cfg.warmup_iters  # finish the warmup first
-        s = replace(s, budget_step=s.step, budget_elapsed=s.elapsed, budget_lr=None if warming else lr)
-        if cfg.lr_schedule == "inverse-sqrt":
-            how = "follows its inverse-square-root curve on from the step reached"
-        else:
-            how = ("finishes its warmup, then decays" if warming else f"decays from {lr:.2e} (the rate reached)") \
-                + f" to {final_lr(cfg):.2e} over it"
-        resumed.notes.append(f"new budget: {describe_budget(cfg, s)}; the learning rate {how}")
-    if finished(cfg, s) == "patience" and s.evaluated:
-        raise ConfigError(f"--resume: the run in {out_dir} stopped early at step {s.step:,} (no new best validation "
-                          f"loss in {s.since_best} evaluations); to train on, raise {param('patience')} above "
-                          f"{s.since_best}, or pass {param('patience', 0)} to turn it off")
-    if finished(cfg, s) and s.evaluated:
-        raise ConfigError(f"--resume: the run in {out_dir} is already finished at step {s.step:,} (its budget: "
-                          f"{describe_budget(cfg, s, left=False)}); to train on, give a new budget: --max-iters N "
-                          f"(more than {s.step:,}) or --max-time SECONDS (counted from now)")
-    return s
 
 
 # --- the settings of a run started from another (--init-from) -------------------------------------------------------

@@ -62,7 +62,6 @@ from .schedules import describe_budget, finished, lr_at
 from .settings import (
     FLAGS,
     HARDWARE,
-    RunState,
     Settings,
     absolute_paths,
     config_toml,
@@ -71,6 +70,7 @@ from .settings import (
     resume_settings,
     spelled,
 )
+from .components.state import RunState, resumed_state
 from .tasks import make_task
 from .tokenizer import describe_chars
 
@@ -155,9 +155,9 @@ class Trainer:
         meta = ckpt.read_meta(self.out_dir / STATE)[0] if resume else None
         self.base = self.lineage = None  # --init-from: the run this one starts from, and what checkpoints record
         if resume:
-            resumed = resume_settings(meta, self.settings, self.out_dir)
-            model_kw, self.cfg, self.state = resumed.model_kw, resumed.cfg, resumed.state
-            self.notes += resumed.notes
+            model_kw, self.cfg, notes = resume_settings(meta, self.settings, self.out_dir)
+            self.state, more = resumed_state(meta, self.cfg, self.settings.merged(), self.out_dir)
+            self.notes += notes + more
         elif given.get("init_from"):
             self.base = init_from.read_base(given["init_from"])
             started = init_settings(self.base.meta, self.settings, self.device.type, given["init_from"])

@@ -20,7 +20,7 @@ from chargpt.model import CharGPT, EncoderDecoder
 from chargpt.optim import Muon, describe_numerics, make_optimizer, orthogonalize, orthogonalize_all, split_params
 from chargpt.runtime import pick_compile, pick_dtype
 from chargpt.schedules import get_lr_wsd, lr_at
-from chargpt.settings import RunState
+from chargpt.components.state import RunState
 from chargpt.tokenizer import Vocab
 
 TINY_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
