@@ -14,7 +14,7 @@ from .errors import ChargptError, CheckpointError, ConfigError, DataError
 
 __version__ = "0.1.0"
 # imported when first used (PEP 562): `import chargpt` stays light, so a command starts (and a Ctrl-C while it
-# starts is handled, chargpt/startup.py) before torch is loaded
+# starts is handled, chargpt/components/interrupt.py) before torch is loaded
 LAZY = {"Generator": "engine", "load": "engine", "CharGPT": "model", "Vocab": "tokenizer"}
 
 

@@ -1,7 +1,7 @@
 """python -m chargpt: the `chargpt` command; and the installed commands (chargpt, chargpt-train, chargpt-sample,
 chargpt-bench, chargpt-serve in pyproject.toml), each the click command of chargpt/cli.py behind a quiet start."""
 
-from .startup import quiet_start
+from .components.interrupt import quiet_start
 
 quiet_start()  # a Ctrl-C during the imports exits quietly
 from . import cli  # noqa: E402

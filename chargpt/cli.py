@@ -21,7 +21,7 @@ from tqdm import tqdm
 from . import textio
 from .config import ModelConfig, SampleSettings, TrainConfig, check_sample_options, cli_names, flag_specs
 from .errors import ChargptError, Interrupted, out_of_memory, requested_memory
-from .startup import work_begins
+from .components.interrupt import work_begins
 from .tokenizer import describe_chars
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
@@ -79,7 +79,7 @@ def say(message):
 def run_guarded(fn, memory_hint="lower the batch or model size"):
     """Run fn, turning user-fixable errors into one line on stderr and a non-zero exit (no traceback). Messages
     raised inside name settings as flags (config.cli_names); `memory_hint` says what to lower when memory runs out."""
-    work_begins()  # Ctrl-C raises KeyboardInterrupt from here on (chargpt/startup.py)
+    work_begins()  # Ctrl-C raises KeyboardInterrupt from here on (chargpt/components/interrupt.py)
     try:
         with cli_names():
             return fn()

@@ -2,7 +2,7 @@
 
 import sys
 
-from .startup import quiet_start
+from .components.interrupt import quiet_start
 
 quiet_start()  # a Ctrl-C during the imports exits quietly
 from .cli import serve_cli as main  # noqa: E402

@@ -15,7 +15,6 @@ chargpt/settings.py.
 
 import json
 import math
-import signal
 import sys
 import time
 from contextlib import nullcontext
@@ -28,6 +27,8 @@ from tqdm import tqdm
 from . import checkpoint as ckpt
 from . import errors, init_from, rundir, sizing
 from .cadence import EVALS_PER_BUDGET, RunningLoss, eval_period, time_to_evaluate
+from .components.interrupt import Aborted, SignalFlag, StopRequested
+from .components.state import RunState, resumed_state
 from .config import (
     UNLIMITED,
     ModelConfig,
@@ -42,7 +43,6 @@ from .data import corpus_sources
 from .errors import ChargptError, CheckpointError, ConfigError, Interrupted
 from .model import build_model
 from .optim import describe_numerics, low_precision_copies, make_optimizer
-from .platforms import STOP_SIGNALS
 from .rundir import CONFIG, LOSSES, METRICS, SAMPLES, STATE
 from .runtime import (
     autocast,
@@ -70,7 +70,6 @@ from .settings import (
     resume_settings,
     spelled,
 )
-from .components.state import RunState, resumed_state
 from .tasks import make_task
 from .tokenizer import describe_chars
 
@@ -452,7 +451,7 @@ class Trainer:
                     with self.bar:  # the bar is cleared on any exit, so an error line starts clean
                         reason, signum = self._loop()
                     return self._finish(reason, signum)
-                except _Aborted as e:
+                except Aborted as e:
                     raise Interrupted(f"stopped during the save at step {s.step}; {self.out_dir} keeps the last "
                                       f"complete save", e.signum, out_dir=self.out_dir,
                                       distributed=self.dist.enabled) from None
@@ -504,7 +503,7 @@ class Trainer:
 
     def _start_clocks(self):
         s = self.state
-        self.signals = _SignalFlag(say=self.log)
+        self.signals = SignalFlag(say=self.log, distributed=self.dist.enabled)
         self.bar = tqdm(total=self.cfg.max_iters if self.cfg.max_iters < UNLIMITED else None, initial=s.step,
                         disable=not self.dist.is_main, dynamic_ncols=True, unit="step", leave=False,
                         mininterval=0.1 if sys.stderr.isatty() else 5.0)  # quiet in logs
@@ -773,54 +772,6 @@ class Trainer:
     def closing_sample(self):
         """What training shows when it ends: a sample of text, or for pairs a few greedy validation translations."""
         return self.task.closing_sample(self)
-
-
-class StopRequested(Exception):
-    """Raised by Trainer.check_stop inside an evaluation or scoring loop once a signal has asked training to stop:
-    the evaluation is abandoned and the run saved as it is. Never leaves the Trainer."""
-
-
-class _SignalFlag:
-    """SIGINT/SIGTERM during training. The first sets a flag that the loop (and every evaluation and scoring loop,
-    through Trainer.check_stop) reads, and says so at once; the run then saves and exits. The handlers stay in
-    place until that save is done: a second signal only says "saving, please wait", and a third aborts the save,
-    whose atomic writes then leave the previous complete files in place."""
-
-    def __init__(self, say=lambda message: None):
-        self.requested, self.signum, self.count, self.old, self.say = False, None, 0, {}, say
-        self.where = "step"  # what is running: what a signal waits for
-
-    def _handle(self, signum, frame):
-        self.count += 1
-        name = signal.Signals(signum).name
-        if self.count == 1:
-            self.requested, self.signum = True, signum
-            self.say(f"{name}: stopping after the current {self.where}, then saving the run (a second signal "
-                     f"waits for the save; a third abandons it, keeping the last complete save)")
-        elif self.count == 2:
-            self.say(f"{name}: saving, please wait (a third signal abandons the save, keeping the last complete one)")
-        else:
-            raise _Aborted(signum)
-
-    def __enter__(self):
-        try:
-            for sig in STOP_SIGNALS:  # SIGINT, SIGTERM, and Ctrl-Break (SIGBREAK) on Windows
-                self.old[sig] = signal.signal(sig, self._handle)
-        except ValueError:  # not the main thread: signals stay as they are
-            pass
-        return self
-
-    def __exit__(self, *exc):
-        for sig, handler in self.old.items():
-            signal.signal(sig, handler)
-
-
-class _Aborted(BaseException):
-    """A third signal: the save in progress is abandoned (a BaseException, so that nothing on the way catches it)."""
-
-    def __init__(self, signum):
-        super().__init__(signum)
-        self.signum = signum
 
 
 def train(log=tqdm.write, **overrides):
