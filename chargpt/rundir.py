@@ -347,7 +347,7 @@ def read_metrics(path):
         return []
     for line in lines:
         try:
-            row = json.loads(line, parse_constant=_no_constant)
+            row = json.loads(line, parse_constant=no_constant)
         except ValueError:
             continue
         if isinstance(row, dict) and isinstance(row.get("step"), int) and not isinstance(row["step"], bool):
@@ -355,7 +355,8 @@ def read_metrics(path):
     return [rows[s] for s in sorted(rows)]
 
 
-def _no_constant(name):
+def no_constant(name):
+    """json.loads's parse_constant: NaN and Infinity, which Python writes but JSON has not, refused as invalid."""
     raise ValueError(f"{name} is not a number JSON allows")
 
 
