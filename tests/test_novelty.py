@@ -1,4 +1,4 @@
-"""Is it writing or copying (chargpt/novelty.py): the suffix arrays against plain sorting, the scores against brute
+"""Is it writing or copying (chargpt/novelty/): the suffix arrays against plain sorting, the scores against brute
 force, and what a user reads: a slice of the training text is copied at its true line, random text is not, a
 splice shows its two sources, validation text is found in the validation split only, CJK, the cache, a missing
 corpus, and the JSON of `chargpt novelty`, `sample.py --novelty` and samples.jsonl."""
@@ -59,12 +59,12 @@ def test_suffix_arrays_sort_the_suffixes(vocab):
         expected = sorted(range(n), key=lambda i: ids[i:].tolist())
         assert novelty.suffix_array_numpy(ids).tolist() == expected
         assert novelty.suffix_array(ids).tolist() == expected  # pydivsufsort where installed, else the same
-        if novelty.pydivsufsort is not None:
+        if novelty.suffixarray.pydivsufsort is not None:
             assert novelty.suffix_array(ids, "pydivsufsort").tolist() == expected
 
 
 def test_without_pydivsufsort_numpy_builds_the_index(monkeypatch):
-    monkeypatch.setattr(novelty, "pydivsufsort", None)
+    monkeypatch.setattr(novelty.suffixarray, "pydivsufsort", None)
     ids = np.random.default_rng(0).integers(0, 4, 500).astype(np.uint16)
     assert novelty.suffix_array(ids).tolist() == sorted(range(500), key=lambda i: ids[i:].tolist())
     with pytest.raises(chargpt.ChargptError, match=r"pip install -e \"\.\[novelty\]\""):
@@ -180,7 +180,7 @@ def test_cjk_text_is_indexed_by_characters(tmp_path):
 def test_the_index_is_built_once_cached_and_memory_mapped(text_index, tmp_path, monkeypatch):
     text, _ = text_index
     corpus = encode_corpus(str(tmp_path / "verse.txt"), cache_dir=tmp_path / "cache")
-    monkeypatch.setattr(novelty, "suffix_array", lambda ids: pytest.fail("the cached index was rebuilt"))
+    monkeypatch.setattr(novelty.index, "suffix_array", lambda ids: pytest.fail("the cached index was rebuilt"))
     index = novelty.index_corpus(corpus, 0.1, log=lambda *a: None)
     assert all(isinstance(s.sa, np.memmap) for s in index.splits.values())
     assert index.score(at_line(text, 3, 40)).train.copied_fraction == 1.0
@@ -329,8 +329,9 @@ def test_the_playground_api_marks_copied_segments(run):
 
 
 def test_the_benchmark_runs_on_small_sizes():
-    r = novelty.bench_one(n_chars=20_000, sample_chars=200)
+    from chargpt.bench.novelty import bench, bench_one
+    r = bench_one(n_chars=20_000, sample_chars=200)
     assert r["chars"] == 20_000 and r["score_chars"] == 200 and r["longest"] >= 100  # the first half is copied
     assert set(r) >= {"build_s", "build_extra_mb", "score_s", "builder"}
-    (result,) = novelty.bench([{"n_chars": 5_000, "builder": "numpy"}], sample_chars=100)
+    (result,) = bench([{"n_chars": 5_000, "builder": "numpy"}], sample_chars=100)
     assert result["chars"] == 5_000 and result["builder"] == "numpy"

@@ -1,0 +1,196 @@
+"""The index of one corpus: its two splits' suffix arrays and its line ends, built and cached the first time
+(cache.py), and Novelty.score(text) -> Report against both splits, each span located by line (or pair).
+
+A plain text run's splits are its text's tail (or, with --val-split blocks, stretches of it); a pairs run's are
+sets of examples. Where a split is not one stretch of the corpus, its index keeps the positions of one suffix
+array of the whole corpus that fall inside it.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .cache import cached, index_path
+from .report import Report, Span, SplitScore
+from .score import (
+    DEFAULT_MIN_SPAN,
+    NO_MATCH,
+    check_min_span,
+    covered,
+    matching_statistics,
+    maximal_starts,
+    spans_ending,
+)
+from .suffixarray import builder_note, index_dtype, suffix_array
+
+EXCERPT_CHARS = 80  # of a copied span shown from the corpus (with up to CONTEXT_CHARS before it)
+CONTEXT_CHARS = 20
+MAX_SPANS = 1000  # spans listed per text (its share and longest count them all)
+
+
+@dataclass
+class SplitIndex:
+    """One split's suffix array over a run of corpus ids. `text` holds the split (plain text) or the whole
+    corpus (pairs: the split's suffixes are a subset of its positions; a span never crosses an example's end
+    marker, which no scored text contains); `offset` is where text[0] is in the corpus."""
+    name: str
+    text: np.ndarray
+    sa: np.ndarray
+    offset: int = 0
+
+
+class Novelty:
+    """A corpus's two split indexes and its line ends: .score(text) -> Report."""
+
+    def __init__(self, vocab, corpus_ids, splits, line_ends, unit="line", ignore=()):
+        self.vocab, self.corpus_ids, self.splits, self.line_ends, self.unit = vocab, corpus_ids, splits, line_ends, unit
+        self.ignore = set(ignore)  # characters never matched (the pair markers)
+
+    def encode(self, text):
+        """text -> (m,) int64 ids; characters outside the vocabulary (or ignored) are NO_MATCH."""
+        table = {c: i for c, i in self.vocab.stoi.items() if c not in self.ignore}
+        return np.fromiter((table.get(c, NO_MATCH) for c in text), dtype=np.int64, count=len(text))
+
+    def score(self, text, min_span=DEFAULT_MIN_SPAN):
+        check_min_span(min_span)
+        query = self.encode(text)
+        scores = {name: self._score_split(split, query, min_span) for name, split in self.splits.items()}
+        return Report(text, min_span, self.unit, scores["train"], scores["val"])
+
+    def _score_split(self, split, query, min_span):
+        starting, where = matching_statistics(split.text, split.sa, query)
+        where = where + split.offset
+        ends = np.arange(len(query)) + starting
+        copied = covered(starting, min_span)
+        firsts = maximal_starts(starting, min_span)[:MAX_SPANS]
+        spans = [self._span(int(i), int(starting[i]), int(where[i])) for i in firsts]
+        longest = None
+        if len(query) and starting.max() > 0:
+            i = int(np.argmax(starting))  # the first of the longest
+            longest = self._span(i, int(starting[i]), int(where[i]))
+        ending = spans_ending(ends)
+        return SplitScore(starting, ending, copied, spans, longest)
+
+    def _span(self, start, length, offset):
+        return Span(start, start + length, offset, self.line_of(offset), *self.excerpt(offset, length))
+
+    def line_of(self, offset):
+        """1-based line (pair) number of corpus position `offset`."""
+        return int(np.searchsorted(self.line_ends, offset, side="left")) + 1
+
+    def excerpt(self, offset, length):
+        """-> (the copied span as it stands in the corpus, the text before it on its line), both shortened."""
+        line = self.line_of(offset)
+        line_start = int(self.line_ends[line - 2]) + 1 if line > 1 else 0
+        begin, shown = max(line_start, offset - CONTEXT_CHARS), min(length, EXCERPT_CHARS)
+        span, before = self._text(offset, offset + shown), self._text(begin, offset)
+        return span + ("…" if shown < length else ""), ("…" if begin > line_start else "") + before
+
+    def _text(self, begin, end):
+        text = self.vocab.decode(self.corpus_ids[begin:end])
+        for marker in self.ignore:  # a pair's source and target, as the tab between them in the file
+            text = text.replace(marker, "\t")
+        return text
+
+
+def index_corpus(corpus, val_fraction, log=print, split=None):
+    """An encoded corpus (chargpt.data.EncodedCorpus or chargpt.pairs.EncodedPairs) -> Novelty, building and caching
+    the suffix arrays of its two splits the first time (beside the corpus cache). `split`: a text run's
+    chargpt.data.Split (None: the tail split of val_fraction, as runs from before --val-split)."""
+    from ..pairs import END
+    ids = corpus.ids()
+    pairs = hasattr(corpus, "n_pairs")
+    ends_id = corpus.vocab.stoi.get(END if pairs else "\n")
+    line_ends = cached(index_path(corpus.cache_dir, corpus.key, "lines"), lambda: _positions_of(ids, ends_id), log,
+                       "line ends", bound=len(ids))
+    if pairs:
+        return _index_pairs(corpus, ids, val_fraction, line_ends, log)
+    if split is not None and split.how == "blocks":
+        return _index_blocks(corpus, ids, split, line_ends, log)
+    return _index_tail(corpus, ids, val_fraction, line_ends, log)
+
+
+def _index_tail(corpus, ids, val_fraction, line_ends, log):
+    """A text run's tail split: each split's own suffix array, over its stretch of the corpus."""
+    from ..data import split_sizes
+    n_train, _ = split_sizes(len(ids), val_fraction, 0)
+    splits = {}
+    for name, lo, hi in (("train", 0, n_train), ("val", n_train, len(ids))):
+        text = ids[lo:hi]
+
+        def build(text=text, name=name):
+            log(f"indexing the {len(text):,} {name} characters of {corpus.name} for novelty (once per corpus)"
+                + builder_note(corpus.vocab))
+            return suffix_array(text)
+        sa = cached(index_path(corpus.cache_dir, corpus.key, f"sa-{name}-{n_train}"), build, log, f"{name} index",
+                    size=len(text), bound=len(text))
+        splits[name] = SplitIndex(name, text, sa, offset=lo)
+    return Novelty(corpus.vocab, ids, splits, line_ends)
+
+
+def _index_pairs(corpus, ids, val_fraction, line_ends, log):
+    """A pairs run's splits, sets of examples: one suffix array of the whole corpus, kept per split to the positions
+    of its examples (a span never crosses an example's end marker, which no scored text contains)."""
+    from ..pairs import END, SEP, split_pairs
+    train_rows, val_rows = split_pairs(corpus.n_pairs, val_fraction)
+    tag = f"{len(val_rows)}"
+    whole = _whole_index(corpus, ids, log)
+
+    def part(rows):
+        full = whole()
+        in_split = np.zeros(corpus.n_pairs, bool)
+        in_split[rows] = True
+        example = np.searchsorted(line_ends, full, side="left")  # pair i holds positions up to its END
+        return full[in_split[np.minimum(example, corpus.n_pairs - 1)]]
+    splits = {}
+    for name, rows in (("train", train_rows), ("val", val_rows)):
+        count = int(corpus.index()[rows, 1:].sum() + 2 * len(rows))  # positions of the split's examples
+        sa = cached(index_path(corpus.cache_dir, corpus.key, f"sa-{name}-{tag}"), lambda rows=rows: part(rows), log,
+                    f"{name} index", size=count, bound=len(ids))
+        splits[name] = SplitIndex(name, ids, sa)
+    return Novelty(corpus.vocab, ids, splits, line_ends, unit="pair", ignore=(SEP, END))
+
+
+def _index_blocks(corpus, ids, split, line_ends, log):
+    """The --val-split blocks indexes: one suffix array of the whole corpus, kept per split to the positions in its
+    stretches (as for pairs). A span may run on across the line end where a stretch meets the next one (at most
+    one per block of SPLIT_CHARS): a rare slight overcount of the longest spans, for one array instead of two."""
+    tag = f"b{split.block_chars}-{split.size('val')}"  # names the split: its block length and validation size
+    whole = _whole_index(corpus, ids, log)
+
+    def part(segs):
+        full = whole()
+        inside = np.zeros(len(ids), bool)
+        for a, b in segs:
+            inside[a:b] = True
+        return full[inside[full]]
+    splits = {}
+    for name in ("train", "val"):
+        segs = getattr(split, name)
+        sa = cached(index_path(corpus.cache_dir, corpus.key, f"sa-{name}-{tag}"), lambda segs=segs: part(segs), log,
+                    f"{name} index", size=split.size(name), bound=len(ids))
+        splits[name] = SplitIndex(name, ids, sa)
+    return Novelty(corpus.vocab, ids, splits, line_ends)
+
+
+def _whole_index(corpus, ids, log):
+    """-> a function giving the suffix array of the whole corpus, built on the first call only: the splits that
+    keep their positions of it (pairs, blocks) share one build, and a split found in the cache needs none."""
+    built = []
+
+    def whole():
+        if not built:
+            log(f"indexing the {len(ids):,} characters of {corpus.name} for novelty (once per corpus)"
+                + builder_note(corpus.vocab))
+            built.append(suffix_array(ids))
+        return built[0]
+    return whole
+
+
+def _positions_of(ids, value, chunk=1 << 24):
+    """Positions of `value` in ids, in chunks (bounded memory)."""
+    dtype = index_dtype(len(ids))
+    if value is None:
+        return np.zeros(0, dtype)
+    return np.concatenate([np.flatnonzero(ids[i:i + chunk] == value).astype(dtype) + i
+                           for i in range(0, len(ids), chunk)] or [np.zeros(0, dtype)])

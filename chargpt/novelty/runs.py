@@ -1,0 +1,75 @@
+"""A run's own corpus: the text a checkpoint trained on, found by the corpus cache key it recorded, else encoded
+again from the path it trained on (or from --data, checked to be the same corpus by its hash), and the Novelty
+index over that run's own split of it."""
+
+from pathlib import Path
+
+from ..config import run_val_split
+from ..errors import DataError
+from .index import index_corpus
+
+
+def run_corpus(meta, data=None, cache_dir=None, run="the run", log=print):
+    """A checkpoint's metadata -> its encoded corpus (chargpt.data.EncodedCorpus or EncodedPairs), found by the
+    corpus cache key the run recorded, else re-encoded from the path it trained on; `data` replaces that path
+    (a corpus moved elsewhere), checked to be the same corpus by its hash."""
+    from .. import data as corpus_data
+    from .. import pairs as corpus_pairs
+    tc = meta.get("train_config") or {}
+    task, encoding, errors = tc.get("task", "text"), tc.get("encoding", "utf-8"), tc.get("encoding_errors", "strict")
+    cache = Path(cache_dir or tc.get("cache_dir") or corpus_data.default_cache_dir()).expanduser()
+    recorded = meta.get("corpus_key")
+    path = data if data is not None else tc.get("data")
+    if data is None and recorded:
+        name = meta.get("corpus") or "corpus"
+        corpus = (corpus_pairs.cached_pairs if task == "pairs" else corpus_data.cached_corpus)(cache, recorded, name)
+        if corpus is not None:
+            return _same_vocab(corpus, meta, run)
+    if data is None and path is not None and not Path(path).expanduser().exists():
+        raise DataError(f"the training text of {run} is gone ({path} does not exist and its encoding is not in the "
+                        f"cache {cache}); pass --data FILE with the same corpus (checked by its hash)")
+    if task == "pairs":
+        _, key, _ = corpus_pairs.pair_stream(path, tc.get("target_data"), encoding, errors)
+    else:
+        key = corpus_data.corpus_key(corpus_data.corpus_sources(path, encoding)[1], encoding, errors)
+    if recorded and key != recorded:
+        where = path if path is not None else "the built-in corpus of this Python"
+        raise DataError(f"{where} is not the corpus {run} was trained on (its hash differs); pass --data FILE with "
+                        f"the text it trained on")
+    if task == "pairs":
+        corpus = corpus_pairs.encode_pairs(path, tc.get("target_data"), encoding, errors, cache, log=log)
+    else:
+        corpus = corpus_data.encode_corpus(path, encoding, errors, cache, log=log)
+    return _same_vocab(corpus, meta, run)
+
+
+def _same_vocab(corpus, meta, run):
+    """The corpus, if its vocabulary is the run's: the guard for runs saved before they recorded their corpus key.
+    A run started from another (--init-from) trains in the base's vocabulary extended by its corpus's characters,
+    so there the corpus's characters need only be among the run's (the text is scored in the corpus's own ids)."""
+    from ..init_from import read_lineage
+    within = read_lineage(meta) is not None and all(c in meta["vocab"].stoi for c in corpus.vocab.chars)
+    if corpus.vocab != meta["vocab"] and not within:
+        raise DataError(f"the corpus found for {run} has a different vocabulary ({len(corpus.vocab):,} characters "
+                        f"against its {len(meta['vocab']):,}): not the text it trained on; pass --data FILE with it")
+    return corpus
+
+
+def for_run(checkpoint, data=None, cache_dir=None, log=print):
+    """A run directory or checkpoint file -> Novelty over the text it trained on."""
+    from ..checkpoint import read_meta
+    from ..rundir import resolve
+    meta, _ = read_meta(resolve(checkpoint))
+    return for_meta(meta, str(checkpoint), data, cache_dir, log)
+
+
+def for_meta(meta, run="the run", data=None, cache_dir=None, log=print):
+    """A checkpoint's metadata (checkpoint.read_meta, Generator.meta) -> Novelty over the text it trained on."""
+    corpus = run_corpus(meta, data, cache_dir, run=run, log=log)
+    tc = meta.get("train_config") or {}
+    fraction, split = tc.get("val_fraction", 0.1), None
+    if tc.get("task", "text") == "text":  # the split the run trained with (runs from before --val-split: the tail)
+        from ..data import split_of
+        split = split_of(corpus.ids(), corpus.vocab, fraction, meta["model_config"].block_size, run_val_split(tc))
+    return index_corpus(corpus, fraction, log=log, split=split)
+
