@@ -18,7 +18,7 @@ from .checkpoint import read_meta
 from .config import ModelConfig, describe_model
 from .data import run_val_split
 from .init_from import describe_lineage, read_lineage
-from .rundir import LATEST, METRICS, read_metrics, resolve
+from .rundir import LATEST, METRICS, read_step_rows, resolve
 
 PREVIEW_CHARS = 80
 WRAP = 110  # columns of the human format
@@ -44,7 +44,7 @@ def _format_version(path):
 
 
 def _metrics(run_dir):
-    return read_metrics(run_dir / METRICS)
+    return read_step_rows(run_dir / METRICS)
 
 
 def run_info(path, preview=PREVIEW_CHARS):
