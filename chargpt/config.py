@@ -2,7 +2,7 @@
 
 ModelConfig rebuilds the network and is stored in every checkpoint. TrainConfig holds everything about a run;
 SampleSettings says how to choose characters. The CLIs generate one flag per field (`n_embd` -> `--n-embd`)
-with the `help` metadata as its help line (flag_specs), so a field added here is a documented flag everywhere.
+with the `help` metadata as its help line (chargpt/flags.py), so a field added here is a documented flag everywhere.
 
 Defaults: a field's dataclass default is its value on a GPU (the classic 10.7M-parameter Shakespeare model);
 PRESETS names starting points over them, "auto" among them, which a run without a GPU starts from (its model sized
@@ -10,17 +10,18 @@ at start by chargpt/sizing.py): --help shows both defaults where they differ. ch
 preset, config file and flags.
 PRESETS also holds transformer-base (the 2017 paper's model) and transformer-small (its CPU-sized sibling).
 Validation lives here too, once per dataclass; messages name a setting with param(), which spells it as the
-user did: `--n-layer` on the command line, `n_layer` from Python.
+user did: `--n-layer` on the command line, `n_layer` from Python. Dictionaries from outside (checkpoint metadata,
+keyword arguments, a config file's table) are checked against the fields by one function, typed_fields.
 """
 
-import contextlib
-import contextvars
 import difflib
 import math
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields
+from typing import ClassVar
 
 from .errors import ConfigError
+from .flags import cli_names, field_type, flag, flag_specs, opt, param  # noqa: F401 (re-exported: cli, bench)
 
 ARCHS = ("decoder", "encoder-decoder")
 POS_EMBS = ("learned", "sinusoidal")
@@ -42,34 +43,6 @@ COMPILE_CHOICES = ("auto", "on", "off")
 AUTO_BUDGET_S = 150.0  # --preset auto's time budget when none is given: `python train.py` ends in about 3 minutes
 SIZED = ("n_layer", "n_embd", "n_head", "block_size", "batch_size", "dropout", "max_iters")  # what auto chooses
 THREADS_PER_CPU = 4  # --threads above this many per CPU is a typo: torch only slows down, and crashes near 100000
-
-
-def opt(default, help, **extra):
-    """A dataclass field carrying its --help line (and optionally click `choices`, `multiple`, flag=False, or
-    switch=(bare, negative): the flag alone means `bare`, and --no-<flag> means `negative`)."""
-    return field(default=default, metadata={"help": help, **extra})
-
-
-# --- naming settings in messages ------------------------------------------------------------------------------
-_CLI_NAMES = contextvars.ContextVar("chargpt_cli_names", default=False)
-_NO_VALUE = object()
-
-
-@contextlib.contextmanager
-def cli_names():
-    """Within this block, param() spells settings as command-line flags (the CLIs wrap their work in it)."""
-    token = _CLI_NAMES.set(True)
-    try:
-        yield
-    finally:
-        _CLI_NAMES.reset(token)
-
-
-def param(name, value=_NO_VALUE):
-    """A setting as the user gave it: `--unknown skip` on the command line, `unknown='skip'` from Python."""
-    if _CLI_NAMES.get():
-        return f"--{flag(name)}" + ("" if value is _NO_VALUE else f" {value}")
-    return name + ("" if value is _NO_VALUE else f"={value!r}")
 
 
 # --- presets: named starting points for every setting -------------------------------------------------------
@@ -134,6 +107,13 @@ PRESET_ABOUT = {
 }
 
 
+# What a setting defaults to without a GPU, where that is not its dataclass default (the GPU's): --preset auto's
+# value, or sized by it at start. --help shows both (flags.flag_specs reads it as the dataclasses' cpu_defaults).
+CPU_DEFAULTS = {**{name: f"{value} on CPU" for name, value in PRESETS["auto"].items()},
+                **dict.fromkeys(SIZED, "sized by --preset auto on CPU"),
+                "max_time": f"{AUTO_BUDGET_S:g} on CPU (--preset auto)"}
+
+
 def device_preset(device_type):
     """The preset a run without --preset starts from: what suits the device found."""
     return "shakespeare-char" if device_type == "cuda" else "auto"
@@ -149,7 +129,7 @@ class ModelConfig:
     dropout: float = opt(0.2, "dropout on attention weights and residual outputs; 0 for small data or short runs")
     bias: bool = opt(True, "bias in Linear and LayerNorm layers, like GPT-2 (--no-bias: a bit faster, often as good)")
     tie_weights: bool = opt(True, "share the token embedding with the output head (fewer parameters)")
-    # Architecture options (issue #11). The defaults are the GPT above, bit for bit; the alternatives rebuild the
+    # Architecture options. The defaults are the GPT above, bit for bit; the alternatives rebuild the
     # parts of the 2017 Transformer (Vaswani et al., "Attention Is All You Need") for either architecture.
     arch: str = opt("decoder", "decoder: one causal stack over 'source, separator, target' (GPT); encoder-decoder: "
                                "the 2017 Transformer (source encoder + cross-attending decoder; needs --task pairs)",
@@ -162,6 +142,7 @@ class ModelConfig:
                            "(norm(x + f(x)), the 2017 paper; needs warmup)", choices=NORMS)
     activation: str = opt("gelu", "feed-forward activation: gelu (GPT) or relu (the 2017 paper)",
                           choices=ACTIVATIONS)
+    cpu_defaults: ClassVar[dict] = CPU_DEFAULTS
 
     def validate(self):
         check_numbers(self)
@@ -289,6 +270,7 @@ class TrainConfig:
     label_smoothing: float = opt(0.0, "spread this much of each target's probability over the whole vocabulary "
                                       "in the training loss (0.1 in the 2017 paper; 0: plain cross-entropy); the "
                                       "losses reported are plain cross-entropy either way")
+    cpu_defaults: ClassVar[dict] = CPU_DEFAULTS
 
     def __post_init__(self):
         if isinstance(self.compile, bool):  # compile=True from Python, and checkpoints from before auto|on|off
@@ -450,45 +432,6 @@ def describe_model(cfg: ModelConfig):
                       f"{cfg.n_head} heads", f"context {cfg.block_size}", *options])
 
 
-SIZE_FLAGS = ("n_layer", "n_enc_layer", "n_embd", "block_size")  # the settings that make a model large
-TRAIN_BYTES_PER_PARAM = 16  # float32 weights and gradients, and AdamW's two moments: 4 x 4 bytes
-
-
-def estimated_params(cfg: ModelConfig):
-    """Parameters of the model `cfg` builds, from its sizes alone (within a few per cent: biases and norms are
-    counted as 13 vectors a block), so that an impossible size is refused before anything is allocated. Per block:
-    attention 4 d^2 and a 4x feed-forward 8 d^2; a decoder block of the encoder-decoder cross-attends (4 d^2 more)."""
-    d, cross = cfg.n_embd, cfg.arch == "encoder-decoder"
-    block = 12 * d * d + 13 * d
-    blocks = cfg.n_layer * (block + (4 * d * d + 6 * d if cross else 0))
-    if cross:
-        blocks += (cfg.n_enc_layer or cfg.n_layer) * block
-    embeddings = cfg.vocab_size * d * (1 if cfg.tie_weights else 2) + (cfg.block_size * d if cfg.pos_emb == "learned"
-                                                                       else 0)
-    return blocks + embeddings
-
-
-def check_model_fits(cfg: ModelConfig, memory_bytes, where, source=lambda name: None):
-    """Refuse a model whose training state (weights, gradients, AdamW moments) alone exceeds `memory_bytes` (the
-    device's memory, `where`), naming the size setting that matters most (the one whose default would shrink the
-    model most) and, when source(name) gives one, the file that set it. Activations come on top: a model that
-    passes may still run out of memory, and is then told so."""
-    need = estimated_params(cfg) * TRAIN_BYTES_PER_PARAM
-    if memory_bytes is None or need <= memory_bytes:
-        return
-    defaults = {f.name: f.default for f in fields(ModelConfig)}
-    defaults["n_enc_layer"] = cfg.n_layer  # its default, 0, means "as many as --n-layer"
-
-    def shrunk(name):
-        return estimated_params(replace(cfg, **{name: min(getattr(cfg, name), defaults[name])}))
-
-    worst = min((name for name in SIZE_FLAGS if getattr(cfg, name)), key=shrunk)
-    origin = f" in {source(worst)}" if source(worst) else ""
-    raise ConfigError(f"a model of {describe_model(cfg)} has about {estimated_params(cfg):.3g} parameters: training "
-                      f"it needs at least {need / 1e9:,.4g} GB, and {where} has {memory_bytes / 1e9:,.1f} GB; lower "
-                      f"{param(worst)} (now {getattr(cfg, worst):,}{origin})")
-
-
 def check_task(arch, cfg: TrainConfig):
     """What the model is trained on must suit its architecture: an encoder-decoder needs a source to encode."""
     if arch == "encoder-decoder" and cfg.task != "pairs":
@@ -497,7 +440,7 @@ def check_task(arch, cfg: TrainConfig):
 
 
 def validate_arch(cfg: ModelConfig):
-    """The architecture options (issue #11): names from the untrusted checkpoint metadata are checked here too."""
+    """The architecture options: names from the untrusted checkpoint metadata are checked here too."""
     for name, allowed in (("arch", ARCHS), ("pos_emb", POS_EMBS), ("norm", NORMS), ("activation", ACTIVATIONS)):
         if getattr(cfg, name) not in allowed:
             raise ConfigError(f"--{flag(name)} must be one of {', '.join(allowed)} (got {getattr(cfg, name)!r})")
@@ -506,54 +449,6 @@ def validate_arch(cfg: ModelConfig):
     if cfg.n_enc_layer and cfg.arch != "encoder-decoder":
         raise ConfigError(f"--n-enc-layer {cfg.n_enc_layer} needs --arch encoder-decoder (a decoder has no encoder); "
                           f"drop --n-enc-layer or add --arch encoder-decoder")
-
-
-def flag(name):
-    return name.replace("_", "-")
-
-
-def field_type(f):
-    """The type a field's flag parses to: bool, int, float or str (`int | None` -> int; a tuple of strings -> str;
-    a field with choices -> str)."""
-    if f.metadata.get("choices"):
-        return str
-    for cand in (bool, int, float, str):
-        if f.type is cand or cand in getattr(f.type, "__args__", ()):
-            return cand
-    return str
-
-
-@dataclass(frozen=True)
-class FlagSpec:
-    """One command-line flag, as a dataclass field defines it (the CLI turns these into click options)."""
-    dest: str  # the field name: the keyword argument it fills
-    name: str  # the flag without its dashes
-    type: type  # bool, int, float or str
-    default: object  # the dataclass default (what a bool switch starts as)
-    help: str  # the field's help line, with its default(s) appended
-    choices: tuple | None = None
-    multiple: bool = False
-    switch: tuple | None = None  # (value of the bare flag, value of --no-<flag>)
-
-
-def flag_specs(cls):
-    """The flags of dataclass `cls`, in field order. A default that depends on the device shows both values."""
-    specs = []
-    for f in fields(cls):
-        if f.metadata.get("flag") is False:
-            continue
-        typ, help_ = field_type(f), f.metadata["help"]
-        if f.name in SIZED:
-            help_ += f" [default: sized by --preset auto on CPU, {f.default} on GPU]"
-        elif f.name == "max_time":
-            help_ += f" [default: {AUTO_BUDGET_S:g} on CPU (--preset auto), none on GPU]"
-        elif f.name in PRESETS["auto"]:
-            help_ += f" [default: {PRESETS['auto'][f.name]} on CPU, {f.default} on GPU]"
-        elif f.default is not None and typ is not bool and "[default" not in help_:
-            help_ += f" [default: {f.default}]"
-        specs.append(FlagSpec(f.name, flag(f.name), typ, f.default, help_, f.metadata.get("choices"),
-                              f.metadata.get("multiple", False), f.metadata.get("switch")))
-    return specs
 
 
 def field_names(cls):
@@ -584,26 +479,34 @@ def model_config_from_dict(d):
     return ModelConfig(**kw).validate()
 
 
-def typed_fields(cls, d, what):
-    """The fields of dataclass `cls` present in the untrusted dict `d`, each checked against its annotation
-    (`int`, `float`, `bool`, `str`, or one of those `| None`). Unknown keys are dropped."""
+def typed_fields(cls, d, what, wrong_type=None):
+    """The one check of a dictionary from outside (checkpoint metadata, keyword arguments, a config file's table)
+    against dataclass fields: -> the fields of `cls` (a dataclass, or a tuple of them) present in `d`, each of the
+    type its annotation allows: `int`, `float` (an int too), `bool` (never a number), `str` (a path too, as its
+    string), or one of those `| None`. Unknown keys are left out: the caller decides about them. A value of another
+    type is a ConfigError, worded `{what}: 'n_layer' has the wrong type (str: '2')`, or by `wrong_type(name, value,
+    want)`, `want` the type asked for (the first the annotation allows)."""
     if not isinstance(d, dict):
         raise ConfigError(f"{what} is not an object")
     kw = {}
-    for f in fields(cls):
+    for f in (f for c in (cls if isinstance(cls, tuple) else (cls,)) for f in fields(c)):
         if f.name not in d:
             continue
-        allowed = getattr(f.type, "__args__", None) or (f.type,)
-        if str in allowed and isinstance(d[f.name], os.PathLike):  # data=Path(...) from Python
-            d = {**d, f.name: os.fspath(d[f.name])}
-        if not any(_has_type(d[f.name], t) for t in allowed):
-            raise ConfigError(f"{what}: {f.name!r} has the wrong type ({type(d[f.name]).__name__}: {d[f.name]!r:.40})")
-        kw[f.name] = d[f.name]
+        value, allowed = d[f.name], getattr(f.type, "__args__", None) or (f.type,)
+        if str in allowed and isinstance(value, os.PathLike):  # data=Path(...) from Python
+            value = os.fspath(value)
+        if not any(_has_type(value, t) for t in allowed):
+            raise ConfigError(wrong_type(f.name, value, _TYPES.get(allowed[0], allowed[0])) if wrong_type else
+                              f"{what}: {f.name!r} has the wrong type ({type(value).__name__}: {value!r:.40})")
+        kw[f.name] = value
     return kw
 
 
+_TYPES = {"int": int, "float": float, "bool": bool, "str": str}  # annotations written as strings
+
+
 def _has_type(value, t):
-    t = {"int": int, "float": float, "bool": bool, "str": str}.get(t, t)  # string annotations
+    t = _TYPES.get(t, t)
     if t is type(None):
         return value is None
     if isinstance(value, bool):  # bool is an int subclass; never accept it for a number
@@ -611,3 +514,12 @@ def _has_type(value, t):
     if t is float:
         return isinstance(value, (int, float))
     return isinstance(t, type) and isinstance(value, t)
+
+
+def __getattr__(name):
+    """check_model_fits and estimated_params moved to chargpt/model.py; training.py and tests/test_hostile.py
+    still import them from here. Lazy, as the model imports this module: remove once they import from there."""
+    if name in ("check_model_fits", "estimated_params"):
+        from . import model
+        return getattr(model, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,17 +14,21 @@ to the encoder's output (cross-attention), as in the Annotated Transformer (harv
 
 Both are built from the same Attention, MLP and Block; ModelConfig's options choose the 2017 parts for either:
 sinusoidal positions, token embeddings scaled by sqrt(C), post-LN, ReLU. The defaults are GPT-2's.
+estimated_params counts a config's parameters from its sizes alone, and check_model_fits refuses a model whose
+training state cannot fit the device, before anything is allocated.
 """
 
 import functools
 import math
+from dataclasses import fields, replace
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from .config import ModelConfig
+from .config import ModelConfig, describe_model
 from .errors import ConfigError
+from .flags import param
 from .loss import head_loss, use_fused
 
 
@@ -227,9 +231,6 @@ class Attention(nn.Module):
             attn_weights.append(att.detach())
         att = self.attn_dropout(att)
         return att @ v  # (B, nh, T, hs)
-
-
-CausalSelfAttention = Attention  # the name before the encoder-decoder existed
 
 
 class MLP(nn.Module):
@@ -455,3 +456,43 @@ class EncoderDecoder(Transformer):
 def build_model(cfg: ModelConfig):
     """The network that cfg.arch names: the one builder every loader and trainer calls."""
     return EncoderDecoder(cfg) if cfg.arch == "encoder-decoder" else CharGPT(cfg)
+
+
+# --- sizes from the config alone: what a model costs before anything is allocated -----------------------------------
+SIZE_FLAGS = ("n_layer", "n_enc_layer", "n_embd", "block_size")  # the settings that make a model large
+TRAIN_BYTES_PER_PARAM = 16  # float32 weights and gradients, and AdamW's two moments: 4 x 4 bytes
+
+
+def estimated_params(cfg: ModelConfig):
+    """Parameters of the model `cfg` builds, from its sizes alone (within a few per cent: biases and norms are
+    counted as 13 vectors a block), so that an impossible size is refused before anything is allocated. Per block:
+    attention 4 d^2 and a 4x feed-forward 8 d^2; a decoder block of the encoder-decoder cross-attends (4 d^2 more)."""
+    d, cross = cfg.n_embd, cfg.arch == "encoder-decoder"
+    block = 12 * d * d + 13 * d
+    blocks = cfg.n_layer * (block + (4 * d * d + 6 * d if cross else 0))
+    if cross:
+        blocks += (cfg.n_enc_layer or cfg.n_layer) * block
+    embeddings = cfg.vocab_size * d * (1 if cfg.tie_weights else 2) + (cfg.block_size * d if cfg.pos_emb == "learned"
+                                                                       else 0)
+    return blocks + embeddings
+
+
+def check_model_fits(cfg: ModelConfig, memory_bytes, where, source=lambda name: None):
+    """Refuse a model whose training state (weights, gradients, AdamW moments) alone exceeds `memory_bytes` (the
+    device's memory, `where`), naming the size setting that matters most (the one whose default would shrink the
+    model most) and, when source(name) gives one, the file that set it. Activations come on top: a model that
+    passes may still run out of memory, and is then told so."""
+    need = estimated_params(cfg) * TRAIN_BYTES_PER_PARAM
+    if memory_bytes is None or need <= memory_bytes:
+        return
+    defaults = {f.name: f.default for f in fields(ModelConfig)}
+    defaults["n_enc_layer"] = cfg.n_layer  # its default, 0, means "as many as --n-layer"
+
+    def shrunk(name):
+        return estimated_params(replace(cfg, **{name: min(getattr(cfg, name), defaults[name])}))
+
+    worst = min((name for name in SIZE_FLAGS if getattr(cfg, name)), key=shrunk)
+    origin = f" in {source(worst)}" if source(worst) else ""
+    raise ConfigError(f"a model of {describe_model(cfg)} has about {estimated_params(cfg):.3g} parameters: training "
+                      f"it needs at least {need / 1e9:,.4g} GB, and {where} has {memory_bytes / 1e9:,.1f} GB; lower "
+                      f"{param(worst)} (now {getattr(cfg, worst):,}{origin})")

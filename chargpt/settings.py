@@ -3,16 +3,15 @@
     chargpt train --preset tiny --config run.toml --max-iters 500
 
 Each layer overrides the one below it: the dataclass defaults (config.py); a named preset (config.PRESETS; without
---preset the device picks cpu or shakespeare-char); a TOML file (--config), its keys the flag names, with dashes
-or underscores; the flags typed (from Python: the keyword arguments). The start-up log names the layer each
-setting came from (Settings.describe). A run directory keeps its resolved settings as config.toml (config_toml),
+--preset the device picks auto or shakespeare-char); a TOML file (--config), its keys the flag names, with dashes
+or underscores; the flags typed (from Python: the keyword arguments). new_run_settings merges them for a new run;
+resume_settings and init_settings for a run continued or started from another. The start-up log names the layer
+each setting came from (Settings.describe). A run directory keeps its resolved settings as config.toml (config_toml),
 and `chargpt train --config DIR/config.toml` trains that run again, into a new run directory.
 """
 
 import difflib
 import json
-import shlex
-import textwrap
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -21,7 +20,6 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI (a dependency there)
     import tomli as tomllib
 
-from . import config, sizing
 from .config import (
     PRESET_ABOUT,
     PRESETS,
@@ -29,15 +27,14 @@ from .config import (
     ModelConfig,
     TrainConfig,
     check_preset,
-    describe_model,
     device_preset,
-    flag,
-    flag_specs,
-    param,
     run_val_split,
     split_overrides,
+    typed_fields,
 )
 from .errors import ConfigError
+from .flags import flag, flag_specs, named_as_flags, param, spelled
+from .helptext import describe_params, preset_params, preset_table  # noqa: F401 (re-exported: cli, test_runs)
 from .textio import MAX_CONFIG_BYTES, read_bounded
 
 HARDWARE = ("device", "dtype", "threads", "compile", "attention")  # how a run is computed, not what it is
@@ -99,15 +96,14 @@ def _unknown_key(path, key, value, keys):
 
 
 def _checked(path, key, value, spec):
-    """The value of `key` if it has the flag's type (an integer is a number too) and is one of its choices."""
-    if spec.type is bool or isinstance(value, bool):
-        ok = isinstance(value, bool) and spec.type is bool
-    else:
-        ok = isinstance(value, (int, float) if spec.type is float else spec.type)
-    if not ok:
-        raise ConfigError(f"{path}: {key} must be {WANT[spec.type]}, not {_kind(value)}: {_shown(value)}")
+    """The value of `key` if it has its setting's type (config.typed_fields: an integer is a number too) and is one
+    of its choices; a number as a float where the setting is one."""
+    def wrong_type(name, value, want):
+        return f"{path}: {key} must be {WANT[want]}, not {_kind(value)}: {_shown(value)}"
+
+    value = typed_fields((ModelConfig, TrainConfig), {spec.dest: value}, path, wrong_type)[spec.dest]
     if spec.choices and value not in spec.choices:
-        close = difflib.get_close_matches(value, spec.choices, n=1)
+        close = difflib.get_close_matches(value, spec.choices, n=1) if isinstance(value, str) else []
         raise ConfigError(f"{path}: {key} must be one of {', '.join(spec.choices)}, not {_shown(value)}"
                           + (f"; did you mean {close[0]!r}?" if close else ""))
     return float(value) if spec.type is float else value
@@ -201,7 +197,7 @@ class Settings:
             shown = [spelled(k, v) for k, v in values.items() if k not in later and below.get(k) != v
                      and k not in ("preset", "config") and not (k == "max_iters" and v >= UNLIMITED)]
             below.update(values)
-            where = source if source != FLAGS else "the command line" if config._CLI_NAMES.get() else "arguments"
+            where = source if source != FLAGS else "the command line" if named_as_flags() else "arguments"
             if shown and not source.startswith("preset "):
                 lines.append(f"from {where}: {' '.join(shown)}")
         return lines
@@ -228,23 +224,16 @@ def _as_flag(name, value, alone=False):
     return str(value) if alone else f"--{flag(name)} {value}"
 
 
-def spelled(name, value):
-    """A setting as the user would give it: --n-layer 4, --no-bias, --sample-prompt 'ROMEO:' (n_layer=4 from
-    Python)."""
-    if not config._CLI_NAMES.get():
-        return param(name, value)
-    if isinstance(value, bool):
-        return f"--{flag(name)}" if value else f"--no-{flag(name)}"
-    return f"--{flag(name)} {shlex.quote(str(value))}"
-
-
-def resolve(flags, device_type="cpu"):
+def new_run_settings(flags, device_type="cpu"):
     """Defaults <- preset <- config file <- flags -> (model fields but the vocabulary size, validated TrainConfig,
     Settings). The one merge of the layers for a new run; a resumed run starts from its checkpoint instead."""
     settings = flags if isinstance(flags, Settings) else Settings(flags)
     settings.pick_preset(device_type)
     model_kw, train_kw = split_overrides(settings.merged())
     return model_kw, TrainConfig(**{**train_kw, "preset": settings.preset}).validate(), settings
+
+
+resolve = new_run_settings  # the old name, for training.py, tests/test_runs.py and tests/test_sizing.py: remove then
 
 
 # --- the settings of a resumed run -----------------------------------------------------------------------------------
@@ -391,39 +380,3 @@ def config_toml(mcfg: ModelConfig, tcfg: TrainConfig):
             lines.append(f"{spec.name} = {toml_value(value)}" + ("  # no step limit: max-time decides" if unlimited
                                                                  else ""))
     return "\n".join(lines) + "\n"
-
-
-# --- the presets, described ------------------------------------------------------------------------------------
-def preset_params(name, vocab_size=65):
-    """Parameters of the model preset `name` builds at a vocabulary of `vocab_size` characters (tiny Shakespeare
-    has 65), counted on torch's meta device: nothing is allocated, so even the largest costs nothing. For auto,
-    whose model is sized at start: (smallest, largest) of its rungs."""
-    if name == "auto":
-        return tuple(model_params(r.model_settings(), vocab_size) for r in (sizing.RUNGS[0], sizing.RUNGS[-1]))
-    return model_params(split_overrides(PRESETS[name])[0], vocab_size)
-
-
-def model_params(model_kw, vocab_size=65):
-    import torch
-
-    from .model import build_model
-    with torch.device("meta"):
-        return build_model(ModelConfig(**{**model_kw, "vocab_size": vocab_size})).num_params()
-
-
-def describe_params(name, vocab_size=65):
-    """'0.43M', or auto's range '0.11M-10.77M'."""
-    n = preset_params(name, vocab_size)
-    return "-".join(f"{x / 1e6:.2f}M" for x in n) if isinstance(n, tuple) else f"{n / 1e6:.2f}M"
-
-
-def preset_table(vocab_size=65):
-    """Lines for --help: each preset with its size, parameters and purpose."""
-    lines = [f"Presets (--preset NAME; parameters at a vocabulary of {vocab_size} characters, as tiny Shakespeare's):"]
-    for name in PRESETS:
-        model_kw, _ = split_overrides(PRESETS[name])
-        shape = "sized at start" if name == "auto" else describe_model(ModelConfig(**model_kw))
-        lines.append(f"  {name:<17} {describe_params(name, vocab_size):>12} parameters: {shape}")
-        lines += textwrap.wrap(PRESET_ABOUT[name], 100, initial_indent=" " * 6, subsequent_indent=" " * 6,
-                               break_on_hyphens=False)
-    return lines
