@@ -20,8 +20,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .config import param, run_val_split  # noqa: F401 (run_val_split: the split of a run, for its users here)
+from .config import run_val_split  # noqa: F401 (the split of a run, for its users here)
 from .errors import ChargptError, DataError
+from .flags import param
 from .rundir import remove_stale_temps, write_text_atomic
 from .tokenizer import MAX_CODEPOINT, Vocab, codepoints
 

@@ -11,8 +11,9 @@ It sits above the pure parts, as nanochat's engine.py and gpt-fast's generate.py
 import torch
 
 from .checkpoint import load_model, unwrap
-from .config import SampleSettings, check_sample_options, param
+from .config import SampleSettings, check_sample_options
 from .errors import ChargptError
+from .flags import param
 from .model import CharGPT
 from .pairs import END, SEP
 from .quantize import check_precision, inference_model, uses_dynamic_int8

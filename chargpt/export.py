@@ -34,8 +34,9 @@ from safetensors import SafetensorError
 
 from . import __version__
 from .checkpoint import load_model, read_meta
-from .config import EXPORT_FORMATS, ExportSettings, SampleSettings, describe_model, param, run_val_split
+from .config import EXPORT_FORMATS, ExportSettings, SampleSettings, describe_model, run_val_split
 from .errors import ChargptError, ConfigError
+from .flags import param
 from .pairs import END, SEP
 from .rundir import resolve
 

@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint import load_model
-from .config import param
 from .errors import CheckpointError, ConfigError
+from .flags import param
 from .rundir import BEST, LATEST, resolve, write_atomic
 from .tokenizer import Vocab
 

@@ -36,9 +36,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .config import param
 from .data import corpus_key, corpus_sources, default_cache_dir, iter_text, remove_dead_temps, write_json_atomic
 from .errors import DataError
+from .flags import param
 from .tokenizer import MAX_CODEPOINT, Vocab, codepoints
 
 SEP = "\ue000"  # between source and target; also the first decoder input of the encoder-decoder

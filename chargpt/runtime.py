@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import THREADS_PER_CPU, param
+from .config import THREADS_PER_CPU
 from .errors import ConfigError
+from .flags import param
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
