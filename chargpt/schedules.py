@@ -4,7 +4,7 @@ as nanoGPT's get_lr.
     lr = lr_at(step, elapsed, cfg, state)      # what the loop sets before each optimizer step
     finished(cfg, state)                       # 'max_iters', 'max_time', 'patience' or None
 
-`state` is the run's RunState (chargpt/settings.py): its step and clock, and where the current budget began
+`state` is the run's RunState (chargpt/components/state.py): its step and clock, and where the current budget began
 (budget_step, budget_elapsed, budget_lr). A --resume that changes the budget starts a new one there: --max-time
 counts from then, and the learning rate decays afresh from the rate it had reached (budget_lr).
 """
@@ -18,7 +18,7 @@ def final_lr(cfg: TrainConfig):
     return cfg.min_lr if cfg.min_lr is not None else cfg.learning_rate / 10
 
 
-def get_lr(it, frac, cfg: TrainConfig, start_lr=None):
+def cosine_lr(it, frac, cfg: TrainConfig, start_lr=None):
     """Learning rate at step `it`, with `frac` in [0, 1] the fraction of the budget done (by steps or by time):
     1) linear warmup over warmup_iters steps, 2) cosine decay from learning_rate (or, in a budget begun on
     --resume, from start_lr, the rate reached then) to min_lr, 3) min_lr after."""
@@ -41,8 +41,8 @@ def inverse_sqrt_lr(it, cfg: TrainConfig):
     return cfg.learning_rate * min(step / warmup, math.sqrt(warmup / step))
 
 
-def get_lr_wsd(it, frac, cfg: TrainConfig, start_lr=None):
-    """Warmup-stable-decay (as in MiniCPM and modded-nanoGPT), same arguments as get_lr: 1) linear warmup over
+def wsd_lr(it, frac, cfg: TrainConfig, start_lr=None):
+    """Warmup-stable-decay (as in MiniCPM and modded-nanoGPT), same arguments as cosine_lr: 1) linear warmup over
     warmup_iters steps, 2) flat at learning_rate (or start_lr) until 1 - decay_fraction of the budget is done,
     3) linear decay to min_lr over the rest, 4) min_lr after. Fitted to --max-time through `frac`, like cosine."""
     min_lr = final_lr(cfg)
@@ -53,7 +53,7 @@ def get_lr_wsd(it, frac, cfg: TrainConfig, start_lr=None):
     return peak - min(max(decayed, 0.0), 1.0) * (peak - min_lr)
 
 
-SCHEDULES = {"cosine": get_lr, "wsd": get_lr_wsd}  # --lr-schedule
+SCHEDULES = {"cosine": cosine_lr, "wsd": wsd_lr}  # --lr-schedule
 
 
 def run_fraction(it, elapsed, cfg: TrainConfig, s):
@@ -68,6 +68,7 @@ def run_fraction(it, elapsed, cfg: TrainConfig, s):
 
 
 def lr_at(step, elapsed, cfg: TrainConfig, s):
+    """The learning rate of step `step`, `elapsed` training seconds in, by --lr-schedule, in the budget state `s`."""
     if cfg.lr_schedule == "inverse-sqrt":  # a function of the step alone: no budget, no end
         return inverse_sqrt_lr(step, cfg)
     return SCHEDULES[cfg.lr_schedule](step, run_fraction(step, elapsed, cfg, s), cfg, s.budget_lr)

@@ -19,8 +19,6 @@ from chargpt.errors import CheckpointError, ConfigError
 from chargpt.model import CharGPT, EncoderDecoder
 from chargpt.optim import Muon, describe_numerics, make_optimizer, orthogonalize, orthogonalize_all, split_params
 from chargpt.runtime import pick_compile, pick_dtype
-from chargpt.schedules import get_lr_wsd, lr_at
-from chargpt.components.state import RunState
 from chargpt.tokenizer import Vocab
 
 TINY_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
@@ -193,35 +191,12 @@ def test_resume_refuses_another_optimizer(tmp_path, corpus):
         quiet_train(out_dir="run", resume=True, max_iters=4, optimizer="muon")
 
 
-# --- the warmup-stable-decay schedule --------------------------------------------------------------------------
-def test_wsd_warms_up_stays_flat_then_decays_linearly_over_the_last_fraction():
-    cfg = TrainConfig(learning_rate=1e-2, min_lr=1e-3, warmup_iters=10, max_iters=110, lr_schedule="wsd",
-                      decay_fraction=0.4)
-    s = RunState()
-    lrs = [lr_at(step, 0.0, cfg, s) for step in range(121)]
-    assert lrs[0] < lrs[5] < lrs[9] < 1e-2  # warmup
-    assert all(lr == pytest.approx(1e-2) for lr in lrs[10:71])  # flat for the first 60% after warmup
-    assert lrs[90] == pytest.approx(1e-2 - 0.5 * 9e-3)  # halfway through the decay
-    assert all(a > b for a, b in zip(lrs[70:110], lrs[71:111]))  # decreasing
-    assert all(lr == pytest.approx(1e-3) for lr in lrs[110:])  # at min_lr from the end of the budget on
-    assert get_lr_wsd(50, 0.9, cfg, start_lr=5e-3) == pytest.approx(5e-3 - 0.75 * 4e-3)  # a resumed budget
-
-
-def test_wsd_is_fitted_to_a_time_budget():
-    """With --max-time the fraction done is by time, as for cosine: flat until 60% of the time, then decaying."""
-    cfg = TrainConfig(learning_rate=1e-2, min_lr=1e-3, warmup_iters=0, max_iters=10**12, max_time=100.0,
-                      lr_schedule="wsd")
-    s = RunState()
-    assert lr_at(5, 59.0, cfg, s) == pytest.approx(1e-2)
-    assert lr_at(5, 80.0, cfg, s) == pytest.approx(1e-2 - 0.5 * 9e-3)
-    assert lr_at(5, 100.0, cfg, s) == pytest.approx(1e-3)
-
-
+# --- the warmup-stable-decay schedule (its rates: tests/test_schedules.py) ------------------------------------
 def test_wsd_trains_and_logs_its_rates(tmp_path, corpus):
     summary = quiet_train(out_dir="run", max_iters=10, eval_interval=2, learning_rate=1e-2, min_lr=1e-3,
                           lr_schedule="wsd", decay_fraction=0.5)
     assert summary["step"] == 10
-    lrs = [m["lr"] for m in chargpt.rundir.read_metrics(tmp_path / "run" / chargpt.rundir.METRICS)]
+    lrs = [m["lr"] for m in chargpt.rundir.read_step_rows(tmp_path / "run" / chargpt.rundir.METRICS)]
     assert lrs[:3] == pytest.approx([1e-2] * 3) and lrs[3] < 1e-2 and lrs[-1] == pytest.approx(1e-3)
 
 
