@@ -11,6 +11,7 @@ greedy translations of fixed validation pairs at each evaluation and shows a few
 
 import numpy as np
 
+from .components.samples import SAMPLE_TEMPERATURE, sample_text
 from .config import param
 from .data import Batches, check_blocks_length, encode_corpus, split_of, split_sizes, unseen_in_training, val_snippet
 from .pairs import PairBatches, encode_pairs
@@ -66,14 +67,14 @@ class Text:
     def scores(self, model, corpus, dtype, log, check_stop=None):
         return {}
 
-    def closing_sample(self, trainer):
+    def closing_sample(self, model, corpus, cfg, dtype, device, out_dir):
         """A sample of text as the run ends (a pairs run shows translations instead), from a short real snippet of
         the validation text unless --sample-prompt says otherwise: the model at its best, not a lone newline."""
-        cfg, prompt = trainer.cfg, self.closing_prompt
-        text = trainer.sample(cfg.sample_chars, prompt)
+        prompt = self.closing_prompt
+        text = sample_text(model, corpus.vocab, device, prompt, cfg.sample_chars, cfg.seed)
         what = "" if cfg.sample_prompt or not prompt else f", prompted with the start of a validation line, {prompt!r}"
-        return (f"\n--- sample from {trainer.out_dir} ({cfg.sample_chars} characters, temperature 0.8{what}) "
-                f"---\n{prompt}{text}\n---")
+        return (f"\n--- sample from {out_dir} ({cfg.sample_chars} characters, temperature {SAMPLE_TEMPERATURE}"
+                f"{what}) ---\n{prompt}{text}\n---")
 
 
 class Pairs:
@@ -116,14 +117,14 @@ class Pairs:
             self.chrf_missing_said = True
         return {"exact_match": round(match, 6), **({"chrf": round(score, 4)} if score is not None else {})}
 
-    def closing_sample(self, trainer):
+    def closing_sample(self, model, corpus, cfg, dtype, device, out_dir):
         """A few greedy translations of validation pairs, with the reference where they differ."""
         rows = self.val_rows[:SHOWN_PAIRS]
-        sources, refs = zip(*(trainer.corpus.pair(int(i)) for i in rows))
-        hyps = translate(trainer.model, trainer.corpus.vocab, list(sources), dtype=trainer.dtype)
+        sources, refs = zip(*(corpus.pair(int(i)) for i in rows))
+        hyps = translate(model, corpus.vocab, list(sources), dtype=dtype)
         lines = [f"{src}\n  -> {hyp}" + ("" if hyp == ref else f"   (reference: {ref})")
                  for src, hyp, ref in zip(sources, hyps, refs)]
-        return (f"\n--- greedy translations of {len(rows)} validation pairs by {trainer.out_dir} ---\n"
+        return (f"\n--- greedy translations of {len(rows)} validation pairs by {out_dir} ---\n"
                 + "\n".join(lines) + "\n---")
 
 

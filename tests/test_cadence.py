@@ -8,7 +8,8 @@ import time
 import torch
 
 import chargpt
-from chargpt.cadence import EVALS_PER_BUDGET, RunningLoss, eval_period, time_to_evaluate
+from chargpt.components.progress import RunningLoss
+from chargpt.components.validate import EVALS_PER_BUDGET, eval_period, time_to_evaluate
 from chargpt.config import TrainConfig
 from chargpt.rundir import LOSSES, METRICS
 

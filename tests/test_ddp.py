@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from chargpt import checkpoint as ckpt
 from chargpt import rundir
 from chargpt.data import Batches
-from chargpt.training import Trainer, train
+from chargpt.training import Trainer, start_run, train
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32" or not torch.distributed.is_available(),
                                 reason="needs torch.distributed and POSIX process groups")
@@ -147,8 +147,8 @@ class GlobalBatches:
     (from a fixed seed), and each rank takes its share of the rows. So 2 processes x batch B see exactly what
     1 process x batch 2B sees."""
 
-    def __init__(self, trainer, global_batch):
-        t = trainer
+    def __init__(self, run, global_batch):
+        t = run
         self.full = Batches(t.corpus.ids(), t.cfg.val_fraction, t.mcfg.block_size, global_batch, t.device,
                             t.task.split)
         self.gens = {split: torch.Generator().manual_seed(i) for i, split in enumerate(("train", "val"))}
@@ -167,10 +167,10 @@ EQUIV = dict(max_iters=4, eval_interval=1, grad_accum=2, warmup_iters=0, learnin
 
 
 def trainer_on_global_batches(out_dir, corpus, global_batch, world):
-    t = Trainer({**TINY_KW, **EQUIV, "batch_size": global_batch // world, "data": corpus, "out_dir": out_dir},
-                log=quiet)
-    t.batches = GlobalBatches(t, global_batch)
-    return t
+    run = start_run({**TINY_KW, **EQUIV, "batch_size": global_batch // world, "data": corpus, "out_dir": out_dir},
+                    log=quiet)
+    run.batches = GlobalBatches(run, global_batch)
+    return Trainer(run)
 
 
 def _rank_main(rank, root):
@@ -192,15 +192,15 @@ def _rank_main(rank, root):
             syncs.append(bucket.index())
             return allreduce_hook(state, bucket)
 
-        t.train_model.register_comm_hook(None, counting_allreduce)
-        t.run()
-        save_file(ckpt.model_tensors(t.model), f"{root}/rank{rank}.safetensors")
+        t.run.train_model.register_comm_hook(None, counting_allreduce)
+        t.train()
+        save_file(ckpt.model_tensors(t.run.model), f"{root}/rank{rank}.safetensors")
         (Path(root) / f"syncs{rank}.json").write_text(json.dumps(syncs))
         # 2. per-rank random batches and dropout: stopping and resuming changes nothing
         kw = {**TINY_KW, "dropout": 0.1, "data": corpus, "eval_interval": 2}
-        Trainer({**kw, "out_dir": f"{root}/straight", "max_iters": 4}, log=quiet).run()
-        Trainer({**kw, "out_dir": f"{root}/resumed", "max_iters": 2}, log=quiet).run()
-        Trainer({**kw, "out_dir": f"{root}/resumed", "resume": True, "max_iters": 4}, log=quiet).run()  # same hardware
+        Trainer(start_run({**kw, "out_dir": f"{root}/straight", "max_iters": 4}, log=quiet)).train()
+        Trainer(start_run({**kw, "out_dir": f"{root}/resumed", "max_iters": 2}, log=quiet)).train()
+        Trainer(start_run({**kw, "out_dir": f"{root}/resumed", "resume": True, "max_iters": 4}, log=quiet)).train()
     finally:
         torch.distributed.destroy_process_group()
 
@@ -217,7 +217,7 @@ def two_ranks(tmp_path_factory):
 
 def test_two_processes_match_one_process_with_twice_the_batch(two_ranks):
     single = trainer_on_global_batches(str(two_ranks / "single"), str(two_ranks / "corpus.txt"), 8, world=1)
-    single.run()
+    single.train()
     curves = {}
     for name in ("single", "ddp"):
         curves[name] = [json.loads(line) for line in (two_ranks / name / rundir.METRICS).read_text().splitlines()]
@@ -227,7 +227,7 @@ def test_two_processes_match_one_process_with_twice_the_batch(two_ranks):
         assert two["val_loss"] == pytest.approx(one["val_loss"], abs=1e-5)
     assert curves["single"][-1]["train_loss"] < curves["single"][0]["train_loss"] - 0.01  # it did learn
 
-    want = ckpt.model_tensors(single.model)
+    want = ckpt.model_tensors(single.run.model)
     ranks = [load_file(str(two_ranks / f"rank{r}.safetensors")) for r in (0, 1)]
     saved = load_file(str(two_ranks / "ddp" / rundir.LATEST))
     for name, value in want.items():

@@ -193,15 +193,15 @@ def test_exact_resume(tmp_path, corpus):
 def test_weights_that_evaluate_to_nan_are_never_saved(tmp_path, corpus, monkeypatch):
     """If the model breaks between evaluations (finite training loss, non-finite evaluation), the broken weights
     must not overwrite the last good checkpoint."""
-    from chargpt import training
-    estimate, calls = training.estimate_loss, []
+    from chargpt.components import validate
+    estimate, calls = validate.estimate_loss, []
 
     def breaks_at_second_eval(*args, **kwargs):
         calls.append(1)
         losses = estimate(*args, **kwargs)
         return {k: float("nan") for k in losses} if len(calls) == 2 else losses
 
-    monkeypatch.setattr(training, "estimate_loss", breaks_at_second_eval)
+    monkeypatch.setattr(validate, "estimate_loss", breaks_at_second_eval)
     with pytest.raises(ChargptError, match=r"evaluation loss became nan at step 2 .*last good checkpoint in run is "
                                            r"kept"):
         quiet_train(out_dir="run", max_iters=6, eval_interval=2)
@@ -212,7 +212,7 @@ def test_weights_that_evaluate_to_nan_are_never_saved(tmp_path, corpus, monkeypa
 def test_gpu_style_periodic_check_names_the_first_nonfinite_step(tmp_path, corpus, monkeypatch):
     """On a GPU the host reads the stop flags only every 10 steps (each read is a sync). The first non-finite loss
     is remembered on the device in between, so the error still names its step, not the step of the check."""
-    from chargpt.training import Trainer
+    from chargpt.training import Trainer, start_run
     forward, calls = CharGPT.forward, []
 
     def nan_from_step_3(self, idx, targets=None, cache=None, **kw):
@@ -224,11 +224,12 @@ def test_gpu_style_periodic_check_names_the_first_nonfinite_step(tmp_path, corpu
         return logits, loss
 
     monkeypatch.setattr(CharGPT, "forward", nan_from_step_3)
-    trainer = Trainer({"data": "corpus.txt", "out_dir": "run", **TINY_KW, "max_iters": 30,
-                       "eval_interval": 100, "learning_rate": 1e-2, "lr_schedule": "cosine"}, log=lambda msg: None)
-    trainer.sync_every = 10  # what a GPU does; the CPU default is every step
+    run = start_run({"data": "corpus.txt", "out_dir": "run", **TINY_KW, "max_iters": 30,
+                     "eval_interval": 100, "learning_rate": 1e-2, "lr_schedule": "cosine"}, log=lambda msg: None)
+    run.sync_every = 10  # what a GPU does; the CPU default is every step
+    trainer = Trainer(run)
     lr_3 = 1e-3 + 0.5 * (1 + math.cos(math.pi * 3 / 30)) * 9e-3  # the rate of step 3 (step 10's is 7.75e-03)
     with pytest.raises(ChargptError, match=rf"^loss became nan at step 3 \(learning rate {lr_3:.2e}\)"):
-        trainer.run()
+        trainer.train()
     assert len(calls) == 11  # it ran on to the check after step 10, as a GPU does, and no further
     assert ckpt.read_meta("run/" + rundir.STATE)[0]["step"] == 0  # nothing saved from the broken steps

@@ -175,15 +175,16 @@ def test_a_bf16_training_with_the_copies_saves_the_weights_autocast_alone_would(
     from safetensors.torch import load_file
 
     import chargpt
-    from chargpt import optim, training
+    from chargpt import optim
+    from chargpt.components import start
     kw = dict(data="corpus.txt", max_iters=4, eval_interval=4, device="cpu", n_layer=1, n_head=2, n_embd=16,
               block_size=16, batch_size=4, eval_iters=1, dropout=0.0, threads=1, sample_chars=0, dtype="bfloat16",
               warmup_iters=0, log=lambda *a: None)
     used = []
     real = optim.low_precision_copies
-    monkeypatch.setattr(training, "low_precision_copies", lambda *a: used.append(real(*a)) or used[-1])
+    monkeypatch.setattr(start, "low_precision_copies", lambda *a: used.append(real(*a)) or used[-1])
     chargpt.train(out_dir="with", **kw)
-    monkeypatch.setattr(training, "low_precision_copies", lambda *a: None)
+    monkeypatch.setattr(start, "low_precision_copies", lambda *a: None)
     chargpt.train(out_dir="without", **kw)
     assert used and used[0] is not None  # the first run did use them
     a, b = (load_file(tmp_path / run / "latest.safetensors") for run in ("with", "without"))

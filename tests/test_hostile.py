@@ -337,8 +337,8 @@ def test_item20_a_damaged_partial_file_is_downloaded_again_whole(tmp_path, monke
 # --- 13. Ctrl-C while the command starts ----------------------------------------------------------------------------
 def test_item13_ctrl_c_during_start_up_is_quiet():
     """Until the command's work begins, SIGINT exits at once with 'interrupted' (here the start-up is held open)."""
-    script = ("from chargpt.components.interrupt import quiet_start\nquiet_start()\nimport time\nprint('importing', flush=True)\n"
-              "time.sleep(60)\n")
+    script = ("from chargpt.components.interrupt import quiet_start\nquiet_start()\nimport time\n"
+              "print('importing', flush=True)\ntime.sleep(60)\n")
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "PYTHONPATH": str(ROOT)}, text=True)
     assert proc.stdout.readline() == "importing\n"

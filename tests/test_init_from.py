@@ -22,7 +22,7 @@ from chargpt.init_from import transplant
 from chargpt.model import build_model
 from chargpt.pairs import END, SEP
 from chargpt.runinfo import format_info, run_info
-from chargpt.training import Trainer
+from chargpt.training import start_run
 
 # the model of conftest's tiny_run; float32 and AdamW pinned so that exact comparisons mean the same everywhere
 KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
@@ -43,9 +43,9 @@ def new_text(tmp_path):
 
 def started(**kw):
     """The model of a new run as set up, before its first step -> (model, vocabulary)."""
-    trainer = Trainer({**KW, "max_iters": 1, **kw}, log=lambda msg: None)
-    trainer.close()
-    return trainer.model, trainer.corpus.vocab
+    run = start_run({**KW, "max_iters": 1, **kw}, log=lambda msg: None)
+    run.release()
+    return run.model, run.corpus.vocab
 
 
 def fresh_model(mcfg, seed=1337):

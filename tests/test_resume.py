@@ -13,9 +13,10 @@ from conftest import TINY
 import chargpt
 from chargpt.checkpoint import read_meta
 from chargpt.cli import train_cli
+from chargpt.components.describe import start_lines
 from chargpt.rundir import METRICS, STATE
 from chargpt.runtime import pick_dtype
-from chargpt.training import Trainer
+from chargpt.training import Trainer, start_run
 
 TINY_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
                threads=1, sample_chars=0, dtype="float32")
@@ -93,9 +94,10 @@ def test_extending_a_finished_run_keeps_the_final_rate(tmp_path, corpus, extend)
 def test_resume_takes_hardware_settings_from_the_command_and_says_what_changed(tmp_path, corpus):
     train(out_dir="run", max_iters=2, eval_interval=2)  # threads 1, float32
     logs = []
-    trainer = Trainer({"out_dir": "run", "resume": True, "max_iters": 4, "threads": 2}, log=logs.append)
-    assert (trainer.cfg.dtype, trainer.cfg.threads, trainer.cfg.compile) == ("auto", 2, "auto")  # not the checkpoint's
-    trainer.run()
+    run = start_run({"out_dir": "run", "resume": True, "max_iters": 4, "threads": 2}, log=logs.append)
+    assert (run.cfg.dtype, run.cfg.threads, run.cfg.compile) == ("auto", 2, "auto")  # not the checkpoint's
+    logs += start_lines(run)
+    Trainer(run).train()
     auto = str(pick_dtype("auto", torch.device("cpu"))[0]).removeprefix("torch.")
     changed = [line for line in logs if line.startswith("hardware as this command sets it: ")]
     assert len(changed) == 1 and "threads 2 (checkpoint: 1)" in changed[0]

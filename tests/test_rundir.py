@@ -18,9 +18,10 @@ from click.testing import CliRunner
 from conftest import ROOT, TINY
 
 import chargpt
-from chargpt import rundir, training
+from chargpt import rundir
 from chargpt.checkpoint import read_meta
 from chargpt.cli import train_cli
+from chargpt.components import start
 from chargpt.data import corpus_key, corpus_sources, encode_corpus
 from chargpt.errors import CheckpointError
 from chargpt.rundir import LOCK, METRICS, OWNER, STATE, RunDir, default_out_dir, latest_run, lock_holder
@@ -187,7 +188,7 @@ def test_a_failed_start_removes_the_run_directory_it_created(tmp_path, corpus, m
 
     def no_memory(cfg):
         raise MemoryError
-    monkeypatch.setattr(training, "build_model", no_memory)
+    monkeypatch.setattr(start, "build_model", no_memory)
     assert "does not fit in cpu memory" in one_line_error(["--data", "corpus.txt", "--out-dir", "big/run", *TINY])
     assert not (tmp_path / "big").exists()
 

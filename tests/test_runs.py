@@ -12,9 +12,9 @@ from click.testing import CliRunner
 from test_errors import TINY_KW, assert_one_line_error, flags, invoke, snapshot
 
 import chargpt
-from chargpt import training
 from chargpt.checkpoint import read_meta
 from chargpt.cli import main, train_cli
+from chargpt.components import validate
 from chargpt.config import PRESET_ABOUT, PRESETS, ModelConfig, cli_names
 from chargpt.errors import ConfigError
 from chargpt.model import build_model
@@ -202,7 +202,7 @@ def scripted_losses(monkeypatch):
     def fake(model, batches, cfg, device, dtype, dist, check_stop=None):
         loss = queue.pop(0)
         return {"train": loss, "val": loss}
-    monkeypatch.setattr(training, "estimate_loss", fake)
+    monkeypatch.setattr(validate, "estimate_loss", fake)
     return queue
 
 

@@ -136,9 +136,11 @@ def test_sentence_pairs_keep_the_cpu_model(tmp_path):
 
 
 def test_the_default_budget_is_time_and_the_log_says_so(corpus, tmp_path):
-    from chargpt.training import Trainer
+    from chargpt.components.describe import start_lines
+    from chargpt.training import start_run
     lines = []
-    trainer = Trainer(dict(data=corpus, out_dir=str(tmp_path / "run"), threads=1), log=lines.append)  # set up only
+    trainer = start_run(dict(data=corpus, out_dir=str(tmp_path / "run"), threads=1), log=lines.append)  # set up only
+    lines += start_lines(trainer)
     try:
         assert trainer.cfg.max_time == AUTO_BUDGET_S
         if trainer.cfg.max_iters < UNLIMITED:  # this small corpus read over 250 times in the budget: a cap, said
@@ -148,4 +150,4 @@ def test_the_default_budget_is_time_and_the_log_says_so(corpus, tmp_path):
             "(the default of --preset auto; --max-time SECONDS or --max-iters N for another)") for ln in lines)
         assert any(ln.startswith("auto: ") and f"for {AUTO_BUDGET_S:g} s on" in ln for ln in lines)
     finally:
-        trainer.close()
+        trainer.release()

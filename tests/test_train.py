@@ -6,13 +6,13 @@ import time
 
 import pytest
 import torch
-import tqdm.std
 from conftest import TINY, run_cli
 from safetensors import safe_open
 
 import chargpt
 from chargpt import engine, training
 from chargpt.checkpoint import load_model, save_model
+from chargpt.components import validate
 from chargpt.model import CharGPT
 from chargpt.runtime import pick_dtype
 from chargpt.tokenizer import Vocab
@@ -117,25 +117,26 @@ def test_auto_dtype_on_cuda_is_bf16_only_where_the_gpu_has_it_natively(monkeypat
 
 
 def test_progress_speeds_leave_out_evaluation_time(tmp_path, corpus, monkeypatch):
-    """chars/s and the bar's own steps/s measure training: each evaluation here 'takes' 100 s (a shifted clock)."""
-    offset, perf_counter, wall = [0.0], time.perf_counter, time.time
+    """chars/s and the time left measure training: each evaluation here 'takes' 100 s (a shifted clock)."""
+    offset, perf_counter = [0.0], time.perf_counter
     monkeypatch.setattr(time, "perf_counter", lambda: perf_counter() + offset[0])
-    monkeypatch.setattr(tqdm.std, "time", lambda: wall() + offset[0])
-    estimate = training.estimate_loss
+    estimate = validate.estimate_loss
 
     def slow_estimate(*args, **kwargs):
         offset[0] += 100.0
         return estimate(*args, **kwargs)
 
-    monkeypatch.setattr(training, "estimate_loss", slow_estimate)
+    monkeypatch.setattr(validate, "estimate_loss", slow_estimate)
     tiny = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
                 threads=1, sample_chars=0, dtype="float32")
-    trainer = training.Trainer({**tiny, "data": "corpus.txt", "out_dir": "run", "max_iters": 20, "eval_interval": 5},
-                               log=lambda msg: None)
-    trainer.run()  # evaluates at steps 0, 5, 10, 15, 20; the bar's last speed is over steps 1-11
-    speed = float(re.search(r"chars/s=([\d,]+)", trainer.bar.postfix).group(1).replace(",", ""))
-    assert speed > 2 * trainer.chars_per_step  # 10 steps in under 5 s (with 200 s of evaluation: < 0.05)
-    assert trainer.bar.format_dict["elapsed"] < 100  # the bar's clock, behind its steps/s and ETA, too
+    run = training.start_run({**tiny, "data": "corpus.txt", "out_dir": "run", "max_iters": 20, "eval_interval": 5},
+                             log=lambda msg: None)
+    trainer = training.Trainer(run)
+    trainer.train()  # evaluates at steps 0, 5, 10, 15, 20; the bar's last numbers are over steps 1-11
+    shown = trainer.progress.bar.postfix
+    speed = float(re.search(r"chars/s=([\d,]+)", shown).group(1).replace(",", ""))
+    assert speed > 2 * run.chars_per_step  # 10 steps in under 5 s (with 200 s of evaluation: < 0.05)
+    assert int(re.search(r"left=(\d+)s", shown).group(1)) < 100  # 9 steps left at that speed, evaluations aside
 
 
 def test_a_budget_shorter_than_the_warmup_is_said_at_start(tmp_path, corpus):

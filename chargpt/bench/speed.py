@@ -452,7 +452,7 @@ def profile(args, device):
     loop = sum(by_key[k].cpu_time_total for k in phases if k[1] == " ") or 1.0  # the top-level phases
     recipe_text = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in recipe.items())
     rows = [f"profile: {steps} training steps after {warm} of warm-up, {recipe_text}, device {device}, dtype "
-            f"{name_of(trainer.dtype)}, {torch.get_num_threads()} threads", "",
+            f"{name_of(trainer.run.dtype)}, {torch.get_num_threads()} threads", "",
             f"aten calls per training step: {calls:,.0f} (every aten:: operator torch.profiler records, nested ones "
             f"included: the difference between runs of {short} and {long} steps, over {long - short})", "",
             "| phase | ms per step | share of the loop |", "|---|---|---|"]
@@ -468,19 +468,18 @@ def profile(args, device):
 
 def profiled_run(args, device, recipe, iters, schedule=None):
     """The training loop on `recipe` for `iters` steps under torch.profiler -> (profiler, trainer)."""
-    from ..training import Trainer
+    from ..training import Trainer, start_run
     threads = {"threads": args.threads} if args.threads and device.type == "cpu" else {}
     with tempfile.TemporaryDirectory(prefix="chargpt-profile-") as out:
-        trainer = Trainer({"data": args.data, "out_dir": out, "device": str(device), "max_iters": iters,
-                           "eval_interval": 10**9, "eval_iters": 1, "sample_chars": 0, "warmup_iters": 0, **recipe,
-                           **threads},
-                          log=lambda msg: None)
+        settings = {"data": args.data, "out_dir": out, "device": str(device), "max_iters": iters,
+                    "eval_interval": 10**9, "eval_iters": 1, "sample_chars": 0, "warmup_iters": 0, **recipe, **threads}
+        trainer = Trainer(start_run(settings, log=lambda msg: None))
         activities = [torch.profiler.ProfilerActivity.CPU]
         if device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         with torch.profiler.profile(activities=activities, schedule=schedule) as prof:
             trainer.profiler = prof if schedule is not None else None
-            trainer.run()
+            trainer.train()
     return prof, trainer
 
 

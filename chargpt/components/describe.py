@@ -1,0 +1,69 @@
+"""What a training run says when it starts: start_lines(run), a pure function of the Run that start_run built.
+
+The lines, in order: the corpus, the device and numerics, where each setting came from (and what --preset auto
+chose), the model, the batch and the run directory, which text validates, the budget and the evaluation cadence,
+then notes (what a --resume or --init-from changed).
+"""
+
+from .. import init_from
+from ..config import describe_model, param
+from ..optim import describe_numerics
+from ..schedules import describe_budget
+from ..settings import HARDWARE
+from .validate import EVALS_PER_BUDGET
+
+
+def start_lines(run):
+    cfg, mcfg, corpus, task, dist, origin = run.cfg, run.mcfg, run.corpus, run.task, run.dist, run.origin
+    lines = [f"corpus: {corpus.name} — {task.describe_corpus(corpus)}, {run.distinct:,} distinct"
+             + (" (built-in default: the Python help topics from pydoc_data; pass --data FILE for your own text)"
+                if cfg.data is None else f" ({cfg.data})"),
+             f"device: {run.device}, {run.dtype_reason}" + (f", {run.threads} threads" if run.threads else "")
+             + (f", {dist.world_size} processes" if dist.enabled else "") + f"; {run.compile_reason}",
+             describe_numerics(run.dtype, cfg.optimizer, copies=run.copies is not None),
+             *run.settings.describe(), *run.sizing_lines]
+    if cfg.optimizer == "muon":
+        lines.append(f"optimizer: Muon (lr {cfg.muon_lr:g}, momentum {cfg.muon_momentum:g}) for the block matrices, "
+                     f"AdamW (lr {cfg.learning_rate:g}) for the rest; {cfg.lr_schedule} schedule")
+    model = f"model: {describe_model(mcfg)}, {run.model.num_params() / 1e6:.2f}M parameters"
+    notes = list(origin.notes)
+    if origin.base is not None:
+        lines.append(f"starting from {init_from.describe_lineage(origin.lineage)}; {model}; fresh optimizer and "
+                     f"schedule")
+    elif origin.meta is None:
+        lines.append(model)
+    else:
+        s = run.state
+        lines.append(f"resuming {run.out_dir} at step {s.step} (best val loss {s.best_val:.4f}); {model}")
+        notes += changes_since(origin.meta, run.hardware(), cfg, mcfg)
+    global_batch = cfg.batch_size * cfg.grad_accum * dist.world_size
+    lines.append(f"global batch: {cfg.batch_size} x {cfg.grad_accum} accum x {dist.world_size} proc = {global_batch} "
+                 f"{task.describe_examples(mcfg)} = {run.chars_per_step:,.0f} chars/step; run dir: {run.out_dir}")
+    if dist.is_main:  # which text validates (and what only it holds): a pass over the corpus, once
+        known = origin.base.vocab.stoi if origin.base is not None else ()  # what the base run already learned
+        lines += task.describe_split(corpus, cfg, known)
+    if not any(note.startswith("new budget") for note in notes):
+        default = origin.meta is None and str(run.settings.source("max_time")).startswith("preset ")
+        lines.append(f"budget: {describe_budget(cfg, run.state)}" + (f" (the default of --preset {cfg.preset}; "
+                     f"--max-time SECONDS or --max-iters N for another)" if default else ""))
+    if cfg.lr_schedule != "inverse-sqrt" and run.state.budget_lr is None and cfg.warmup_iters >= cfg.max_iters:
+        lines.append(f"warning: the warmup ({param('warmup_iters', cfg.warmup_iters)}) does not end before the budget "
+                     f"({param('max_iters', cfg.max_iters)}): the learning rate only rises and never decays; give a "
+                     f"larger {param('max_iters')} or a smaller {param('warmup_iters')}")
+    if run.eval_period:
+        lines.append(f"evaluating every {run.eval_period:.3g} s of training (1/{EVALS_PER_BUDGET} of --max-time); "
+                     f"--eval-interval N to evaluate every N steps instead")
+    return lines + notes
+
+
+def changes_since(meta, now, cfg, mcfg):
+    """Lines saying how this session differs from the checkpoint (meta): hardware (`now`: Run.hardware()), and
+    dropout."""
+    saved = meta.get("hardware")
+    if not isinstance(saved, dict):  # written before hardware was recorded: compare the flags
+        saved, now = meta.get("train_config") or {}, {k: getattr(cfg, k) for k in HARDWARE}
+    changed = [f"{k} {now[k]} (checkpoint: {saved[k]})" for k in HARDWARE if k in saved and saved[k] != now[k]]
+    notes = [f"hardware as this command sets it: {', '.join(changed)}"] if changed else []
+    if meta["model_config"].dropout != mcfg.dropout:
+        notes.append(f"dropout {mcfg.dropout} (checkpoint: {meta['model_config'].dropout}) from here on")
+    return notes

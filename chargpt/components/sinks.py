@@ -1,0 +1,65 @@
+"""Where a run's records go. The loop makes three kinds of record and hands each to every sink of the run:
+
+    "train"   every LOG_EVERY steps: step, train_loss (the running mean), lr, elapsed_s
+    "eval"    at each evaluation: step, train/val loss in nats and bits per character, lr, elapsed_s (and the
+              scores of a pairs run); written before the checkpoint it describes
+    "sample"  a sample written while training: step, prompt, text (and its novelty summary)
+
+RunFiles, the sink every run has, appends them to the run directory's train_loss.jsonl, metrics.jsonl and
+samples.jsonl, which `chargpt info`, `chargpt plot` and the playground read. A logger for another tool (TensorBoard,
+an experiment tracker) is one more class with the same two methods, passed to chargpt.train(sinks=[...]) or made
+by make_sinks from a setting; the loop does not change. Sinks are called on rank 0 only, between steps: a slow
+one slows training, so one that talks to a network should queue and return.
+"""
+
+from typing import Protocol
+
+from .. import rundir
+from ..rundir import LOSSES, METRICS, SAMPLES
+
+
+class Sink(Protocol):
+    def write(self, kind: str, record: dict) -> None:
+        """One record of `kind` ("train", "eval" or "sample"); keys as above. It must not change the record."""
+
+    def close(self) -> None:
+        """The run ended (or failed): flush what is buffered."""
+
+
+class RunFiles:
+    """The run directory's own .jsonl files. An evaluation's line is flushed to disk before its checkpoint is saved
+    (a kill between the two leaves a line that --resume drops, never a saved step without its line); the running
+    loss, written often and needed by no saved state, is left to the OS to write."""
+
+    FILES = {"train": (LOSSES, False), "eval": (METRICS, True), "sample": (SAMPLES, True)}  # kind -> (file, fsync)
+
+    def __init__(self, out_dir):
+        self.out_dir = out_dir
+
+    def write(self, kind, record):
+        name, sync = self.FILES[kind]
+        rundir.append_jsonl(self.out_dir / name, record, sync=sync)
+
+    def close(self):
+        pass
+
+
+class Sinks:
+    """The run's sinks as one: each record goes to every sink, in order (RunFiles first). Empty on ranks other
+    than 0."""
+
+    def __init__(self, sinks=()):
+        self.sinks = list(sinks)
+
+    def write(self, kind, record):
+        for sink in self.sinks:
+            sink.write(kind, record)
+
+    def close(self):
+        for sink in self.sinks:
+            sink.close()
+
+
+def make_sinks(out_dir, is_main, extra=()):
+    """The sinks of a run: its own files, then `extra` (objects with write and close), on rank 0; none elsewhere."""
+    return Sinks([RunFiles(out_dir), *extra] if is_main else [])

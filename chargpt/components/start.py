@@ -1,0 +1,341 @@
+"""Start-up: everything a training run is made of, built in one call before the first step.
+
+    run = start_run({"data": "corpus.txt", "max_iters": 500}, log=print)
+    Trainer(run).train()
+
+In order: the settings (defaults <- preset <- config file <- flags, chargpt/settings.py), the run directory
+(claimed and locked by rank 0), where the run starts from (Origin: a new run, its own last save with --resume, or
+another run's weights with --init-from), the corpus (encoded once and cached; in the run's vocabulary), the size
+of the model (--preset auto measures this machine: chargpt/sizing.py), the batches, the model and its optimizer,
+the saved state restored, and the model as the loop calls it (compiled, wrapped for DDP). A start that fails
+leaves no lock and no empty run directory behind. What start-up says is describe.start_lines(run).
+"""
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from .. import checkpoint as ckpt
+from .. import errors, init_from, rundir, sizing
+from ..config import ModelConfig, TrainConfig, check_model_fits, check_task, param, split_overrides
+from ..data import corpus_sources
+from ..errors import ChargptError, CheckpointError, ConfigError
+from ..model import build_model
+from ..optim import low_precision_copies, make_optimizer
+from ..rundir import METRICS, STATE
+from ..runtime import (
+    Dist,
+    broadcast_str,
+    configure_threads,
+    device_memory,
+    enable_fast_math,
+    init_distributed,
+    pick_compile,
+    pick_device,
+    pick_dtype,
+    stream_seed,
+)
+from ..settings import FLAGS, HARDWARE, Settings, init_settings, resolve, resume_settings, spelled
+from ..tasks import make_task
+from ..tokenizer import describe_chars
+from .checkpointer import Checkpointer, restore
+from .sinks import make_sinks
+from .state import RunState, resumed_state
+from .validate import eval_period
+
+GPU_SYNC_EVERY = 10  # steps between the host syncs that read the stop flags on a GPU (every step on a CPU)
+
+
+@dataclass
+class Origin:
+    """Where a run starts from: nothing (a new run), its own last save (--resume: `meta` is its state.safetensors'
+    metadata) or another run's weights (--init-from: `base`). The three differ here and nowhere else."""
+    model_kw: dict  # the model's fields but the vocabulary size
+    cfg: TrainConfig
+    state: RunState
+    notes: list = field(default_factory=list)  # lines for the start-up log: what differs from the saved run
+    meta: dict | None = None
+    base: init_from.Base | None = None
+    lineage: dict | None = None  # what checkpoints record of the run this one started from
+
+    def in_run_vocab(self, corpus):
+        """The corpus in the vocabulary the run trains in: a run started from another trains in the base's
+        vocabulary extended by the corpus's new characters (on --resume, the one its checkpoint holds), the
+        corpus's ids remapped into it (chargpt/init_from.py)."""
+        if self.base is not None:
+            vocab = self.base.vocab.extended(corpus.vocab)
+            self.lineage = init_from.lineage(self.base, vocab)
+            self.notes.insert(0, init_from.describe_added(vocab, self.lineage["base_vocab_size"]))
+        elif self.meta is not None and (vocab := init_from.run_vocab(self.meta, corpus.vocab)) is not None:
+            self.lineage = init_from.read_lineage(self.meta)
+        else:
+            return corpus
+        return init_from.in_vocab(corpus, vocab)
+
+    def load_base(self, model):
+        """A run started from another: its weights over the freshly built ones (new characters keep their fresh
+        rows), and the base's memory handed back."""
+        if self.base is not None:
+            init_from.load_base_weights(model, self.base)
+            self.base.weights = {}
+
+
+def origin_of(given, settings: Settings, device_type, out_dir):
+    """The settings given (merged layers) -> Origin, the run's settings reconciled with what it starts from."""
+    if given.get("resume"):
+        meta = ckpt.read_meta(out_dir / STATE)[0]
+        model_kw, cfg, notes = resume_settings(meta, settings, out_dir)
+        state, more = resumed_state(meta, cfg, settings.merged(), out_dir)
+        return Origin(model_kw, cfg, state, notes + more, meta=meta)
+    if given.get("init_from"):
+        base = init_from.read_base(given["init_from"])
+        started = init_settings(base.meta, settings, device_type, given["init_from"])
+        started.cfg.out_dir = str(out_dir)
+        return Origin(started.model_kw, started.cfg, RunState(), started.notes, base=base)
+    model_kw, cfg = resolve(settings, device_type)[:2]
+    cfg.out_dir = str(out_dir)
+    return Origin(model_kw, cfg, RunState())
+
+
+@dataclass
+class Run:
+    """What a training run is made of, as start_run built it: the Trainer's one input. `model` is the plain
+    module (saved, evaluated, sampled); `train_model` is what the training step calls (compiled and/or DDP)."""
+    settings: Settings
+    origin: Origin
+    dist: Dist
+    device: torch.device
+    dtype: torch.dtype
+    dtype_reason: str
+    threads: int | None
+    out_dir: Path
+    cfg: TrainConfig
+    mcfg: ModelConfig
+    state: RunState
+    task: object  # tasks.Text or tasks.Pairs
+    corpus: object  # data.EncodedCorpus or pairs.EncodedPairs, in the run's vocabulary
+    distinct: int  # the corpus's own characters (a run started from another has more in its vocabulary)
+    sizing_lines: list
+    batches: object
+    chars_per_step: float
+    model: torch.nn.Module
+    optimizer: object  # optim.Optimizers
+    scaler: torch.amp.GradScaler
+    data_gen: torch.Generator
+    train_model: torch.nn.Module = None
+    compiled: bool = False
+    compile_reason: str = ""
+    copies: object = None  # flat.LowPrecisionCopies, or None
+    sync_every: int = 1  # steps between host reads of the stop flags
+    eval_period: float | None = None  # seconds between evaluations by the clock, or None (by steps)
+    checkpointer: Checkpointer = None
+    sinks: object = None  # sinks.Sinks
+    log: object = print  # writes a line on rank 0 only
+    run_dir: rundir.RunDir | None = None  # rank 0's lock on out_dir, until release()
+
+    def hardware(self):
+        """The hardware settings in effect (saved with each checkpoint, to say on --resume what changed)."""
+        return hardware(self.device, self.dtype, self.threads, self.cfg)
+
+    def release(self):
+        """Give the run directory up (rank 0): unlock it, and remove it if this start created it and nothing was
+        saved in it."""
+        if self.run_dir is not None:
+            self.run_dir.release()
+            self.run_dir = None
+
+
+def hardware(device, dtype, threads, cfg):
+    return dict(zip(HARDWARE, (str(device), str(dtype).removeprefix("torch."), threads, cfg.compile, cfg.attention)))
+
+
+def start_run(overrides, log=print, sinks=()) -> Run:
+    """The keyword arguments of chargpt.train (the flags, with underscores) -> a Run ready to train; `sinks`:
+    loggers beside the run's own files (components/sinks.py). Settings are checked before any work."""
+    model_kw, train_kw = split_overrides(overrides)  # unknown names and wrong types fail before any work
+    if "vocab_size" in model_kw:
+        raise ConfigError("vocab_size is set from the corpus, not by a setting; drop it")
+    settings = Settings({**model_kw, **train_kw})  # reads --config: its mistakes too fail before any work
+    given = settings.merged()
+    dist = init_distributed(given.get("device", "auto"))
+    device = pick_device(given.get("device", "auto"))
+    claimed = []  # rank 0's RunDir, once claimed
+
+    def say(message):
+        if dist.is_main:
+            log(message)
+
+    try:
+        return _build(settings, given, dist, device, say, claimed, sinks)
+    except BaseException:
+        if claimed:
+            claimed[0].release()  # a failed start leaves no lock and no empty run directory behind
+        raise
+
+
+def _build(settings, given, dist, device, log, claimed, extra_sinks):
+    out_dir = claim_run_dir(given, dist, claimed)
+    origin = origin_of(given, settings, device.type, out_dir)
+    cfg = origin.cfg
+    check_task(ModelConfig(**origin.model_kw).validate().arch, cfg)  # before the corpus is read and cached
+    task = make_task(cfg)
+    dtype, dtype_reason = pick_dtype(cfg.dtype, device)
+    enable_fast_math(device)
+    threads = configure_threads(cfg.threads, dist.local_world_size) if device.type == "cpu" else None
+    corpus = encode(task, cfg, origin.model_kw["block_size"], dist, log)
+    distinct = len(corpus.vocab)
+    corpus = origin.in_run_vocab(corpus)
+    model_kw, sizing_lines = origin.model_kw, []
+    if cfg.preset == "auto" and origin.meta is None and origin.base is None:
+        model_kw, cfg, sizing_lines = auto_size(settings, model_kw, cfg, task, corpus, device, dtype, dist)
+    if origin.meta is not None and origin.meta["vocab"] != corpus.vocab:
+        raise ConfigError(f"--resume: the corpus's vocabulary ({len(corpus.vocab)} characters) differs from "
+                          f"the checkpoint's ({len(origin.meta['vocab'])}); resume with the same --data")
+    mcfg = ModelConfig(**model_kw, vocab_size=len(corpus.vocab)).validate()
+    check_model_fits(mcfg, *device_memory(device), lambda name: file_setting(settings, name))  # before allocating
+    unknown = corpus.vocab.unknown(cfg.sample_prompt or "")
+    if unknown:
+        raise ConfigError(f"{param('sample_prompt')} has characters the corpus does not: "
+                          f"{describe_chars(unknown)}; use characters of the corpus")
+    batches = task.batches(corpus, cfg, mcfg, device, log)
+    chars_per_step = cfg.batch_size * task.chars_per_example * cfg.grad_accum * dist.world_size
+    model, optimizer, scaler, data_gen = build(mcfg, cfg, device, dtype, dist, origin.load_base)
+    run = Run(settings=settings, origin=origin, dist=dist, device=device, dtype=dtype, dtype_reason=dtype_reason,
+              threads=threads, out_dir=out_dir, cfg=cfg, mcfg=mcfg, state=origin.state, task=task, corpus=corpus,
+              distinct=distinct, sizing_lines=sizing_lines, batches=batches, chars_per_step=chars_per_step,
+              model=model, optimizer=optimizer, scaler=scaler, data_gen=data_gen, log=log,
+              run_dir=claimed[0] if claimed else None)
+    if origin.meta is not None:
+        restore(out_dir, origin.meta, run.model, run.optimizer, run.scaler, run.data_gen, device, dist, cfg.seed,
+                run.state.step)
+    wrap(run)
+    run.eval_period = eval_period(cfg, settings.source("eval_interval"))  # None: by steps alone
+    about = dict(corpus=corpus.name, corpus_key=corpus.key, hardware=run.hardware(), world_size=dist.world_size,
+                 chars_per_step=chars_per_step, corpus_chars=corpus.length,  # for model cards; the key: novelty
+                 closing_prompt=getattr(task, "closing_prompt", None))  # the playground's "Write a sample"
+    if origin.lineage:  # the run this one started from (--init-from)
+        about[init_from.LINEAGE] = origin.lineage
+    run.checkpointer = Checkpointer(out_dir, dist, run.model, run.optimizer, run.scaler, run.data_gen, device,
+                                    corpus.vocab, mcfg, cfg, about)
+    run.sinks = make_sinks(out_dir, dist.is_main, extra_sinks)
+    return run
+
+
+# --- the steps of start-up ------------------------------------------------------------------------------------------
+def _rank0_decides(fn, dist):
+    """Run fn on rank 0 only; if it raises a ChargptError, raise it on every rank, so that all of them stop with
+    the one clean line (rather than the others failing at their next collective with a traceback)."""
+    error = None
+    if dist.is_main:
+        try:
+            fn()
+        except ChargptError as e:
+            error = e
+    message = broadcast_str(f"{type(error).__name__}\n{error}" if error else "", dist)
+    if error:
+        raise error
+    if message:
+        kind, text = message.split("\n", 1)
+        raise getattr(errors, kind, ChargptError)(text)
+
+
+def claim_run_dir(given, dist, claimed):
+    """Choose the run directory; rank 0 claims it (created if new, locked for the run's lifetime: appended to
+    `claimed`) -> its path."""
+    resume = given.get("resume", False)
+    if given.get("out_dir"):
+        out_dir = Path(given["out_dir"])
+    else:  # rank 0's choice: ranks on other machines may see another checkpoints/ folder
+        name, _ = corpus_sources(given.get("data"), given.get("encoding", "utf-8"))
+        out_dir = Path(broadcast_str(str(rundir.default_out_dir(name, resume)), dist))
+    if resume and not (out_dir / STATE).exists():
+        raise CheckpointError(f"--resume: no training state in {out_dir} ({STATE} missing); "
+                              f"start without --resume, or pass the run's --out-dir")
+
+    def claim():
+        claimed.append(rundir.RunDir(out_dir).claim())
+        if resume:
+            rundir.check_metrics(out_dir / METRICS)
+        elif rundir.holds_run(out_dir):
+            raise ConfigError(f"{out_dir} already holds a run; pass --resume to continue it, or another "
+                              f"--out-dir for a new one (nothing was changed)")
+
+    _rank0_decides(claim, dist)
+    return out_dir
+
+
+def encode(task, cfg, block_size, dist, log):
+    """The corpus (text, or sentence pairs), encoded once (cached) and memory-mapped. Under torchrun one process
+    per machine encodes; the others wait, then read its cache entry."""
+    encoder = dist.local_rank == 0
+    if dist.enabled and not encoder:
+        torch.distributed.barrier()
+    corpus = task.encode(cfg, block_size, log)
+    if dist.enabled and encoder:
+        torch.distributed.barrier()
+    return corpus
+
+
+def auto_size(settings, model_kw, cfg, task, corpus, device, dtype, dist):
+    """--preset auto: the model for this corpus, budget and machine (chargpt/sizing.py), decided on rank 0 (its
+    speed measured there) for every rank -> (model fields, TrainConfig, start-up lines)."""
+    if task.name != "text":
+        return model_kw, cfg, ["auto: sentence pairs keep the cpu preset's model (sizing is fitted to text)"]
+    given = settings.given()
+    train_chars = int(corpus.length * (1 - cfg.val_fraction))
+    decided = ""
+    if dist.is_main:
+        probe = sizing.Probe(len(corpus.vocab), cfg, device, dtype)
+        plan = sizing.plan_run(cfg, given, train_chars, probe, dist.world_size)
+        model_kw, train_kw, kept = sizing.apply(plan, model_kw, {}, given)
+        lines = sizing.describe(plan, cfg.max_time, train_chars, kept, spelled)
+        if plan.warning:
+            lines.append(f"warning: {plan.warning}")
+        decided = json.dumps({"model": model_kw, "train": train_kw, "lines": lines})
+    decided = json.loads(broadcast_str(decided, dist))
+    return decided["model"], replace(cfg, **decided["train"]).validate(), decided["lines"]
+
+
+def file_setting(settings, name):
+    """The config file that set `name`, or None (a flag, a preset, a default or the checkpoint did)."""
+    source = settings.source(name)
+    return source if source not in (None, FLAGS) and not source.startswith("preset ") else None
+
+
+def build(mcfg, cfg, device, dtype, dist, init=lambda model: None):
+    """-> (model, optimizer, loss scaler, data generator). Every rank builds the same initial weights from the same
+    seed, then init(model) may replace them (--init-from), before the optimizer takes the parameters; dropout and
+    batch order differ per rank, reproducibly (rank 0 draws what one process does)."""
+    torch.manual_seed(cfg.seed)
+    try:
+        model = build_model(mcfg).to(device)
+    except (RuntimeError, MemoryError) as e:  # e.g. --n-embd 100000: torch's "can't allocate memory"
+        if not isinstance(e, MemoryError) and "alloc" not in str(e).lower() and "memory" not in str(e).lower():
+            raise
+        n = 12 * mcfg.n_layer * mcfg.n_embd ** 2 + (mcfg.vocab_size + mcfg.block_size) * mcfg.n_embd
+        raise ConfigError(f"a model of about {n / 1e6:,.0f}M parameters does not fit in {device} memory; "
+                          f"lower --n-embd, --n-layer or --block-size") from None
+    init(model)
+    model.set_attention(cfg.attention)
+    optimizer = make_optimizer(model, cfg, device, dtype)
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+    torch.manual_seed(stream_seed(cfg.seed, "dropout", dist.rank))
+    data_gen = torch.Generator().manual_seed(stream_seed(cfg.seed, "data", dist.rank))
+    return model, optimizer, scaler, data_gen
+
+
+def wrap(run: Run):
+    """What the loop calls: the model, compiled and/or wrapped for DDP (run.model stays the plain one); how often
+    the host reads the stop flags; the bf16 weight copies the forward reads on a CPU."""
+    run.compiled, run.compile_reason = pick_compile(run.cfg.compile, run.device)
+    run.train_model = torch.compile(run.model) if run.compiled else run.model
+    if run.dist.enabled:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        ids = [run.device.index] if run.device.type == "cuda" else None
+        run.train_model = DDP(run.train_model, device_ids=ids)
+    # every sync_every steps the host reads whether to stop (a sync: free on a CPU, a stall on a GPU)
+    run.sync_every = 1 if run.device.type == "cpu" or run.cfg.skip_nonfinite else GPU_SYNC_EVERY
+    run.copies = low_precision_copies(run.model, run.optimizer, run.device, run.dtype,
+                                      run.compiled or run.dist.enabled)

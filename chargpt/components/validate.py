@@ -1,0 +1,113 @@
+"""When a run evaluates itself, and the evaluation: the mean loss over fixed batches of each split.
+
+A run with a --max-time budget does not know how many steps it will take, so a step interval from a preset
+(--eval-interval 250) gives a fast machine many evaluations and a slow one two or three: a three-point validation
+curve. Unless --eval-interval is given, such a run evaluates instead whenever 1/EVALS_PER_BUDGET of its time budget
+has passed since the last evaluation (and at step 0 and the end), so every budget gets a real curve and no two
+evaluations fall a few steps apart. Only the agreed clock decides (RunState.elapsed, the same on every rank), so
+all ranks evaluate at the same step. Evaluations use their own random stream and no dropout: when they happen
+never changes the training itself.
+"""
+
+import math
+
+import torch
+
+from ..config import TrainConfig
+from ..errors import ChargptError
+from ..runtime import autocast, stream_seed
+
+EVALS_PER_BUDGET = 20  # evaluations over a time budget (with the first and the last: about 21)
+LN2 = math.log(2)
+
+
+def eval_period(cfg: TrainConfig, interval_source):
+    """Seconds of training between evaluations for a time budget, or None (evaluate by steps alone): with
+    --max-time, unless --eval-interval was chosen (`interval_source`: the settings layer that set it, None for
+    the dataclass default, "preset NAME" for a preset)."""
+    if not cfg.max_time or (interval_source is not None and not interval_source.startswith("preset ")):
+        return None
+    return cfg.max_time / EVALS_PER_BUDGET
+
+
+def time_to_evaluate(elapsed, last_eval_elapsed, period):
+    """Whether `period` seconds of training passed since the last evaluation (never with period None)."""
+    return period is not None and elapsed - last_eval_elapsed >= period
+
+
+def model_inputs(batch):
+    """A batch as the model's keyword arguments: text batches come as (x, y), pairs batches as a dict already."""
+    return batch if isinstance(batch, dict) else {"idx": batch[0], "targets": batch[1]}
+
+
+@torch.no_grad()
+def estimate_loss(model, batches, cfg: TrainConfig, device, dtype, dist, check_stop=lambda: None):
+    """Mean loss over eval_iters batches per split: plain cross-entropy (no label smoothing), the number to compare.
+    The batches come from a generator seeded the same way at every evaluation, so successive numbers compare the
+    model, not the luck of the draw. check_stop() is called before each batch (it raises to abandon the
+    evaluation)."""
+    model.eval()
+    out = {}
+    for split in ("train", "val"):
+        gen = torch.Generator().manual_seed(stream_seed(cfg.seed, "eval", dist.rank))
+        losses = torch.zeros(cfg.eval_iters, device=device)
+        for k in range(cfg.eval_iters):
+            check_stop()
+            batch = model_inputs(batches.get(split, gen))
+            with autocast(device, dtype):
+                _, loss = model(**batch)
+            losses[k] = loss
+        mean = losses.mean()
+        if dist.enabled:
+            torch.distributed.all_reduce(mean)
+            mean /= dist.world_size
+        out[split] = mean.item()  # note: a host sync, once per split per evaluation
+    model.train()
+    return out
+
+
+class Validator:
+    """Decides when to evaluate (every cfg.eval_interval steps, or by the clock: `period` seconds, see above) and
+    evaluates: the plain model (no DDP sync is needed under no_grad, and torch.compile would recompile for eval
+    mode) on the run's batches, then the task's scores (translations of a pairs run) on rank 0."""
+
+    def __init__(self, cfg: TrainConfig, period, elapsed, model, batches, device, dtype, dist):
+        self.cfg, self.period, self.last_eval_at = cfg, period, elapsed
+        self.model, self.batches, self.device, self.dtype, self.dist = model, batches, device, dtype, dist
+
+    def due(self, step, elapsed):
+        """Whether an evaluation falls at `step` (from step 0; `elapsed`: the agreed clock)."""
+        if self.period is None:
+            return step % self.cfg.eval_interval == 0
+        return step == 0 or time_to_evaluate(elapsed, self.last_eval_at, self.period)
+
+    def evaluate(self, step, lr, check_stop):
+        """-> {"train": loss, "val": loss}; weights that evaluate to a non-finite loss stop the run (they are never
+        saved). check_stop() raises to abandon the evaluation."""
+        losses = estimate_loss(self.model, self.batches, self.cfg, self.device, self.dtype, self.dist, check_stop)
+        if not all(math.isfinite(v) for v in losses.values()):
+            raise ChargptError(
+                f"evaluation loss became {losses['val']} at step {step} (learning rate {lr:.2e}): training "
+                f"diverged, most likely because the learning rate is too high; lower --learning-rate. The last "
+                f"good checkpoint in {self.cfg.out_dir} is kept.")
+        return losses
+
+    def evaluated(self, elapsed):
+        """The agreed clock after an evaluation: the next one by the clock counts from here."""
+        self.last_eval_at = elapsed
+
+
+def eval_record(step, losses, lr, elapsed, scores):
+    """The "eval" record (metrics.jsonl): losses in nats and bits per character."""
+    return {"step": step, "train_loss": round(losses["train"], 6), "val_loss": round(losses["val"], 6),
+            "train_bpc": round(losses["train"] / LN2, 6), "val_bpc": round(losses["val"] / LN2, 6),
+            "lr": lr, "elapsed_s": round(elapsed, 2), **scores}
+
+
+def eval_line(step, losses, improved, scores, n_pairs=0):
+    """The log line of an evaluation."""
+    return (f"step {step:>6}: train {losses['train']:.4f} nats ({losses['train'] / LN2:.3f} bpc), "
+            f"val {losses['val']:.4f} nats ({losses['val'] / LN2:.3f} bpc)" + (" *" if improved else "")
+            + (f"; exact match {scores['exact_match']:.1%}" if scores else "")
+            + (f", chrF {scores['chrf']:.1f}" if scores.get("chrf") is not None else "")
+            + (f" ({n_pairs} val pairs, greedy)" if scores else ""))
