@@ -1,7 +1,9 @@
 """The command lines: `python train.py` / `chargpt-train` and `python sample.py` / `chargpt-sample`.
 
 Thin by design: flags -> one call into the package. Flags are generated from the config dataclasses
-(config.flag_specs), so every setting has exactly one name, default and help line, in chargpt/config.py.
+(config.flag_specs), so every setting has exactly one name, default and help line, in chargpt/config.py. Each
+command lists its parameters in order (click's `params`); an option several commands take is one click.Option
+object (CHECKPOINT, SEED, ...), defined once.
 Output: results on stdout (sample.py's text; train.py's run directory, one line when it ends), everything
 else (progress, logs, warnings, errors) on stderr. Errors a user can fix print one line on stderr and exit 1;
 Ctrl-C exits 130 (SIGTERM 143) after saving.
@@ -18,32 +20,42 @@ import click
 from click.core import ParameterSource
 from tqdm import tqdm
 
-from . import textio
-from .config import ModelConfig, SampleSettings, TrainConfig, check_sample_options, cli_names, flag_specs
-from .errors import ChargptError, Interrupted, out_of_memory, requested_memory
+from . import __version__, textio
 from .components.interrupt import work_begins
-from .tokenizer import describe_chars
+from .config import (
+    ExportSettings,
+    ModelConfig,
+    SampleSettings,
+    TrainConfig,
+    check_sample_options,
+    cli_names,
+    flag_specs,
+)
+from .corpora import DATA_DIR
+from .errors import ChargptError, Interrupted, out_of_memory, requested_memory
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
 TRAIN_MEMORY_HINT = "lower --batch-size (--grad-accum keeps the global batch), --block-size or the model size " \
                     "(--n-embd, --n-layer)"
 SAMPLE_MEMORY_HINT = "lower --num-samples (the samples decode together, each with its own cache)"
+_NOT_GIVEN = object()
 
 
-def spec_option(spec, default=None):
-    """The click option of one generated flag. Non-boolean flags default to None unless given a default, so the
-    commands can tell the flags a user typed from the ones left alone."""
+# --- options: click.Option objects, listed in each command's `params` -----------------------------------------
+def spec_options(spec, default=None):
+    """The click options of one generated flag (one, or two for a switch). Non-boolean flags default to None unless
+    given a default, so the commands can tell the flags a user typed from the ones left alone."""
     if spec.type is bool:
-        return click.option(f"--{spec.name}/--no-{spec.name}", spec.dest, default=spec.default, show_default=True,
-                            help=spec.help)
+        return [click.Option([f"--{spec.name}/--no-{spec.name}", spec.dest], default=spec.default,
+                             show_default=True, help=spec.help)]
     ptype = click.Choice(spec.choices) if spec.choices else spec.type
     if spec.switch:
-        return _switch_option(spec, ptype, default)
-    return click.option(f"--{spec.name}", spec.dest, type=ptype, default=default, multiple=spec.multiple,
-                        help=spec.help)
+        return _switch_options(spec, ptype, default)
+    return [click.Option([f"--{spec.name}", spec.dest], type=ptype, default=default, multiple=spec.multiple,
+                         help=spec.help)]
 
 
-def _switch_option(spec, ptype, default):
+def _switch_options(spec, ptype, default):
     """`--NAME [VALUE]` (alone: the switch's first value) plus `--no-NAME` (its second), for a setting that grew
     from an on/off switch into choices (--compile auto|on|off), so that the old spellings keep working."""
     bare, negative = spec.switch
@@ -52,22 +64,46 @@ def _switch_option(spec, ptype, default):
         if given:
             ctx.params[spec.dest] = negative
             ctx.set_parameter_source(spec.dest, ParameterSource.COMMANDLINE)
-
-    def decorate(fn):
-        fn = click.option(f"--no-{spec.name}", f"no_{spec.dest}", is_flag=True, expose_value=False, callback=negate,
-                          help=f"the same as --{spec.name} {negative}")(fn)
-        return click.option(f"--{spec.name}", spec.dest, type=ptype, default=default, is_flag=False,
-                            flag_value=bare, help=spec.help)(fn)
-    return decorate
+    return [click.Option([f"--{spec.name}", spec.dest], type=ptype, default=default, is_flag=False,
+                         flag_value=bare, help=spec.help),
+            click.Option([f"--no-{spec.name}", f"no_{spec.dest}"], is_flag=True, expose_value=False,
+                         callback=negate, help=f"the same as --{spec.name} {negative}")]
 
 
 def config_options(cls):
-    """Decorator adding one click option per flag of dataclass `cls`; its help is the field's help metadata."""
-    def decorate(fn):
-        for spec in reversed(flag_specs(cls)):
-            fn = spec_option(spec)(fn)
-        return fn
-    return decorate
+    """One click option per flag of dataclass `cls`; its help is the field's help metadata."""
+    return [option for spec in flag_specs(cls) for option in spec_options(spec)]
+
+
+def field_option(cls, name, default=_NOT_GIVEN):
+    """The click option of one config dataclass field, with the field's default filled in (or `default`, which
+    then replaces the default its help line shows)."""
+    spec = next(spec for spec in flag_specs(cls) if spec.dest == name)
+    if default is not _NOT_GIVEN:
+        shown = f" [default: {default}]" if default is not None else ""
+        spec = replace(spec, default=default, help=re.sub(r" \[default: [^]]*\]$", "", spec.help) + shown)
+    (option,) = spec_options(spec, default=spec.default)
+    return option
+
+
+# Options several commands take: one object each, so each has one definition (and one help line).
+CHECKPOINT = click.Option(["--checkpoint", "checkpoint_path"], default=None,
+                          help="run directory (its best checkpoint) or .safetensors file [default: the most recent run "
+                               "under checkpoints/]")
+SEED = click.Option(["--seed"], default=None, type=int, help="random seed, 0 to 2**63 - 1; the same seed (and "
+                    "--num-samples) gives the same text [default: random, shown on stderr unless --temperature 0]")
+UNKNOWN = click.Option(["--unknown"], default="error", show_default=True,
+                       type=click.Choice(["error", "skip", "replace"]),
+                       help="prompt characters the model never saw: error names them; skip drops them (with a "
+                            "warning); replace maps them to U+FFFD, '?' or a space (the first the vocabulary has)")
+DEVICE = click.Option(["--device"], default="auto", show_default=True, help="auto, cpu, cuda, cuda:N or mps")
+NO_CACHE = click.Option(["--no-cache"], is_flag=True, help="decode without the KV cache (the slow reference path)")
+MIN_SPAN = click.Option(["--min-span"], type=int, default=None, help="copied text is in spans of at least this many "
+                        "characters that occur verbatim in the training text; shorter ones are chance [default: 20]")
+NOVELTY_DATA = click.Option(["--data", "novelty_data"], default=None, help="the run's training text, for --novelty "
+                            "and chargpt novelty when the path it trained on has moved (checked to be the same corpus "
+                            "by its hash)")
+JSON = click.Option(["--json", "as_json"], is_flag=True, help="print one JSON object (for scripts)")
 
 
 def say(message):
@@ -118,6 +154,16 @@ def next_step_hint(summary):
     return f"more with: python sample.py --checkpoint {summary['out_dir']} --prompt \"...\""
 
 
+def _stderr(message):
+    click.echo(message, err=True)
+
+
+def _warn(warning):
+    """'warning: ...' on stderr, when there is one."""
+    if warning:
+        click.echo(f"warning: {warning}", err=True)
+
+
 def _log(message):
     """Training's log lines, on stderr above the progress bar (tqdm.write keeps the bar intact)."""
     tqdm.write(message, file=sys.stderr)
@@ -132,9 +178,8 @@ class TrainCommand(click.Command):
         formatter.write("\n".join(preset_table()) + "\n")
 
 
-@click.command(cls=TrainCommand, context_settings=CONTEXT)
-@config_options(ModelConfig)
-@config_options(TrainConfig)
+@click.command(cls=TrainCommand, context_settings=CONTEXT,
+               params=[*config_options(ModelConfig), *config_options(TrainConfig)])
 def train_cli(**kwargs):
     """Train a character-level GPT on a text file (or directory) and save it to a run directory.
 
@@ -161,42 +206,6 @@ def unescape(text):
     return re.sub(r"\\([ntr\\])", lambda m: {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}[m.group(1)], text)
 
 
-def _novelty_scorer(gen, path, wanted, min_span, data, interactive):
-    """With --novelty: a function text -> novelty Report against the run's training text (its index is built or
-    loaded now, so a missing corpus fails before any sampling); else None."""
-    if not wanted:
-        if min_span is not None or data is not None:
-            raise ChargptError("--min-span and --data go with --novelty; add --novelty, or drop them")
-        return None
-    if interactive:
-        raise ChargptError("--novelty scores printed samples, not --interactive ones; drop one of them")
-    from . import novelty
-    min_span = novelty.DEFAULT_MIN_SPAN if min_span is None else min_span
-    novelty.check_min_span(min_span)
-    index = novelty.for_meta(gen.meta, str(path), data, log=lambda m: click.echo(m, err=True))
-    return lambda text: index.score(text, min_span)
-
-
-def _novelty_records(scorer, n, as_json):
-    """For textio.all_samples: (sample index, text) -> {"novelty": its summary}, added to its JSON record; as
-    printed, its line goes to stderr instead. None without --novelty."""
-    if scorer is None:
-        return None
-
-    def record(i, text):
-        report = scorer(text)
-        if as_json:
-            return {"novelty": report.summary()}
-        _say_novelty(report, i, n)
-        return {}
-    return record
-
-
-def _say_novelty(report, i, n):
-    """One line per sample on stderr: copied: 23% in spans of 20+; longest 57 chars, from line 2,317."""
-    click.echo(("" if n == 1 else f"sample {i + 1}: ") + report.line(), err=True)
-
-
 def _check_interactive(prompt, prompt_file, output, as_json, num_samples):
     given = [name for name, on in (("--prompt", prompt is not None), ("--prompt-file", prompt_file is not None),
                                    ("--output", output is not None), ("--json", as_json),
@@ -213,52 +222,47 @@ def _sample_settings(flags):
     return asdict(SampleSettings(**given).validate())
 
 
-@click.command(context_settings=CONTEXT)
-@click.option("--checkpoint", "checkpoint_path", default=None,
-              help="run directory (its best checkpoint) or .safetensors file [default: the most recent run "
-                   "under checkpoints/]")
-@click.option("--prompt", default=None, help="text to continue; '-' reads stdin (without the one newline at its "
-              "end that echo adds) [default: a newline]")
-@click.option("--prompt-file", default=None, help="read the prompt from this UTF-8 file, exactly as written")
-@config_options(SampleSettings)
-@click.option("--num-samples", default=1, show_default=True, type=int,
-              help="independent samples, decoded together in one batch; with more than one, a separator line "
-                   "goes above each")
-@click.option("--seed", default=None, type=int, help="random seed, 0 to 2**63 - 1; the same seed (and "
-              "--num-samples) gives the same text [default: random, shown on stderr unless --temperature 0]")
-@click.option("--unknown", default="error", show_default=True, type=click.Choice(["error", "skip", "replace"]),
-              help="prompt characters the model never saw: error names them; skip drops them (with a warning); "
-                   "replace maps them to U+FFFD, '?' or a space (the first the vocabulary has)")
-@click.option("--output", default=None, help="write the samples to this file (UTF-8) instead of stdout")
-@click.option("--json", "as_json", is_flag=True, help="print one JSON object per sample (sample, prompt as the "
-              "model saw it, text, seed, settings) for scripts")
-@click.option("--interactive", is_flag=True, help="a prompt loop that keeps the model loaded; /help lists its "
-              "commands, Ctrl-C stops a sample, Ctrl-D exits")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N or mps")
-@click.option("--dtype", default="auto", show_default=True, type=click.Choice(["auto", "float32", "bfloat16"]),
-              help="precision of decoding: auto is bfloat16 where the device computes it natively (half the bytes "
-                   "read per character), else float32")
-@click.option("--quantize", default="none", show_default=True, type=click.Choice(["none", "int8", "auto"]),
-              help="int8: int8 weights for faster decoding on a CPU (torch's dynamic quantisation; `chargpt bench "
-                   "--only decode` measures its speed and its cost in loss); auto: int8 where, measured at load "
-                   "(about a second), it decodes 1.15x faster here at a cost of at most 0.01 nats per character")
-@click.option("--compile", "compile_mode", default="auto", show_default=True,
-              type=click.Choice(["auto", "on", "off"]), help="torch.compile the decode step (compiled once per "
-              "batch size, kept in torch's on-disk cache): auto compiles on a CPU with a C++ compiler from "
-              "30,000 new characters, where it repays compiling")
-@click.option("--no-cache", is_flag=True, help="decode without the KV cache (the slow reference path)")
-@click.option("--novelty", is_flag=True, help="say how much of each sample is copied from the training text: one "
-              "line per sample on stderr, or a `novelty` object in each --json record (chargpt novelty)")
-@click.option("--min-span", type=int, default=None, help="copied text is in spans of at least this many characters "
-              "that occur verbatim in the training text; shorter ones are chance [default: 20]")
-@click.option("--data", "novelty_data", default=None, help="the run's training text, for --novelty and chargpt "
-              "novelty when the path it trained on has moved (checked to be the same corpus by its hash)")
+@click.command(context_settings=CONTEXT, params=[
+    CHECKPOINT,
+    click.Option(["--prompt"], default=None, help="text to continue; '-' reads stdin (without the one newline at its "
+                 "end that echo adds) [default: a newline]"),
+    click.Option(["--prompt-file"], default=None, help="read the prompt from this UTF-8 file, exactly as written"),
+    *config_options(SampleSettings),
+    click.Option(["--num-samples"], default=1, show_default=True, type=int,
+                 help="independent samples, decoded together in one batch; with more than one, a separator line "
+                      "goes above each"),
+    SEED,
+    UNKNOWN,
+    click.Option(["--output"], default=None, help="write the samples to this file (UTF-8) instead of stdout"),
+    click.Option(["--json", "as_json"], is_flag=True, help="print one JSON object per sample (sample, prompt as the "
+                 "model saw it, text, seed, settings) for scripts"),
+    click.Option(["--interactive"], is_flag=True, help="a prompt loop that keeps the model loaded; /help lists its "
+                 "commands, Ctrl-C stops a sample, Ctrl-D exits"),
+    DEVICE,
+    click.Option(["--dtype"], default="auto", show_default=True, type=click.Choice(["auto", "float32", "bfloat16"]),
+                 help="precision of decoding: auto is bfloat16 where the device computes it natively (half the bytes "
+                      "read per character), else float32"),
+    click.Option(["--quantize"], default="none", show_default=True, type=click.Choice(["none", "int8", "auto"]),
+                 help="int8: int8 weights for faster decoding on a CPU (torch's dynamic quantisation; `chargpt bench "
+                      "--only decode` measures its speed and its cost in loss); auto: int8 where, measured at load "
+                      "(about a second), it decodes 1.15x faster here at a cost of at most 0.01 nats per character"),
+    click.Option(["--compile", "compile_mode"], default="auto", show_default=True,
+                 type=click.Choice(["auto", "on", "off"]), help="torch.compile the decode step (compiled once per "
+                 "batch size, kept in torch's on-disk cache): auto compiles on a CPU with a C++ compiler from "
+                 "30,000 new characters, where it repays compiling"),
+    NO_CACHE,
+    click.Option(["--novelty"], is_flag=True, help="say how much of each sample is copied from the training text: one "
+                 "line per sample on stderr, or a `novelty` object in each --json record (chargpt novelty)"),
+    MIN_SPAN,
+    NOVELTY_DATA,
+])
 def sample_cli(checkpoint_path, prompt, prompt_file, num_samples, seed, unknown, output, as_json, interactive,
                device, dtype, quantize, compile_mode, no_cache, novelty, min_span, novelty_data, **flags):
     """Write text in the style of a trained run. The text goes to stdout (with a separator line above each
     sample when there are several); everything else goes to stderr."""
     def main():
         from .engine import load
+        from .novelty import check_options, sample_records, sample_scorer, scored_line
         from .rundir import latest_run
         settings = _sample_settings(flags)
         check_sample_options(num_samples, seed)
@@ -271,26 +275,25 @@ def sample_cli(checkpoint_path, prompt, prompt_file, num_samples, seed, unknown,
         runner, reason = gen.decode_runner(settings["max_new_tokens"] * num_samples)
         if compile_mode != "auto" or runner is not None:  # said when it is not the usual
             click.echo(reason, err=True)
-        scorer = _novelty_scorer(gen, path, novelty, min_span, novelty_data, interactive)  # before any sample
+        check_options(novelty, min_span, novelty_data, interactive)
+        # the index loads before any sample is written, so that a missing corpus fails first
+        scorer = sample_scorer(gen.meta, str(path), min_span, novelty_data, log=_stderr) if novelty else None
         textio.tolerant_stdout()
         if interactive:
             from .repl import repl
             return repl(gen, settings, seed, unknown)
         text, warning = gen.prompt_text(text, unknown), gen.unknown_warning(text, unknown)  # 'error' raises here
-        if warning:
-            click.echo(f"warning: {warning}", err=True)
-        use_seed = seed if seed is not None else random.randrange(2**31)
-        if seed is None and settings["temperature"] > 0:  # greedy text does not depend on the seed
-            click.echo(f"seed: {use_seed}", err=True)
+        _warn(warning)
+        use_seed = _seed(seed, shown=settings["temperature"] > 0)  # greedy text does not depend on the seed
         if not (as_json or output):
             texts = textio.stream_samples(gen, text, num_samples, use_seed, settings, unknown, sys.stdout,
                                           use_cache=not no_cache)
             for i, t in enumerate(texts if scorer else ()):
-                _say_novelty(scorer(t), i, num_samples)
+                click.echo(scored_line(scorer(t), i, num_samples), err=True)
             return
         body = textio.all_samples(gen, text, num_samples, use_seed, settings, unknown, as_json,
                                   use_cache=not no_cache, ascii_json=not output and not textio.utf_stream(sys.stdout),
-                                  novelty=_novelty_records(scorer, num_samples, as_json))
+                                  novelty=sample_records(scorer, num_samples, as_json, _stderr))
         if output:
             textio.write_output(output, body)
             click.echo(f"wrote {num_samples} sample(s) to {output}", err=True)
@@ -298,6 +301,16 @@ def sample_cli(checkpoint_path, prompt, prompt_file, num_samples, seed, unknown,
             sys.stdout.write(body)
 
     run_guarded(main, SAMPLE_MEMORY_HINT)
+
+
+def _seed(seed, shown):
+    """The --seed given, else a random one, said on stderr when `shown` (the text depends on it)."""
+    if seed is not None:
+        return seed
+    seed = random.randrange(2**31)
+    if shown:
+        click.echo(f"seed: {seed}", err=True)
+    return seed
 
 
 def _describe_run(gen):
@@ -315,64 +328,22 @@ def bench_cli():
     main()
 
 
-# --- the `chargpt` command: one group over the same click command objects as train.py and sample.py --------------
-# Options shared between subcommands are the same click objects (_param) or are built from the config
-# dataclasses (_field_option), so each option has exactly one definition.
-_NOT_GIVEN = object()
-
-
-def _param(command, name):
-    """The parameter object `name` of another command."""
-    return next(p for p in command.params if p.name == name)
-
-
-def _with(*params):
-    """Decorator (above @click.command) putting parameters of other commands first in this command."""
-    def decorate(command):
-        command.params[:0] = list(params)
-        return command
-    return decorate
-
-
-def _reused(*params):
-    """Decorator (below @click.command, among the options) placing parameters of other commands here, in order:
-    click.command collects __click_params__ as click.option leaves them."""
-    def decorate(fn):
-        fn.__click_params__ = getattr(fn, "__click_params__", []) + list(reversed(params))
-        return fn
-    return decorate
-
-
-def _field_option(cls, name, default=_NOT_GIVEN):
-    """The click option of one config dataclass field, with the field's default filled in (or `default`, which
-    then replaces the default its help line shows)."""
-    spec = next(spec for spec in flag_specs(cls) if spec.dest == name)
-    if default is _NOT_GIVEN:
-        return spec_option(spec, default=spec.default)
-    help_ = re.sub(r" \[default: [^]]*\]$", "", spec.help) + (f" [default: {default}]" if default is not None else "")
-    return spec_option(replace(spec, default=default, help=help_), default=default)
-
-
-from . import __version__  # noqa: E402  (this block is kept apart from the imports above for easy merging)
-from .config import ExportSettings  # noqa: E402
-from .corpora import DATA_DIR  # noqa: E402
-
-JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="print one JSON object (for scripts)")
-
-
-@_with(_param(sample_cli, "checkpoint_path"), _param(sample_cli, "device"))
-@click.command("eval", context_settings=CONTEXT)
-@click.option("--data", default=None, help="text file, or folder of text files, to score [default: the run's own "
-              "validation split]")
-@_field_option(TrainConfig, "target_data")
-@_field_option(TrainConfig, "encoding")
-@_field_option(TrainConfig, "encoding_errors")
-@click.option("--stride", type=int, default=None, help="characters between windows; each window after the first "
-              "scores its last STRIDE characters, so each sees at least context - STRIDE before it; 1: a full "
-              "window for every character (slowest) [default: half the context]")
-@click.option("--batch-size", type=int, default=None, help="windows per forward pass [default: up to 64, fewer "
-              "for large vocabularies]")
-@JSON_OPTION
+# --- the other commands of `chargpt` ------------------------------------------------------------------------
+@click.command("eval", context_settings=CONTEXT, params=[
+    CHECKPOINT,
+    DEVICE,
+    click.Option(["--data"], default=None, help="text file, or folder of text files, to score [default: the run's "
+                 "own validation split]"),
+    field_option(TrainConfig, "target_data"),
+    field_option(TrainConfig, "encoding"),
+    field_option(TrainConfig, "encoding_errors"),
+    click.Option(["--stride"], type=int, default=None, help="characters between windows; each window after the first "
+                 "scores its last STRIDE characters, so each sees at least context - STRIDE before it; 1: a full "
+                 "window for every character (slowest) [default: half the context]"),
+    click.Option(["--batch-size"], type=int, default=None, help="windows per forward pass [default: up to 64, fewer "
+                 "for large vocabularies]"),
+    JSON,
+])
 def eval_cli(checkpoint_path, device, data, target_data, encoding, encoding_errors, stride, batch_size, as_json):
     """Loss and bits per character of a checkpoint on any text (every character scored once, with a sliding
     window). Characters the model never saw are counted and reported, not scored. A run trained on sentence pairs
@@ -386,15 +357,14 @@ def eval_cli(checkpoint_path, device, data, target_data, encoding, encoding_erro
     run_guarded(run, "lower --batch-size (windows per forward pass)")
 
 
-NOVELTY_MAX_BYTES = 1 << 24  # text scored by `chargpt novelty` (16 MiB; its JSON lists two numbers per character)
-
-
-@_with(_param(sample_cli, "checkpoint_path"))
-@click.command("novelty", context_settings=CONTEXT)
-@click.argument("text", required=False)
-@click.option("--input", "input_path", default=None, help="score this UTF-8 file ('-': stdin) instead of TEXT")
-@_reused(_param(sample_cli, "min_span"), _param(sample_cli, "novelty_data"))
-@JSON_OPTION
+@click.command("novelty", context_settings=CONTEXT, params=[
+    CHECKPOINT,
+    click.Argument(["text"], required=False),
+    click.Option(["--input", "input_path"], default=None, help="score this UTF-8 file ('-': stdin) instead of TEXT"),
+    MIN_SPAN,
+    NOVELTY_DATA,
+    JSON,
+])
 def novelty_cli(checkpoint_path, text, input_path, min_span, novelty_data, as_json):
     """Is it writing or copying? Which spans of TEXT (or --input FILE) occur verbatim in the text the run trained
     on: the share of characters in copied spans of --min-span or more, and each span with the line it comes from;
@@ -405,8 +375,8 @@ def novelty_cli(checkpoint_path, text, input_path, min_span, novelty_data, as_js
         from .rundir import latest_run
         span = novelty.DEFAULT_MIN_SPAN if min_span is None else min_span
         novelty.check_min_span(span)
-        body = _novelty_input(text, input_path)
-        index = novelty.for_run(checkpoint_path or latest_run(), novelty_data, log=lambda m: click.echo(m, err=True))
+        body = novelty.read_input(text, input_path)
+        index = novelty.for_run(checkpoint_path or latest_run(), novelty_data, log=_stderr)
         report = index.score(body, span)
         textio.tolerant_stdout()
         click.echo(json.dumps(report.to_json(), ensure_ascii=not textio.utf_stream(sys.stdout)) if as_json
@@ -414,20 +384,7 @@ def novelty_cli(checkpoint_path, text, input_path, min_span, novelty_data, as_js
     run_guarded(run)
 
 
-def _novelty_input(text, input_path):
-    """TEXT, or --input FILE / '-' (stdin), read no further than NOVELTY_MAX_BYTES."""
-    if (text is None) == (input_path is None):
-        raise ChargptError("give the text to score as an argument or with --input FILE ('-': stdin), one of them")
-    if text is not None:
-        return text
-    data = textio.read_stdin(NOVELTY_MAX_BYTES, "stdin (--input -)") if input_path == "-" else \
-        textio.read_file(input_path, "--input", NOVELTY_MAX_BYTES)
-    return textio.decode_utf8(data, "stdin (--input -)" if input_path == "-" else f"--input {input_path}")
-
-
-@click.command("info", context_settings=CONTEXT)
-@click.argument("run", required=False)
-@JSON_OPTION
+@click.command("info", context_settings=CONTEXT, params=[click.Argument(["run"], required=False), JSON])
 def info_cli(run, as_json):
     """What a run is: model, vocabulary, steps, best validation loss, training time, files. RUN is a run
     directory or a .safetensors file [default: the most recent run under checkpoints/]. Reads headers only."""
@@ -440,23 +397,27 @@ def info_cli(run, as_json):
 
 
 # --- translate: a pairs run turns sources into targets ------------------------------------------------------------
-@_with(_param(sample_cli, "checkpoint_path"))
-@click.command("translate", context_settings=CONTEXT)
-@click.argument("sources", nargs=-1)
-@click.option("--input", "input_path", default=None, help="translate this UTF-8 file, one sentence per line ('-': "
-              "stdin) [default: the SOURCES arguments, else lines piped into stdin]")
-@click.option("--output", default=None, help="write the translations to this file (UTF-8, one line per input line, "
-              "written as they come and put in place when all are done) instead of stdout")
-@click.option("--beam", default=1, show_default=True, type=int, help="beam search with this many hypotheses per "
-              "sentence (length-normalised); 1: greedy")
-@click.option("--alpha", default=1.0, show_default=True, type=float, help="length normalisation of the beam search: "
-              "a finished hypothesis scores its log-probability / length ** alpha (0: none, short outputs win)")
-@_field_option(SampleSettings, "temperature", default=0.0)
-@_field_option(SampleSettings, "top_k", default=None)
-@_field_option(SampleSettings, "top_p", default=None)
-@_reused(_param(sample_cli, "seed"), _param(sample_cli, "unknown"))
-@click.option("--batch-size", default=64, show_default=True, type=int, help="sentences decoded together")
-@_reused(_param(sample_cli, "device"), _param(sample_cli, "no_cache"))
+@click.command("translate", context_settings=CONTEXT, params=[
+    CHECKPOINT,
+    click.Argument(["sources"], nargs=-1),
+    click.Option(["--input", "input_path"], default=None, help="translate this UTF-8 file, one sentence per line "
+                 "('-': stdin) [default: the SOURCES arguments, else lines piped into stdin]"),
+    click.Option(["--output"], default=None, help="write the translations to this file (UTF-8, one line per input "
+                 "line, written as they come and put in place when all are done) instead of stdout"),
+    click.Option(["--beam"], default=1, show_default=True, type=int, help="beam search with this many hypotheses per "
+                 "sentence (length-normalised); 1: greedy"),
+    click.Option(["--alpha"], default=1.0, show_default=True, type=float, help="length normalisation of the beam "
+                 "search: a finished hypothesis scores its log-probability / length ** alpha (0: none, short outputs "
+                 "win)"),
+    field_option(SampleSettings, "temperature", default=0.0),
+    field_option(SampleSettings, "top_k", default=None),
+    field_option(SampleSettings, "top_p", default=None),
+    SEED,
+    UNKNOWN,
+    click.Option(["--batch-size"], default=64, show_default=True, type=int, help="sentences decoded together"),
+    DEVICE,
+    NO_CACHE,
+])
 def translate_cli(checkpoint_path, sources, input_path, output, beam, alpha, temperature, top_k, top_p, seed,
                   unknown, batch_size, device, no_cache):
     """Translate with a run trained on sentence pairs (--task pairs): SOURCES as arguments, or lines from --input
@@ -465,9 +426,11 @@ def translate_cli(checkpoint_path, sources, input_path, output, beam, alpha, tem
     def run():
         from .engine import load
         from .rundir import latest_run
+        from .tokenizer import Unknowns
+        from .translate import check_translate_options
         settings = _sample_settings({"temperature": temperature, "top_k": top_k, "top_p": top_p})
         check_sample_options(1, seed)
-        _check_translate_options(beam, alpha, settings["temperature"], top_k, top_p, batch_size)
+        check_translate_options(beam, alpha, settings["temperature"], top_k, top_p, batch_size)
         lines, name = textio.source_lines(sources, input_path)
         path = checkpoint_path or latest_run()
         gen = load(path, device=device)
@@ -475,71 +438,33 @@ def translate_cli(checkpoint_path, sources, input_path, output, beam, alpha, tem
         if gen.task != "pairs":
             raise ChargptError(f"{path} was trained on plain text, not sentence pairs, so it does not translate; "
                                f"write with it (chargpt sample), or train a translator with --task pairs")
-        seen = Unknowns(gen, lines, unknown)  # counted as the lines go by: they are read as they are translated
+        seen = Unknowns(gen.vocab, lines, unknown)  # counted as the lines go by: read as they are translated
         options = dict(beam=beam, alpha=alpha, unknown=unknown, batch_size=batch_size, use_cache=not no_cache,
                        temperature=settings["temperature"], top_k=settings["top_k"], top_p=settings["top_p"])
         if settings["temperature"] > 0:
             import torch
-            use_seed = seed if seed is not None else random.randrange(2**31)
-            if seed is None:
-                click.echo(f"seed: {use_seed}", err=True)
-            options["generator"] = torch.Generator().manual_seed(use_seed)
+            options["generator"] = torch.Generator().manual_seed(_seed(seed, shown=True))
         textio.tolerant_stdout()
         results = textio.translations(gen, seen, name, options)
         if output:
             count = textio.write_output_lines(output, results)
-            seen.warn()
+            _warn(seen.warning())
             click.echo(f"wrote {count} translation(s) to {output}", err=True)
             return
         for t in results:
             sys.stdout.write(t + "\n")
             sys.stdout.flush()
-        seen.warn()
+        _warn(seen.warning())
 
     run_guarded(run, "lower --batch-size (sentences decoded together) or --beam")
 
 
-def _check_translate_options(beam, alpha, temperature, top_k, top_p, batch_size):
-    if not 1 <= beam <= 1000:
-        raise ChargptError(f"--beam must be from 1 to 1000 (1: greedy), got {beam}")
-    if not 0 <= alpha <= 10:  # also catches NaN
-        raise ChargptError(f"--alpha must be from 0 to 10, got {alpha}")
-    sampling = [name for name, given in (("--temperature", temperature > 0), ("--top-k", top_k is not None),
-                                         ("--top-p", top_p is not None)) if given]
-    if beam > 1 and sampling:
-        raise ChargptError(f"--beam searches for the most likely translation and does not sample; drop "
-                           f"{', '.join(sampling)}, or use --beam 1 to sample")
-    if not 1 <= batch_size <= 1_000_000:
-        raise ChargptError(f"--batch-size must be from 1 to 1000000, got {batch_size}")
-
-
-class Unknowns:
-    """The lines to translate, passed through; with --unknown skip or replace, warn() then says in one line how many
-    sentences had characters the model never saw (with 'error' translation stops at the first, naming it)."""
-
-    def __init__(self, gen, lines, unknown):
-        self.gen, self.lines, self.unknown, self.affected, self.first = gen, lines, unknown, 0, None
-
-    def __iter__(self):
-        for line in self.lines:
-            found = self.gen.vocab.unknown(line)
-            if found:
-                self.affected += 1
-                self.first = self.first or found
-            yield line
-
-    def warn(self):
-        if self.affected and self.unknown != "error":
-            what = "dropped" if self.unknown == "skip" else f"replaced with {self.gen.vocab.replacement()!r}"
-            click.echo(f"warning: {self.affected} sentence(s) had characters the model never saw, {what} (the "
-                       f"first: {describe_chars(self.first)})", err=True)
-
-
-@_with(_param(sample_cli, "checkpoint_path"))
-@click.command("export", context_settings=CONTEXT)
-@_field_option(ExportSettings, "to")
-@_field_option(ExportSettings, "format")
-@_field_option(ExportSettings, "force")
+@click.command("export", context_settings=CONTEXT, params=[
+    CHECKPOINT,
+    field_option(ExportSettings, "to"),
+    field_option(ExportSettings, "format"),
+    field_option(ExportSettings, "force"),
+])
 def export_cli(checkpoint_path, to, format, force):
     """Write a run as a Hugging Face transformers folder (a GPT-2 model, its character tokenizer, a model card) that
     AutoModelForCausalLM and AutoTokenizer load without custom code; the folder is checked against chargpt's logits
@@ -551,11 +476,12 @@ def export_cli(checkpoint_path, to, format, force):
     run_guarded(run)
 
 
-@click.command("plot", context_settings=CONTEXT)
-@click.argument("runs", nargs=-1)
-@click.option("-o", "--output", default="curves.png", show_default=True, help="PNG file to write")
-@click.option("--unit", type=click.Choice(["nats", "bpc"]), default="nats", show_default=True,
-              help="loss in nats per character, or bits per character")
+@click.command("plot", context_settings=CONTEXT, params=[
+    click.Argument(["runs"], nargs=-1),
+    click.Option(["-o", "--output"], default="curves.png", show_default=True, help="PNG file to write"),
+    click.Option(["--unit"], type=click.Choice(["nats", "bpc"]), default="nats", show_default=True,
+                 help="loss in nats per character, or bits per character"),
+])
 def plot_cli(runs, output, unit):
     """Train (dashed) and validation (solid) loss against steps, one colour per run: RUNS are run directories
     [default: the most recent run under checkpoints/]. Needs matplotlib: pip install -e ".[plots]"."""
@@ -568,8 +494,7 @@ def plot_cli(runs, output, unit):
 
 
 @click.command("bench", context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-               add_help_option=False)
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+               add_help_option=False, params=[click.Argument(["args"], nargs=-1, type=click.UNPROCESSED)])
 def bench_command(args):
     """Speed and quality benchmarks (chargpt bench --help; the flags of python -m chargpt.bench)."""
     from .bench import main as bench_main
@@ -577,7 +502,7 @@ def bench_command(args):
     bench_main(list(args), prog="chargpt bench")
 
 
-DATA_DIR_OPTION = click.option("--dir", "data_dir", default=DATA_DIR, show_default=True, help="folder for corpora")
+DATA_DIR_OPTION = click.Option(["--dir", "data_dir"], default=DATA_DIR, show_default=True, help="folder for corpora")
 
 
 @click.group("data", context_settings=CONTEXT)
@@ -585,8 +510,7 @@ def data_cli():
     """Corpora to download: data list, data get NAME (checksum-verified, resumable)."""
 
 
-@data_cli.command("list", context_settings=CONTEXT)
-@DATA_DIR_OPTION
+@data_cli.command("list", context_settings=CONTEXT, params=[DATA_DIR_OPTION])
 def data_list_cli(data_dir):
     """The corpora `data get` knows, and whether they are downloaded."""
     from .corpora import list_corpora
@@ -595,30 +519,31 @@ def data_list_cli(data_dir):
         click.echo(f"{c['name']:<18} {c['about']}\n{'':<18} {where}; {c['url']}")
 
 
-@data_cli.command("get", context_settings=CONTEXT)
-@click.argument("name")
-@DATA_DIR_OPTION
+@data_cli.command("get", context_settings=CONTEXT, params=[click.Argument(["name"]), DATA_DIR_OPTION])
 def data_get_cli(name, data_dir):
     """Download corpus NAME into --dir; an interrupted download resumes when run again."""
     def fetch():
         from .corpora import get
-        path = get(name, data_dir, log=lambda m: click.echo(m, err=True))
+        path = get(name, data_dir, log=_stderr)
         click.echo(f"train on it with: chargpt train --data {path}", err=True)
     run_guarded(fetch)
 
 
-@click.command("serve", context_settings=CONTEXT)
-@click.option("--checkpoints", default="checkpoints", show_default=True,
-              help="folder whose run directories are served, each by its folder name")
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="address to listen on; anything but 127.0.0.1 lets others on the network use the page")
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="port (0: any free one)")
-@click.option("--device", default="auto", show_default=True, help="where models run: auto, cpu, cuda, cuda:N or mps")
+@click.command("serve", context_settings=CONTEXT, params=[
+    click.Option(["--checkpoints"], default="checkpoints", show_default=True,
+                 help="folder whose run directories are served, each by its folder name"),
+    click.Option(["--host"], default="127.0.0.1", show_default=True,
+                 help="address to listen on; anything but 127.0.0.1 lets others on the network use the page"),
+    click.Option(["--port"], default=8000, show_default=True, type=click.IntRange(0, 65535),
+                 help="port (0: any free one)"),
+    click.Option(["--device"], default="auto", show_default=True,
+                 help="where models run: auto, cpu, cuda, cuda:N or mps"),
+])
 def serve_cli(checkpoints, host, port, device):
     """A local web playground: write with any run, look inside the model, watch runs train."""
     def run():
         from .web.server import serve  # loads torch and the web extra only when asked for
-        serve(checkpoints, host, port, device, say=lambda line: click.echo(line, err=True))
+        serve(checkpoints, host, port, device, say=_stderr)
     run_guarded(run)
 
 

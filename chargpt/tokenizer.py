@@ -116,3 +116,28 @@ class Vocab:
 
     def decode(self, ids):
         return "".join(self.chars[int(i)] for i in ids)
+
+
+class Unknowns:
+    """Lines passed through as they are read, counting those with characters outside `vocab`; with the 'skip' or
+    'replace' policy, warning() then says in one line how many sentences had them (with 'error' the encoder stops
+    at the first, naming it)."""
+
+    def __init__(self, vocab, lines, unknown):
+        self.vocab, self.lines, self.unknown, self.affected, self.first = vocab, lines, unknown, 0, None
+
+    def __iter__(self):
+        for line in self.lines:
+            found = self.vocab.unknown(line)
+            if found:
+                self.affected += 1
+                self.first = self.first or found
+            yield line
+
+    def warning(self):
+        """'N sentence(s) had characters the model never saw, dropped (the first: ...)', or None."""
+        if not self.affected or self.unknown == "error":
+            return None
+        what = "dropped" if self.unknown == "skip" else f"replaced with {self.vocab.replacement()!r}"
+        return (f"{self.affected} sentence(s) had characters the model never saw, {what} (the first: "
+                f"{describe_chars(self.first)})")

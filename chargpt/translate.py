@@ -215,6 +215,22 @@ def make_steps(model, vocab, ids, use_cache=True, dtype=torch.float32):
     return DecoderSteps(model, prompts, use_cache, dtype), model.config.block_size - longest
 
 
+def check_translate_options(beam, alpha, temperature, top_k, top_p, batch_size):
+    """`chargpt translate`'s search settings, checked before a model loads: a beam of 1 to 1000 (1: greedy) that
+    does not sample, alpha from 0 to 10, and 1 to 1,000,000 sentences decoded together."""
+    if not 1 <= beam <= 1000:
+        raise ChargptError(f"--beam must be from 1 to 1000 (1: greedy), got {beam}")
+    if not 0 <= alpha <= 10:  # also catches NaN
+        raise ChargptError(f"--alpha must be from 0 to 10, got {alpha}")
+    sampling = [name for name, given in (("--temperature", temperature > 0), ("--top-k", top_k is not None),
+                                         ("--top-p", top_p is not None)) if given]
+    if beam > 1 and sampling:
+        raise ChargptError(f"--beam searches for the most likely translation and does not sample; drop "
+                           f"{', '.join(sampling)}, or use --beam 1 to sample")
+    if not 1 <= batch_size <= 1_000_000:
+        raise ChargptError(f"--batch-size must be from 1 to 1000000, got {batch_size}")
+
+
 @torch.no_grad()
 def translate(model, vocab, sources, *, beam=1, alpha=1.0, temperature=0.0, top_k=None, top_p=None,
               generator=None, unknown="error", batch_size=64, max_len=None, use_cache=True, dtype=torch.float32,

@@ -32,7 +32,7 @@ from .cache import INDEX_VERSION
 from .index import CONTEXT_CHARS, EXCERPT_CHARS, MAX_SPANS, Novelty, SplitIndex, index_corpus
 from .report import Report, Span, SplitScore, format_report, format_summary, segments
 from .runs import for_meta, for_run, run_corpus
-from .samples import MAX_INPUT_BYTES, check_sample_options, read_input, sample_records, sample_scorer, scored_line
+from .samples import MAX_INPUT_BYTES, check_options, read_input, sample_records, sample_scorer, scored_line
 from .score import (
                     BLOCK,
                     DEFAULT_MIN_SPAN,
@@ -51,7 +51,7 @@ from .suffixarray import suffix_array, suffix_array_numpy
 
 __all__ = ["BLOCK", "CONTEXT_CHARS", "DEFAULT_MIN_SPAN", "EXCERPT_CHARS", "INDEX_VERSION", "MAX_INPUT_BYTES",
            "MAX_SPANS", "NO_MATCH", "PAST_END", "ROWS", "SEARCH_CAP", "Novelty", "Report", "Span", "SplitIndex",
-           "SplitScore", "check_min_span", "check_sample_options", "covered", "extend_capped", "for_meta", "for_run",
+           "SplitScore", "check_min_span", "check_options", "covered", "extend_capped", "for_meta", "for_run",
            "format_report", "format_summary", "index_corpus", "matching_statistics", "maximal_starts", "read_input",
            "run_corpus", "sample_records", "sample_scorer", "scored_line", "segments", "spans_ending",
            "suffix_array", "suffix_array_numpy"]

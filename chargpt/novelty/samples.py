@@ -9,7 +9,7 @@ from .score import DEFAULT_MIN_SPAN, check_min_span
 MAX_INPUT_BYTES = 1 << 24  # text scored by `chargpt novelty` (16 MiB; its JSON lists two numbers per character)
 
 
-def check_sample_options(wanted, min_span, data, interactive):
+def check_options(wanted, min_span, data, interactive):
     """sample.py's --novelty (`wanted`), --min-span and --data: the last two go with the first, which scores printed
     samples, not --interactive ones."""
     if not wanted:
