@@ -1,10 +1,11 @@
-"""The web playground's server (chargpt/serve.py): every endpoint through Starlette's test client, bad inputs
+"""The web playground's server (chargpt/web/): every endpoint through Starlette's test client, bad inputs
 and traversal attempts, streamed text against sample.py, cancellation, limits, and the command itself.
 One tiny run is trained per module (a second or two)."""
 
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -22,7 +23,12 @@ need("uvicorn")
 need("httpx2" if sys.version_info >= (3, 11) else "httpx")
 from starlette.testclient import TestClient  # noqa: E402
 
+from chargpt.web import limits  # noqa: E402
+from chargpt.web import runs as web_runs  # noqa: E402
 from chargpt.web import server as serve  # noqa: E402
+from chargpt.web.body import clipped  # noqa: E402
+from chargpt.web.endpoints.page import PAGE_FILES  # noqa: E402
+from chargpt.web.middleware import host_name  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = "http://127.0.0.1"  # the Host the app answers by default (DNS-rebinding guard)
@@ -51,11 +57,21 @@ def test_page_is_served_with_its_assets_and_nothing_from_the_internet(client):
     page = client.get("/")
     assert page.status_code == 200 and "text/html" in page.headers["content-type"]
     assert "default-src 'self'" in page.headers["content-security-policy"]
-    for asset in ("/static/app.js", "/static/style.css"):
-        assert asset in page.text and client.get(asset).status_code == 200
-    for f in (ROOT / "chargpt" / "web").iterdir():  # no CDN, no web fonts: every asset ships in the package
-        text = f.read_text(encoding="utf-8")
-        assert not any(bad in text for bad in ('src="http', "href=\"http", "url(http", "@import", "fetch(\"http"))
+    for asset in ("/static/main.js", "/static/style.css"):
+        assert asset in page.text
+    for name in PAGE_FILES:
+        r = client.get(f"/static/{name}")
+        assert r.status_code == 200 and ("javascript" in r.headers["content-type"]) == name.endswith(".js")
+    web = ROOT / "chargpt" / "web"
+    scripts = {f.name for f in web.glob("*.js")}
+    assert scripts == {n for n in PAGE_FILES if n.endswith(".js")}  # every module is served, and nothing else is
+    for f in scripts:  # the modules import one another by their served names, nothing from elsewhere
+        imported = re.findall(r'^import .* from "([^"]+)";$', (web / f).read_text(encoding="utf-8"), re.M)
+        assert all(i.startswith("./") and i[2:] in scripts for i in imported), (f, imported)
+    for f in web.rglob("*"):  # no CDN, no web fonts: every asset ships in the package
+        if f.suffix in (".html", ".js", ".css", ".py"):
+            text = f.read_text(encoding="utf-8")
+            assert not any(bad in text for bad in ('src="http', "href=\"http", "url(http", "@import", "fetch(\"http"))
 
 
 # --- runs -----------------------------------------------------------------------------------------------------
@@ -80,7 +96,7 @@ def test_runs_list_details_and_metrics(client, served):
 def test_metrics_carry_the_running_loss_and_details_the_whole_vocabulary(client, served, monkeypatch):
     metrics = client.get("/api/runs/tiny/metrics").json()
     assert [r["step"] for r in metrics["running"]] == [1, 11, 21]  # train_loss.jsonl: every 10 steps
-    monkeypatch.setattr(serve, "MAX_RUNNING_POINTS", 2)  # a long run's are thinned evenly, the first kept
+    monkeypatch.setattr(web_runs, "MAX_RUNNING_POINTS", 2)  # a long run's are thinned evenly, the first kept
     assert [r["step"] for r in client.get("/api/runs/tiny/metrics").json()["running"]] == [1, 21]
     details = client.get("/api/runs/tiny").json()
     gen = chargpt.load(served / "tiny", device="cpu")
@@ -118,10 +134,10 @@ def test_metrics_of_a_run_still_training_update_and_torn_lines_are_skipped(clien
 def test_a_run_shows_the_samples_it_wrote_while_training(client, served):
     assert client.get("/api/runs/tiny").json()["samples"] == []  # trained without --sample-every
     path = served / "tiny" / "samples.jsonl"
-    rows = [{"step": 10 * i, "prompt": "To ", "text": f"be {i}\n<b>"} for i in range(1, serve.MAX_SAMPLE_ROWS + 3)]
+    rows = [{"step": 10 * i, "prompt": "To ", "text": f"be {i}\n<b>"} for i in range(1, limits.MAX_SAMPLE_ROWS + 3)]
     try:
         path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 9', encoding="utf-8")  # cut short
-        assert client.get("/api/runs/tiny").json()["samples"] == rows[-serve.MAX_SAMPLE_ROWS:]  # the newest
+        assert client.get("/api/runs/tiny").json()["samples"] == rows[-limits.MAX_SAMPLE_ROWS:]  # the newest
     finally:
         path.unlink()
 
@@ -186,25 +202,33 @@ def test_unknown_prompt_characters_are_shown_not_crashed_on(client, served):
 
 
 BAD_GENERATE = [  # (body fields, status, words the error must contain)
-    ({"temperature": -1}, 400, "temperature must be between 0 and 10"),
+    # the sampling settings' own rules are config.SampleSettings's; the server's limits are its own
+    ({"temperature": -1}, 400, "temperature must be >= 0"),
+    ({"temperature": 11}, 400, "temperature must be at most 10"),
     ({"temperature": "hot"}, 400, "temperature must be a number"),
     ({"temperature": True}, 400, "temperature must be a number"),
-    ({"top_k": -3}, 400, "top_k must be between 0"),
+    ({"top_k": -3}, 400, "top_k must be >= 0"),
+    ({"top_k": 10**7}, 400, "top_k must be at most 1000000"),
     ({"top_k": 2.5}, 400, "top_k must be an integer or null"),
-    ({"top_p": 0}, 400, "top_p must be above 0"),
-    ({"top_p": 1.5}, 400, "top_p must be above 0"),
-    ({"max_new_tokens": 10**6}, 400, "max_new_tokens must be between 0 and 5000"),
+    ({"top_p": 0}, 400, "top_p must be in (0, 1]"),
+    ({"top_p": 1.5}, 400, "top_p must be in (0, 1]"),
+    ({"max_new_tokens": -1}, 400, "max_new_tokens must be >= 0"),
+    ({"max_new_tokens": 10**6}, 400, "max_new_tokens must be at most 5000"),
+    ({"max_new_tokens": True}, 400, "max_new_tokens must be an integer"),
     ({"num_samples": 0}, 400, "num_samples must be between 1 and 8"),
     ({"num_samples": 1000}, 400, "num_samples must be between 1 and 8"),
-    ({"seed": -1}, 400, "seed must be between 0"),
-    ({"seed": 10**30}, 400, "seed must be between 0"),
+    ({"seed": -1}, 400, "seed must be a whole number from 0 to"),
+    ({"seed": 10**30}, 400, "seed must be a whole number from 0 to"),
+    ({"seed": 1.0}, 400, "seed must be an integer or null"),
     ({"prompt": "x" * 10_001}, 400, "the limit is 10000"),
     ({"prompt": 5}, 400, "prompt must be a string"),
     ({"unknown": "ignore"}, 400, "unknown must be one of error, skip, replace"),
     ({"stop": "\n"}, 400, "stop must be a list"),
-    ({"stop": [""]}, 400, "non-empty strings"),
+    ({"stop": [""]}, 400, "stop needs a non-empty string"),
     ({"stop": ["a"] * 5}, 400, "at most 4"),
-    ({"colour": "red"}, 400, "unknown field(s) colour"),
+    ({"stop": ["a" * 101]}, 400, "stop must be a list of at most 4 strings of at most 100 characters"),
+    ({"stop": [3]}, 400, "stop must be a list of at most 4 strings"),
+    ({"colour": "red"}, 400, "unknown field(s) colour; allowed: run, prompt, max_new_tokens"),
     ({"run": None}, 400, "run must be a string"),
     ({"run": "nope"}, 404, "no run named 'nope'"),
 ]
@@ -436,6 +460,8 @@ def test_the_command_prints_its_url_and_warns_off_localhost(served, host, warned
             warning = proc.stderr.readline()
             assert warning.startswith("warning: serving on 0.0.0.0: anyone who can reach this machine")
         assert [run["name"] for run in get(url + "/api/runs")["runs"]] == ["tiny"]
+        status, refused = post(url + "/api/generate", {"run": "tiny", "temperature": -1})  # the JSON name, not a flag
+        assert status == 400 and refused["error"].startswith("temperature must be >= 0"), refused
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -443,7 +469,7 @@ def test_the_command_prints_its_url_and_warns_off_localhost(served, host, warned
         assert "warning" not in proc.stderr.read()
 
 
-# --- hardening round 3 (issue 19, items 3, 9, 14) ----------------------------------------------------------------
+# --- the Host check, static files, surrogates, deep JSON and huge integers, clients that leave mid-body ---------
 def raw_get(host, port, path, host_header):
     """A GET with the Host header given (urllib would send the URL's own): -> (status, body)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -459,7 +485,7 @@ def raw_get(host, port, path, host_header):
 
 
 @pytest.mark.parametrize("host", ["::1", "127.0.0.2"])
-def test_item3_the_host_check_covers_ipv6_loopback_and_the_host_asked_for(served, host):
+def test_the_host_check_covers_ipv6_loopback_and_the_host_asked_for(served, host):
     if ":" in host and not socket.has_ipv6:
         pytest.skip("no IPv6 here")
     proc = subprocess.Popen([sys.executable, "-m", "chargpt.serve", "--checkpoints", str(served), "--host", host,
@@ -480,20 +506,20 @@ def test_item3_the_host_check_covers_ipv6_loopback_and_the_host_asked_for(served
         proc.wait(timeout=30)
 
 
-def test_item3_host_names_are_parsed_with_ports_and_brackets():
-    assert serve.host_name("[::1]:8000") == "::1" and serve.host_name("[::1]") == "::1"
-    assert serve.host_name("LocalHost:80") == "localhost" and serve.host_name("127.0.0.1") == "127.0.0.1"
+def test_host_names_are_parsed_with_ports_and_brackets():
+    assert host_name("[::1]:8000") == "::1" and host_name("[::1]") == "::1"
+    assert host_name("LocalHost:80") == "localhost" and host_name("127.0.0.1") == "127.0.0.1"
     client = TestClient(serve.create_app(Path("."), device="cpu"), base_url="http://[::1]:8000")
     assert client.get("/api/status").status_code == 200
     for junk in ("[::1]evil:8000", "[::1]:8000@evil.example", "[::1]:80x"):  # nothing but :PORT after the bracket
-        assert serve.host_name(junk) == "", junk
+        assert host_name(junk) == "", junk
 
 
 def test_static_serves_the_page_files_only(client):
-    assert client.get("/static/app.js").status_code == 200 and client.get("/static/style.css").status_code == 200
-    for name in ("server.py", "__init__.py", "index.html"):  # the package's Python is not the page's
+    assert client.get("/static/main.js").status_code == 200 and client.get("/static/style.css").status_code == 200
+    for name in ("server.py", "__init__.py", "index.html", "endpoints", "app.js"):  # only the page's own files
         r = client.get(f"/static/{name}")
-        assert r.status_code == 404 and "app.js, style.css" in r.json()["error"]
+        assert r.status_code == 404 and "main.js, common.js" in r.json()["error"]
 
 
 def test_lone_surrogates_in_a_request_are_one_clear_error(client):
@@ -504,7 +530,7 @@ def test_lone_surrogates_in_a_request_are_one_clear_error(client):
         assert r.status_code == 400 and "lone UTF-16 surrogate" in r.json()["error"], (path, r.text)
 
 
-def test_item9_deep_json_and_huge_integers_are_one_clear_error(client):
+def test_deep_json_and_huge_integers_are_one_clear_error(client):
     def raw(body):
         return client.post("/api/generate", content=body, headers={"Content-Type": "application/json"})
     deep = raw(b'{"run": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
@@ -514,10 +540,10 @@ def test_item9_deep_json_and_huge_integers_are_one_clear_error(client):
     huge = raw(b'{"run": "tiny", "seed": ' + b"9" * 5000 + b"}")
     error = huge.json()["error"]
     assert huge.status_code == 400 and "an integer of 5,000 digits; the most is 100" in error
-    assert serve.clipped("one two three", 9) == "one two ..."
+    assert clipped("one two three", 9) == "one two ..."
 
 
-def test_item14_a_client_that_leaves_mid_body_is_no_traceback(served, capfd):
+def test_a_client_that_leaves_mid_body_is_no_traceback(served, capfd):
     app = serve.create_app(served, device="cpu")
     with serve.running(app) as url:
         port = int(url.rsplit(":", 1)[1])

@@ -1,0 +1,71 @@
+"""What the server keeps between requests: loaded models (Models), novelty indexes (NoveltyIndexes), and the
+count of generations and analyses in flight (Busy). Each is called from worker threads and locks for itself."""
+
+import sys
+import threading
+from collections import OrderedDict
+
+from .body import RequestError
+from .limits import MAX_BUSY, MAX_MODELS
+
+
+class Models:
+    """Loaded Generators, the most recently used last; at most `size`. A checkpoint that changed on disk (a
+    run still training) is loaded again. Called from worker threads; loads one at a time."""
+
+    def __init__(self, device="auto", size=MAX_MODELS):
+        self.device, self.size = device, size
+        self.loaded = OrderedDict()  # (path, mtime_ns) -> Generator
+        self.lock = threading.Lock()
+
+    def get(self, path):
+        from ..engine import load
+        try:
+            key = (str(path), path.stat().st_mtime_ns)
+        except OSError:
+            raise RequestError(404, f"the run {path.parent.name!r} was removed; GET /api/runs lists them") from None
+        with self.lock:
+            if key not in self.loaded:
+                for old in [k for k in self.loaded if k[0] == key[0]]:  # an older save of the same run
+                    del self.loaded[old]
+                gen = load(path, device=self.device)
+                warm_up = gen.vocab.chars[0] if gen.task == "pairs" else ""  # a pairs model needs a source
+                gen.generate(warm_up, max_new_tokens=2, seed=0)  # torch's first-call setup is not the user's wait
+                self.loaded[key] = gen
+                while len(self.loaded) > self.size:
+                    self.loaded.popitem(last=False)
+            self.loaded.move_to_end(key)
+            return self.loaded[key]
+
+
+class Busy:
+    """Counts generations and analyses in flight; refuses one over the limit instead of queueing it."""
+
+    def __init__(self, limit=MAX_BUSY):
+        self.limit, self.count, self.lock = limit, 0, threading.Lock()
+
+    def take(self):
+        with self.lock:
+            if self.count >= self.limit:
+                raise RequestError(429, f"busy: {self.count} generation(s) running, the limit is {self.limit}; "
+                                        f"try again when one finishes")
+            self.count += 1
+
+    def give(self):
+        with self.lock:
+            self.count -= 1
+
+
+class NoveltyIndexes:
+    """The novelty index (chargpt.novelty) of each run asked about, by run directory: built or loaded once, in a
+    worker thread (the first build of a large corpus takes a while), one at a time."""
+
+    def __init__(self):
+        self.loaded, self.lock = {}, threading.Lock()
+
+    def get(self, path):
+        from ..novelty import for_run
+        with self.lock:
+            if path.parent not in self.loaded:
+                self.loaded[path.parent] = for_run(path, log=lambda m: print(m, file=sys.stderr))
+            return self.loaded[path.parent]

@@ -1,0 +1,32 @@
+"""Copied text: how much of a text (a sample from Write) occurs verbatim in the run's training text.
+
+  POST /api/novelty  {run, text, min_span} -> copied_fraction, longest, longest_line, summary (one line), and
+                     `segments` to shade [{start, end, line, excerpt, context}] (character offsets); chargpt.novelty
+"""
+
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from ..body import read_json
+from ..schemas import NoveltyRequest
+
+
+async def novelty(request):
+    from ...novelty import DEFAULT_MIN_SPAN, format_summary, segments
+    s = request.app.state
+    req = NoveltyRequest.parse(await read_json(request))
+    span = DEFAULT_MIN_SPAN if req.min_span is None else req.min_span
+    path = s.runs.checkpoint(req.run)
+    s.busy.take()
+    try:
+        index = await run_in_threadpool(s.novelty.get, path)
+        report = await run_in_threadpool(index.score, req.text, span)
+    finally:
+        s.busy.give()
+    return JSONResponse({**report.to_json(positions=False), "summary": format_summary(report),
+                         "segments": segments(report.train.spans)})
+
+
+def routes():
+    return [Route("/api/novelty", novelty, methods=["POST"])]

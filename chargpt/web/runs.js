@@ -1,0 +1,300 @@
+// chargpt playground, Runs: the runs in the served folder, their loss curves drawn as SVG (following runs still
+// training), and one run in full: vocabulary, lineage, a sample, the samples it wrote while training, its configs.
+import {$, current, el, fmt, params, state, status, svg} from "./common.js";
+import {api, generate} from "./api.js";
+
+const COLOURS = ["#2456c9", "#d2462b", "#1b8a5a", "#8e44ad", "#c98a00", "#00838f", "#6d4c41", "#c2185b"];
+const LN2 = Math.log(2);
+const UNLIMITED = 1e12;  // max_iters of a run bounded by --max-time alone (config.UNLIMITED)
+const VOCAB_SHOWN = 120;  // vocabulary characters shown before "show all"
+let picker;  // the run picker (main.js): loadRuns() and selectRun(name)
+
+function ago(seconds) {
+  const s = Date.now() / 1000 - seconds;
+  return s < 90 ? `${Math.max(0, Math.round(s))} s ago` : s < 5400 ? `${Math.round(s / 60)} min ago`
+    : s < 172800 ? `${Math.round(s / 3600)} h ago` : new Date(seconds * 1000).toLocaleDateString();
+}
+
+export async function refreshRuns() {
+  try {
+    await picker.loadRuns();
+    await Promise.all([...state.plotted].map(fetchMetrics));
+    renderRunsTable();
+    drawChart();
+    const detail = $("run-detail"), r = current();
+    if (detail.dataset.run !== state.run) showRunDetail();
+    else if (r && String(r.updated) !== detail.dataset.updated) refreshSamples();  // a run training: new samples
+  } catch (err) {
+    $("chart").textContent = `cannot read the runs: ${err.message}`;
+  }
+}
+
+async function fetchMetrics(name) {
+  if (!state.runs.some((r) => r.name === name)) { state.plotted.delete(name); return; }
+  const known = state.metrics[name];
+  const query = known && known.mtime ? `?since=${encodeURIComponent(known.mtime)}` : "";
+  const data = await api(`/api/runs/${encodeURIComponent(name)}/metrics${query}`);
+  if (!data.unchanged) state.metrics[name] = data;
+}
+
+function colourOf(name) {
+  // keyed to the run: a run keeps its colour when others appear or go. Its first choice comes from its name; a
+  // colour already taken moves it to the next free one
+  if (!state.colours[name]) {
+    const taken = new Set(Object.values(state.colours));
+    const first = Array.from(name).reduce((h, c) => (h * 31 + c.codePointAt(0)) >>> 0, 7) % COLOURS.length;
+    const free = COLOURS.map((_, i) => COLOURS[(first + i) % COLOURS.length]).find((c) => !taken.has(c));
+    state.colours[name] = free || COLOURS[first];
+  }
+  return state.colours[name];
+}
+
+export function renderRunsTable() {
+  const rows = state.runs.map((r) => {
+    const box = el("input", {type: "checkbox", "aria-label": `plot ${r.name}`});
+    box.checked = state.plotted.has(r.name);
+    box.addEventListener("change", async () => {
+      if (box.checked) { state.plotted.add(r.name); await fetchMetrics(r.name); } else state.plotted.delete(r.name);
+      drawChart();
+    });
+    const name = el("button", {class: "link", text: r.name, title: "show this run and use it in Write and Look inside"});
+    name.addEventListener("click", () => picker.selectRun(r.name));
+    const live = r.training;
+    return el("tr", {class: r.name === state.run ? "current" : ""},
+      el("td", {}, box), el("td", {}, el("span", {class: "swatch"}), name),
+      el("td", {text: r.error ? "unreadable" : r.corpus}), el("td", {class: "num", text: r.error ? "" : params(r.params)}),
+      el("td", {class: "num", text: r.error ? "" : String(r.step)}), el("td", {class: "num", text: fmt(r.best_val_loss, 4)}),
+      el("td", {class: "num", text: fmt(r.best_bpc)}),
+      el("td", {class: live ? "live" : "", text: ago(r.updated),
+                title: live ? "training now: its curves update as it evaluates" : ""}));
+  });
+  $("runs-table").tBodies[0].replaceChildren(...rows);
+  $("runs-table").querySelectorAll(".swatch").forEach((s, i) => {
+    s.style.background = colourOf(state.runs[i].name);
+    s.dataset.colour = colourOf(state.runs[i].name);
+  });
+}
+
+function chartTitle(names) {
+  // as curves.png's title: the run, its corpus and its model; several runs: how many (colours as in the table)
+  const runs = names.map((n) => state.runs.find((r) => r.name === n)).filter((r) => r && !r.error);
+  if (runs.length === 1) {
+    const r = runs[0];
+    return `${r.name}: corpus ${r.corpus}, ${r.layers} layer${r.layers === 1 ? "" : "s"} × ${r.width}, ` +
+      `${r.heads} heads, context ${r.block_size}, ${params(r.params)} parameters`;
+  }
+  const corpora = new Set(runs.map((r) => r.corpus));
+  return runs.length ? `${runs.length} runs` + (corpora.size === 1 ? ` on ${[...corpora][0]}` : "") +
+    " (colours as in the table)" : "";
+}
+
+function size(bytes) {
+  // 812 B, 4.1 kB, 2.31 MB: never "0.00 MB" for a small file
+  const units = ["B", "kB", "MB", "GB"];
+  let i = 0;
+  while (bytes >= 1000 && i < units.length - 1) { bytes /= 1000; i++; }
+  return i === 0 ? `${bytes} B` : `${bytes.toPrecision(bytes >= 100 ? 3 : 2 + (bytes < 10))} ${units[i]}`;
+}
+
+function settingText(key, v) {
+  if (v === null) return "default";
+  if (key === "max_iters" && v >= UNLIMITED) return "no step limit (max_time decides)";
+  return String(v);
+}
+
+function visibleChar(c) {
+  // as the vocabulary preview always showed it: newline and tab as \n and \t, other invisible characters as \uXXXX
+  if (c === "\n") return "\\n";
+  if (c === "\t") return "\\t";
+  return /\p{C}/u.test(c) ? `\\u${c.codePointAt(0).toString(16).padStart(4, "0")}` : c;
+}
+
+function vocabSummary(list, total) {
+  // "5,053 characters (4,981 Han, 52 Latin, ...)", the first VOCAB_SHOWN, and the rest behind "show all"
+  const kinds = [["Han", /\p{Script=Han}/u], ["kana", /[\p{Script=Hiragana}\p{Script=Katakana}]/u],
+                 ["Hangul", /\p{Script=Hangul}/u], ["Latin", /\p{Script=Latin}/u], ["Cyrillic", /\p{Script=Cyrillic}/u],
+                 ["Greek", /\p{Script=Greek}/u], ["digits", /\p{N}/u], ["punctuation", /[\p{P}\p{S}]/u],
+                 ["whitespace", /\s/u]];
+  const counts = new Map();
+  for (const c of list) {
+    const kind = (kinds.find(([, re]) => re.test(c)) || ["other"])[0];
+    counts.set(kind, (counts.get(kind) || 0) + 1);
+  }
+  const parts = [...counts].sort((a, b) => b[1] - a[1]).map(([k, n]) => `${n.toLocaleString("en")} ${k}`);
+  const head = `vocabulary: ${Number(total).toLocaleString("en")} characters` +
+    (list.length > VOCAB_SHOWN ? ` (${parts.join(", ")})` : "");
+  const text = (chars) => chars.map(visibleChar).join("");
+  const box = el("div", {class: "vocab-box"}, el("p", {class: "hint", text: head}));
+  if (list.length <= VOCAB_SHOWN) { box.append(el("p", {class: "vocab", text: text(list)})); return box; }
+  box.append(el("p", {class: "vocab", text: text(list.slice(0, VOCAB_SHOWN)) + " …"}),
+             el("details", {class: "vocab-all"}, el("summary", {text: `show all ${list.length.toLocaleString("en")}`}),
+                el("p", {class: "vocab", text: text(list)})));
+  return box;
+}
+
+function niceTicks(lo, hi, count) {
+  const span = hi - lo || 1, raw = span / count, mag = 10 ** Math.floor(Math.log10(raw));
+  const step = [1, 2, 2.5, 5, 10].map((m) => m * mag).find((s) => s >= raw);
+  const ticks = [];
+  for (let t = Math.ceil(lo / step) * step; t <= hi + 1e-9; t += step) ticks.push(Number(t.toPrecision(12)));
+  return ticks;
+}
+
+function drawChart() {
+  const unit = state.unit, key = (split) => (unit === "bpc" ? `${split}_bpc` : `${split}_loss`);
+  const series = [...state.plotted].filter((n) => state.metrics[n] && state.metrics[n].rows.length)
+    .map((n) => ({name: n, rows: state.metrics[n].rows, running: state.metrics[n].running || []}));
+  const box = $("chart");
+  $("chart-title").textContent = chartTitle(series.map((s) => s.name));
+  if (!series.length) {
+    box.textContent = "No evaluations logged yet for the runs ticked above (metrics.jsonl gets a line per evaluation).";
+    box.dataset.curves = "0";
+    return;
+  }
+  const value = (row, split) => (row[key(split)] !== undefined ? row[key(split)]
+    : unit === "bpc" ? row[`${split}_loss`] / LN2 : row[`${split}_bpc`] * LN2);
+  const points = series.flatMap((s) => [...s.rows.flatMap((r) => [value(r, "train"), value(r, "val")]),
+                                        ...s.running.map((r) => value(r, "train"))]).filter((v) => Number.isFinite(v));
+  const steps = series.flatMap((s) => [...s.rows, ...s.running].map((r) => r.step));
+  const [W, H, L, R, T, B] = [760, 340, 56, 16, 12, 40];
+  const xmax = Math.max(1, ...steps), ylo = Math.min(...points), yhi = Math.max(...points);
+  const pad = (yhi - ylo) * 0.05 || 0.1;
+  const [y0, y1] = [Math.max(0, ylo - pad), yhi + pad];
+  const x = (s) => L + (s / xmax) * (W - L - R), y = (v) => T + (1 - (v - y0) / (y1 - y0)) * (H - T - B);
+  const root = svg("svg", {viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "loss curves"});
+  for (const t of niceTicks(y0, y1, 6)) {
+    root.append(svg("line", {class: "grid", x1: L, x2: W - R, y1: y(t), y2: y(t)}));
+    const label = svg("text", {x: L - 6, y: y(t) + 4, "text-anchor": "end"});
+    label.textContent = String(t);
+    root.append(label);
+  }
+  for (const t of niceTicks(0, xmax, 8)) {
+    const label = svg("text", {x: x(t), y: H - B + 16, "text-anchor": "middle"});
+    label.textContent = String(t);
+    root.append(label);
+  }
+  root.append(svg("line", {class: "axis", x1: L, x2: W - R, y1: H - B, y2: H - B}),
+              svg("line", {class: "axis", x1: L, x2: L, y1: T, y2: H - B}));
+  const xlabel = svg("text", {x: (L + W - R) / 2, y: H - 6, "text-anchor": "middle"});
+  xlabel.textContent = "step";
+  const ylabel = svg("text", {x: 14, y: (T + H - B) / 2, "text-anchor": "middle", transform: `rotate(-90 14 ${(T + H - B) / 2})`});
+  ylabel.textContent = unit === "bpc" ? "loss (bits per character)" : "loss (nats)";
+  root.append(xlabel, ylabel);
+  let curves = 0;
+  for (const s of series) {
+    const colour = colourOf(s.name);
+    const dense = s.running.filter((r) => Number.isFinite(value(r, "train")));
+    if (dense.length) {  // the running training loss, every few steps: thin, under the evaluated curves
+      const d = dense.map((r, i) => `${i ? "L" : "M"}${x(r.step).toFixed(1)},${y(value(r, "train")).toFixed(1)}`).join("");
+      root.append(svg("path", {class: "curve running", d, fill: "none", stroke: colour, "stroke-width": 1,
+                               "stroke-opacity": 0.4, "data-run": s.name}));
+    }
+    for (const split of ["train", "val"]) {
+      const rows = s.rows.filter((r) => Number.isFinite(value(r, split)));
+      if (!rows.length) continue;
+      const d = rows.map((r, i) => `${i ? "L" : "M"}${x(r.step).toFixed(1)},${y(value(r, split)).toFixed(1)}`).join("");
+      root.append(svg("path", {class: `curve ${split}`, d, fill: "none", stroke: colour, "stroke-width": split === "val" ? 2 : 1.5,
+                               "stroke-dasharray": split === "val" ? "" : "5 4", "data-run": s.name}));
+      curves++;
+      if (split === "val") {
+        for (const r of rows) {
+          const dot = svg("circle", {cx: x(r.step), cy: y(value(r, split)), r: 2.5, fill: colour});
+          const tip = svg("title");
+          tip.textContent = `${s.name}, step ${r.step}: val ${fmt(value(r, "val"))}, train ${fmt(value(r, "train"))} ` +
+            (unit === "bpc" ? "bits/char" : "nats");
+          dot.append(tip);
+          root.append(dot);
+        }
+      }
+    }
+  }
+  box.replaceChildren(root);
+  box.dataset.curves = String(curves);
+}
+
+async function fetchDetail() {
+  // -> the selected run's details, or null when another run was selected (or asked for) meanwhile
+  const name = state.run, req = ++state.detailReq;
+  const r = await api(`/api/runs/${encodeURIComponent(name)}`);
+  return req === state.detailReq && name === state.run ? r : null;
+}
+
+function duringTraining(r) {
+  // what it wrote while training (--sample-every): the same prompt and seed each time, so the model learning shows
+  const during = (r.samples || []).map((s) => el("div", {class: "sample during"}, el("h3", {text: `step ${s.step}`}),
+    el("pre", {}, el("span", {class: "prompt", text: String(s.prompt ?? "")}), el("span", {class: "gen", text: String(s.text ?? "")}))));
+  return during.length ? [el("h3", {text: `Samples while training (${during.length})`}), ...during] : [];
+}
+
+async function refreshSamples() {
+  const box = $("run-detail");
+  box.dataset.updated = String((current() || {}).updated);  // asked once per change
+  const r = await fetchDetail().catch(() => null);
+  if (!r || r.error || box.dataset.run !== r.name) return;
+  $("run-samples").replaceChildren(...duringTraining(r));
+  $("run-saved").textContent = `saved ${r.saved_at || "?"} · corpus ${r.corpus}`;
+}
+
+export async function showRunDetail() {
+  const box = $("run-detail");
+  if (!state.run) { box.replaceChildren(); delete box.dataset.run; return; }
+  box.dataset.run = state.run;
+  box.dataset.updated = String((current() || {}).updated);
+  box.replaceChildren(el("h2", {text: state.run}), el("p", {class: "hint", text: "loading…"}));
+  let r;
+  try { r = await fetchDetail(); } catch (err) {
+    if (box.dataset.run === state.run) box.replaceChildren(el("p", {class: "status error", text: err.message}));
+    return;
+  }
+  if (!r) return;  // another run was selected meanwhile: its own detail is on its way
+  if (r.error) { box.replaceChildren(el("h2", {text: r.name}), el("p", {class: "status error", text: r.error})); return; }
+  const table = (title, obj) => el("div", {}, el("h3", {text: title}), el("table", {},
+    ...Object.entries(obj || {}).map(([k, v]) => el("tr", {}, el("td", {text: k}),
+      el("td", {class: "num", text: settingText(k, v)})))));
+  const files = Object.fromEntries(Object.entries(r.files).map(([k, v]) => [k, size(v)]));
+  const tc = r.train_config || {};
+  const sampleChars = tc.sample_chars || 300, seed = tc.seed ?? 1337, prompt = r.closing_prompt || "";
+  const button = el("button", {type: "button", text: `Write a sample (${sampleChars} characters, seed ${seed})`});
+  const out = el("pre", {class: "sample-text"});
+  const note = el("p", {class: "hint", text: "From its best checkpoint, at temperature 0.8 and the run's own seed: " +
+    "what training prints when it ends" + (prompt ? `, from the start of a validation line, ${JSON.stringify(prompt)}.`
+      : ".")});
+  if (r.task === "pairs") {  // nothing to continue: a translator needs a sentence
+    button.hidden = true;
+    note.textContent = "A translation run: type a sentence in Write to translate it.";
+  }
+  button.addEventListener("click", async () => {
+    button.disabled = true;
+    out.textContent = "";
+    try {
+      out.textContent = prompt;
+      const done = await generate({run: r.name, prompt, max_new_tokens: sampleChars, temperature: 0.8, seed},
+        () => {}, (pieces) => { if (box.dataset.run === r.name) for (const [, p] of pieces) out.textContent += p; });
+      if (done.error) out.textContent += `\n[${done.error}]`;
+    } catch (err) { out.textContent = err.message; } finally { button.disabled = false; }
+  });
+  box.replaceChildren(el("h2", {text: `${r.name}`}),
+    el("p", {class: "hint", id: "run-saved", text: `saved ${r.saved_at || "?"} · corpus ${r.corpus}`}),
+    vocabSummary(Array.isArray(r.vocab_chars) ? r.vocab_chars : Array.from(r.vocab_preview || ""), r.vocab_size),
+    ...lineage(r),
+    el("h3", {text: "Sample"}), note, button, el("div", {class: "sample"}, out),
+    el("div", {id: "run-samples"}, ...duringTraining(r)),
+    el("div", {class: "config"}, table("Model", r.model_config), table("Training", tc), table("Files", files)));
+}
+
+// the run this one started from (train --init-from RUN), as chargpt info shows it; nothing for a run from scratch
+function lineage(r) {
+  const b = r.init_from;
+  if (!b) return [];
+  const val = typeof b.val_loss === "number" ? `, val loss ${fmt(b.val_loss, 4)}` : "";
+  return [el("p", {class: "hint lineage", text: `started from ${b.path} (${b.weights || "?"} weights, step ` +
+    `${b.step ?? 0} on ${b.corpus || "?"}${val}); ${(b.added_chars ?? 0).toLocaleString()} characters added to its vocabulary`})];
+}
+
+export function initRuns(runPicker) {
+  picker = runPicker;
+  document.querySelectorAll("input[name=unit]").forEach((r) => r.addEventListener("change", () => {
+    state.unit = r.value;
+    drawChart();
+  }));
+}

@@ -1,0 +1,107 @@
+"""The runs the playground serves: the run directories directly under one folder, chosen by name from a fresh
+listing (never a path from a request), described for the run picker, the Runs view and its polled curves."""
+
+import contextlib
+import math
+from pathlib import Path
+
+from ..errors import ChargptError
+from ..rundir import BEST, LATEST, LOSSES, METRICS, SAMPLES, lock_holder, read_metrics
+from ..runinfo import escape, run_info
+from .body import RequestError
+from .limits import MAX_METRIC_ROWS, MAX_RUNNING_POINTS, MAX_SAMPLE_ROWS, MAX_VOCAB_SENT, VOCAB_PREVIEW
+
+
+class Runs:
+    """The run directories directly under one folder. A name from a request is only looked up in a fresh
+    listing of that folder, never joined to a path; a run or file that resolves outside the folder (a symlink
+    out of it) is not listed."""
+
+    def __init__(self, root):
+        self.root = Path(root).resolve()
+
+    def _inside(self, path):
+        real = path.resolve()
+        return real != self.root and real.is_relative_to(self.root)
+
+    def _file(self, run, name):
+        path = run / name
+        return path if path.is_file() and self._inside(path) else None
+
+    def listing(self):
+        """{name: directory} of every run (a directory with a checkpoint) in the folder."""
+        with contextlib.suppress(OSError):
+            return {d.name: d for d in sorted(self.root.iterdir())
+                    if d.is_dir() and self._inside(d) and (self._file(d, BEST) or self._file(d, LATEST))}
+        return {}
+
+    def find(self, name):
+        """A run name from a request -> its directory, or a 404 that says how to list the runs."""
+        run = self.listing().get(name) if isinstance(name, str) else None
+        if run is None:
+            raise RequestError(404, f"no run named {str(name)[:80]!r} in the served folder; GET /api/runs lists them")
+        return run
+
+    def checkpoint(self, name):
+        """What sampling loads, as sample.py does: the best checkpoint, else the latest."""
+        run = self.find(name)
+        return self._file(run, BEST) or self._file(run, LATEST)
+
+    def summaries(self):
+        return [{k: v for k, v in self.summary(run).items() if k != "info"} for run in self.listing().values()]
+
+    def summary(self, run, preview=VOCAB_PREVIEW):
+        """The facts the run picker shows: chargpt info's description of the run (headers only, no weights)."""
+        out = {"name": run.name, "updated": _mtime(*(run / n for n in (LATEST, BEST, METRICS, SAMPLES))),
+               "training": lock_holder(run) is not None}  # a training holds the run directory's lock
+        try:
+            info = run_info(run, preview=preview)
+        except ChargptError as e:
+            return {**out, "error": str(e)}
+        m, best = info["model_config"], finite(info["best_val_loss"])
+        return {**out, "corpus": str(info["corpus"] or run.name), "step": info["steps"],
+                "params": info["parameters"], "best_val_loss": best,
+                "best_bpc": best / math.log(2) if best is not None else None, "vocab_size": info["vocab_size"],
+                "block_size": m["block_size"], "layers": m["n_layer"], "heads": m["n_head"], "width": m["n_embd"],
+                "task": info["task"], "arch": info["arch"], "info": info}
+
+    def details(self, name):
+        run = self.find(name)
+        summary = self.summary(run, preview=MAX_VOCAB_SENT)  # the whole vocabulary (up to a bound), for its summary
+        info = summary.pop("info", None)
+        if info is None:
+            return summary
+        samples = self._file(run, SAMPLES)  # read_metrics reads any of a run's step-keyed JSON lines
+        return {**summary, "model_config": info["model_config"], "train_config": finite(info["train_config"]),
+                "saved_at": info["saved_at"], "vocab_preview": escape("".join(info["vocab_chars"][:VOCAB_PREVIEW])),
+                "vocab_chars": info["vocab_chars"], "closing_prompt": info["closing_prompt"], "files": info["files"],
+                "init_from": finite(info.get("init_from")),  # the run it started from (--init-from), or None
+                "samples": read_metrics(samples)[-MAX_SAMPLE_ROWS:] if samples else []}
+
+    def metrics(self, name):
+        """-> (rows, running-loss rows, mtime of the newer of metrics.jsonl and train_loss.jsonl, or None)."""
+        run = self.find(name)
+        path, losses = self._file(run, METRICS), self._file(run, LOSSES)
+        running = read_metrics(losses) if losses else []
+        running = running[::math.ceil(len(running) / MAX_RUNNING_POINTS)] if running else []
+        if not path and not losses:
+            return [], [], None
+        return (read_metrics(path)[-MAX_METRIC_ROWS:] if path else []), running, _mtime(*filter(None, (path, losses)))
+
+
+def _mtime(*paths):
+    """The newest modification time among paths that exist (0 if none)."""
+    times = [0.0]
+    for p in paths:
+        with contextlib.suppress(OSError):
+            times.append(p.stat().st_mtime)
+    return max(times)
+
+
+def finite(value):
+    """Metadata with NaN or infinity (JSON has neither) -> the same with None there."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    return value if isinstance(value, (str, int, type(None))) else None

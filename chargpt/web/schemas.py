@@ -1,0 +1,147 @@
+"""The requests the API takes, declared as pydantic models (as FastAPI declares them): each field's type, its
+default and this server's limit on it (chargpt/web/limits.py). Strict: a bool is not a number, a float is not an
+integer, a number is not a string, and an unknown field is refused. A body that does not fit is one 400 line naming
+the field and what it must be (one_line). The sampling settings' own rules (temperature >= 0, top_p in (0, 1], a
+non-empty stop string, the seed's range) are chargpt.config's: GenerateRequest runs config's checks, the one
+place that states them, and their message is the 400."""
+
+import contextvars
+import json
+from typing import Annotated, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ..config import SampleSettings, check_sample_options
+from ..errors import ConfigError
+from ..tokenizer import UNKNOWN_POLICIES
+from .body import RequestError
+from .limits import (
+    MAX_INSIDE_CHARS,
+    MAX_NEW_CHARS,
+    MAX_NOVELTY_CHARS,
+    MAX_PROMPT_CHARS,
+    MAX_SAMPLES,
+    MAX_STOP_CHARS,
+    MAX_STOPS,
+    MAX_TEMPERATURE,
+    MAX_TOP,
+    MAX_TOP_K,
+)
+
+
+class Request(BaseModel):
+    """A JSON request body's fields."""
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    @classmethod
+    def parse(cls, body):
+        """A parsed JSON object -> the request, or a RequestError(400) in one line."""
+        try:
+            return cls.model_validate(body)
+        except ValidationError as e:
+            raise RequestError(400, one_line(cls, e.errors())) from None
+
+
+class GenerateRequest(Request):
+    run: str
+    prompt: str = Field("", max_length=MAX_PROMPT_CHARS)
+    max_new_tokens: int = Field(SampleSettings.max_new_tokens, le=MAX_NEW_CHARS)
+    temperature: float = Field(SampleSettings.temperature, le=MAX_TEMPERATURE)
+    top_k: int | None = Field(None, le=MAX_TOP_K)
+    top_p: float | None = None
+    num_samples: int = Field(1, ge=1, le=MAX_SAMPLES)
+    seed: int | None = None  # None: a random one, reported in the `start` event
+    unknown: Literal[UNKNOWN_POLICIES] = "error"
+    stop: list[Annotated[str, Field(max_length=MAX_STOP_CHARS)]] = Field(
+        [], max_length=MAX_STOPS, description=f"a list of at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} "
+                                              f"characters")
+
+    @model_validator(mode="after")
+    def _sampling_rules(self):
+        """config's rules for the sampling settings, as sample.py and Generator.stream apply them. Run in a fresh
+        context, where config names a setting as the JSON field (`temperature`), not as a flag: `chargpt serve`
+        runs the server inside config.cli_names."""
+        try:
+            contextvars.Context().run(self._check_with_config)
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
+        return self
+
+    def _check_with_config(self):
+        SampleSettings(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
+                       top_p=self.top_p, stop=tuple(self.stop)).validate()
+        check_sample_options(self.num_samples, self.seed)
+
+    def options(self, seed):
+        """Generator.stream's keywords, as sample.py passes them."""
+        return {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature, "top_k": self.top_k,
+                "top_p": self.top_p, "num_samples": self.num_samples, "stop": tuple(self.stop), "seed": seed}
+
+
+class InsideRequest(Request):
+    run: str
+    text: str = Field(min_length=1, max_length=MAX_INSIDE_CHARS)
+    top: int = Field(5, ge=1, le=MAX_TOP)
+    end: int | None = None  # the attention window ends before this position; None: at the text's end
+
+    @model_validator(mode="after")
+    def _end_in_text(self):
+        if self.end is not None and not 1 <= self.end <= len(self.text):
+            raise ValueError(f"end must be between 1 and {len(self.text)}, got {self.end}")
+        return self
+
+
+class NoveltyRequest(Request):
+    run: str
+    text: str = Field(max_length=MAX_NOVELTY_CHARS)
+    min_span: int | None = Field(None, ge=1, le=MAX_NOVELTY_CHARS)  # None: chargpt.novelty's default
+
+
+class StopRequest(Request):
+    id: str
+
+
+# --- pydantic's errors as one line ------------------------------------------------------------------------------
+TYPE_WORDS = {"string_type": "a string", "int_type": "an integer", "float_type": "a number", "list_type": "a list"}
+
+
+def one_line(model, errors):
+    """pydantic's errors -> one line that names the field and what it must be: the unknown fields (a misspelt
+    name), else the first field that does not fit."""
+    unknown = [str(e["loc"][0]) for e in errors if e["type"] == "extra_forbidden"]
+    if unknown:
+        return f"unknown field(s) {', '.join(unknown)[:200]}; allowed: {', '.join(model.model_fields)}"
+    error = errors[0]
+    if error["type"] == "value_error":  # a model's own check, already one line
+        return str(error["ctx"]["error"])
+    name, kind, value = error["loc"][0], error["type"], error.get("input")
+    field = model.model_fields[name]
+    if kind == "missing":
+        return f"{name} is required"
+    if field.description:  # a field whose whole rule is said at once (a list and its items)
+        return f"{name} must be {field.description}, got {_shown(value)}"
+    if kind in TYPE_WORDS:
+        nullable = type(None) in get_args(field.annotation)
+        return f"{name} must be {TYPE_WORDS[kind]}{' or null' if nullable else ''}, got {_shown(value)}"
+    if kind == "literal_error":
+        return f"{name} must be one of {', '.join(get_args(field.annotation))}, got {value!r:.40}"
+    if kind in ("greater_than_equal", "less_than_equal"):
+        low, high = _bound(field, "ge"), _bound(field, "le")
+        rule = f"between {low} and {high}" if low is not None and high is not None else \
+            f"at least {low}" if low is not None else f"at most {high}"
+        return f"{name} must be {rule}, got {value}"
+    if kind in ("string_too_short", "string_too_long"):
+        shortest, longest = _bound(field, "min_length"), _bound(field, "max_length")
+        if shortest is not None:
+            return f"{name} must have {shortest} to {longest} characters, got {len(value)}"
+        return f"{name} is {len(value)} characters; the limit is {longest}"
+    return f"{name}: {error['msg']}"
+
+
+def _bound(field, name):
+    """A field's declared bound (ge, le, min_length or max_length, as given to Field), or None."""
+    return next((getattr(m, name) for m in field.metadata if hasattr(m, name)), None)
+
+
+def _shown(value):
+    return json.dumps(value)[:40]

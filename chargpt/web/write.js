@@ -1,0 +1,198 @@
+// chargpt playground, Write: text streamed from the run on screen (POST /api/generate), stopped on request, its
+// unknown prompt characters marked and its copied spans shaded; for a run trained on sentence pairs, a translation
+// box that translates line by line.
+import {$, current, el, fmt, state, status, translates} from "./common.js";
+import {api, generate} from "./api.js";
+import {onAnalyse} from "./inside.js";
+
+let showView;  // the page's view switch (main.js), for Look inside →
+
+function unescapeStop(s) { return s.replace(/\\([ntr\\])/g, (_, c) => ({n: "\n", t: "\t", r: "\r", "\\": "\\"})[c]); }
+function numberOrNull(id) { const v = $(id).value.trim(); return v === "" ? null : Number(v); }
+
+export function clearWrite() {
+  $("outputs").replaceChildren();
+  delete $("outputs").dataset.novelty;
+  $("prompt-marks").hidden = true;
+  status("write-status", "");
+  $("to-inside").disabled = true;
+}
+
+export function renderWriteMode() {
+  // a run trained on sentence pairs turns Write into a translation box: source in, translation out (greedy by
+  // default); Look inside reads one text, so an encoder-decoder (source and target apart) cannot use it
+  const r = current(), pairs = translates(r), mode = pairs ? "translate" : "write";
+  if (document.body.dataset.mode !== mode) {
+    $("prompt").parentElement.firstChild.textContent = pairs ? "Sentence to translate" : "Prompt";
+    $("prompt").placeholder = pairs ? "Type a sentence in the source language; its translation appears below"
+      : "Type the start of a text, or leave it empty to begin a new paragraph";
+    $("generate").textContent = pairs ? "Translate" : "Generate";
+    $("temperature").value = pairs ? "0" : "0.8";  // translations: the most likely characters
+    document.body.dataset.mode = mode;
+  }
+  $("to-inside").hidden = Boolean(r && r.arch === "encoder-decoder");
+}
+
+function writeSettings() {
+  // an empty box is left out: the server then uses sample.py's default for it
+  const stop = $("stop").value;
+  const body = {run: state.run, prompt: $("prompt").value, temperature: numberOrNull("temperature"),
+                top_k: numberOrNull("top-k"), top_p: numberOrNull("top-p"), max_new_tokens: numberOrNull("length"),
+                seed: numberOrNull("seed"), num_samples: numberOrNull("samples"), unknown: $("unknown").value,
+                stop: stop ? [unescapeStop(stop)] : []};
+  return Object.fromEntries(Object.entries(body).filter(([, v]) => v !== null));
+}
+
+function sourceLines(text) {
+  // one sentence per line, as chargpt translate reads a file: \r\n or \n ends a line, a final newline starts none
+  const lines = text.split("\n").map((line) => line.replace(/\r$/, ""));
+  if (lines.length > 1 && lines[lines.length - 1] === "") lines.pop();
+  return lines;
+}
+
+async function onGenerate() {
+  if (document.body.dataset.state === "generating") return;
+  if (!state.run) { status("write-status", "no run to write with yet: train one first (python train.py)", true); return; }
+  const req = ++state.writeReq;  // from here on, only this request's output is shown
+  const stale = () => req !== state.writeReq;
+  const body = writeSettings();
+  const pairs = translates(current());
+  // a translation run translates each line by itself (blank lines stay blank); a text run continues the prompt
+  const lines = pairs ? sourceLines(body.prompt) : [body.prompt];
+  const offsets = lines.map((_, i) => lines.slice(0, i).reduce((n, l) => n + Array.from(l).length + 1, 0));
+  state.job = null;
+  state.stopWanted = false;
+  clearWrite();
+  const outputs = $("outputs");
+  const texts = [];
+  let nodes = [], pending = "", chars = 0, seconds = 0, done = null, line = 0;
+  const put = (piece) => {  // text every sample gets: a line break between translations
+    if (!nodes.length) { pending += piece; return; }
+    nodes.forEach((x, i) => { texts[i] += piece; x.gen.data += piece; });
+  };
+  document.body.dataset.state = "generating";
+  $("generate").disabled = true;
+  $("stop-button").disabled = false;
+  status("write-status", "starting…");
+  try {
+    for (line = 0; line < lines.length; line++) {
+      if (line > 0) put("\n");
+      if (pairs && !lines[line].trim()) continue;
+      if (state.stopWanted) break;
+      done = await generate({...body, prompt: lines[line]}, (start) => {
+        if (stale()) return;
+        state.job = {id: start.id, prompt: pairs ? "" : start.prompt, texts, seed: start.seed, warning: start.warning};
+        if (body.seed === null || body.seed === undefined) body.seed = start.seed;  // every line: the seed shown
+        if (!nodes.length) {
+          const n = start.settings.num_samples, name = pairs ? "translation" : "sample";
+          nodes = Array.from({length: n}, (_, i) => {
+            texts.push(pending);
+            const gen = document.createTextNode(pending);
+            const box = el("div", {class: "sample", "data-i": String(i)},
+              el("h3", {text: n > 1 ? `${name} ${i + 1} of ${n}` : name}),
+              el("pre", {}, el("span", {class: "prompt", text: state.job.prompt}), el("span", {class: "gen"}, gen)));
+            return {box, gen};
+          });
+          outputs.replaceChildren(...nodes.map((x) => x.box));
+        }
+        const where = lines.length > 1 ? ` · line ${line + 1} of ${lines.length}` : "";
+        status("write-status", `writing… seed ${start.seed}${where}` + (start.warning ? ` · ${start.warning}` : ""));
+        if (state.stopWanted) onStop();  // Stop was pressed before the generation had an id
+      }, (pieces) => {
+        if (stale()) return;
+        for (const [i, piece] of pieces) { texts[i] += piece; nodes[i].gen.data += piece; }
+      });
+      if (stale()) return;
+      chars += done.chars;
+      seconds += done.seconds;
+      if (done.error || done.stopped || state.stopWanted) break;
+    }
+    if (!done) {
+      status("write-status", state.stopWanted ? "stopped" : "nothing to translate: type a sentence, one per line",
+             !state.stopWanted);
+      return;
+    }
+    const rate = seconds > 0 ? Math.round(chars / seconds) : 0;
+    const stopped = done.stopped || state.stopWanted;
+    const what = done.error ? `stopped by an error: ${done.error}` : stopped ? "stopped" : "done";
+    const reached = Math.min(line + 1, lines.length);
+    const count = pairs && lines.length > 1 ? (stopped ? ` · line ${reached} of ${lines.length}` : ` · ${lines.length} lines`) : "";
+    status("write-status", `${what}${count} · ${chars} characters in ${fmt(seconds, 2)} s (${rate} chars/s) · ` +
+      `seed ${state.job.seed}` + (state.job.warning ? ` · ${state.job.warning}` : ""), Boolean(done.error));
+    $("to-inside").disabled = false;
+    if ($("novelty").checked && !done.error) await markCopied(body.run, texts, nodes, stale);
+  } catch (err) {
+    if (stale()) return;
+    outputs.replaceChildren();  // an error is the whole answer: no half of an earlier request under it
+    status("write-status", (lines.length > 1 ? `line ${line + 1}: ` : "") + err.message, true);
+    if (err.data && err.data.unknown_chars) {
+      markUnknown(body.prompt, err.data.unknown_chars.map(([i, c]) => [i + offsets[line], c]));
+    }
+  } finally {
+    document.body.dataset.state = "done";
+    $("generate").disabled = false;
+    $("stop-button").disabled = true;
+  }
+}
+
+async function markCopied(run, texts, nodes, stale = () => false) {
+  // shade the spans of each sample that occur verbatim in the run's training text (chargpt.novelty), the line
+  // they come from in each one's tooltip, and the share copied under the sample
+  $("outputs").dataset.novelty = "checking";
+  for (let i = 0; i < texts.length; i++) {
+    const box = nodes[i].box;
+    let data;
+    try { data = await api("/api/novelty", {run, text: texts[i]}); } catch (err) {
+      if (stale()) return;
+      box.append(el("p", {class: "novelty status error", text: `copied text: ${err.message}`}));
+      continue;
+    }
+    if (stale()) return;  // another run or request is on screen now
+    const chars = Array.from(texts[i]), pieces = [];  // offsets count code points, as in Python
+    let at = 0;
+    for (const s of data.segments) {
+      if (s.start > at) pieces.push(chars.slice(at, s.start).join(""));
+      pieces.push(el("mark", {class: "copied", "data-line": String(s.line),
+                              title: `copied from ${data.unit} ${s.line.toLocaleString("en")} of the training text: ` +
+                                     (s.context ? `(${s.context}) ` : "") + s.excerpt},
+                         chars.slice(s.start, s.end).join("")));
+      at = s.end;
+    }
+    if (at < chars.length) pieces.push(chars.slice(at).join(""));
+    box.querySelector(".gen").replaceChildren(...pieces);
+    box.append(el("p", {class: "novelty hint", text: data.summary}));
+  }
+  $("outputs").dataset.novelty = "done";
+}
+
+function markUnknown(prompt, found) {
+  // show the prompt with the characters the model never saw outlined
+  const bad = new Set(found.map(([i]) => i));
+  const spans = Array.from(prompt).map((c, i) =>
+    el("span", {class: bad.has(i) ? "c unknown" : "c", title: bad.has(i) ? "not in this model's vocabulary" : ""},
+       c === "\n" ? "↵\n" : c));
+  $("prompt-marks").replaceChildren(...spans);
+  $("prompt-marks").hidden = false;
+}
+
+export async function onStop() {
+  $("stop-button").disabled = true;
+  state.stopWanted = true;  // a translation between two lines stops before the next one
+  if (!state.job) return;
+  await api("/api/stop", {id: state.job.id}).catch(() => {});  // already finished: nothing to stop
+}
+
+function toInside() {
+  if (!state.job) return;
+  $("inside-text").value = state.job.prompt + (state.job.texts[0] || "");
+  showView("inside");
+  onAnalyse();
+}
+
+export function initWrite(views) {
+  showView = views.showView;
+  $("generate").addEventListener("click", onGenerate);
+  $("stop-button").addEventListener("click", onStop);
+  $("to-inside").addEventListener("click", toInside);
+  $("prompt").addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) onGenerate(); });
+}
