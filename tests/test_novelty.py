@@ -212,6 +212,29 @@ def test_sentence_pairs_are_scored_per_split_and_located_by_pair(tmp_path):
     assert report.val.copied_fraction == 1.0 and report.val.longest.line == val[3] + 1
 
 
+def test_sampled_text_is_scored_as_a_line_per_sample_or_a_json_field(text_index):
+    text, index = text_index
+    said = []
+    record = novelty.sample_records(index.score, 2, as_json=False, say=said.append)
+    assert record(1, at_line(text, 57, 30)) == {} and said == ["sample 2: " + index.score(at_line(text, 57, 30)).line()]
+    record = novelty.sample_records(index.score, 1, as_json=True, say=said.append)
+    assert record(0, at_line(text, 57, 30))["novelty"]["longest_line"] == 57 and len(said) == 1
+    assert novelty.sample_records(None, 1, as_json=True, say=said.append) is None
+    assert novelty.scored_line(index.score("x"), 0, 1).startswith("copied: ")
+
+
+@pytest.mark.parametrize("wanted, min_span, data, interactive, said", [
+    (False, 12, None, False, "--min-span and --data go with --novelty"),
+    (False, None, "corpus.txt", False, "--min-span and --data go with --novelty"),
+    (True, None, None, True, "--novelty scores printed samples, not --interactive ones"),
+])
+def test_novelty_options_of_sampling_are_checked(wanted, min_span, data, interactive, said):
+    with pytest.raises(chargpt.ChargptError, match=said):
+        novelty.check_options(wanted, min_span, data, interactive)
+    novelty.check_options(True, 12, "corpus.txt", False)
+    novelty.check_options(False, None, None, True)
+
+
 # --- a run's own corpus, and the commands ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):

@@ -12,12 +12,13 @@ from chargpt.config import ModelConfig
 from chargpt.errors import ChargptError
 from chargpt.model import build_model
 from chargpt.pairs import END, SEP, PairBatches, encode_pairs
-from chargpt.tokenizer import Vocab
+from chargpt.tokenizer import Unknowns, Vocab
 from chargpt.translate import (
     CHRF_MISSING,
     DecoderSteps,
     EncoderDecoderSteps,
     beam_search,
+    check_translate_options,
     chrf,
     exact_match,
     sample_search,
@@ -184,6 +185,32 @@ def test_source_problems_are_clear_errors():
     with pytest.raises(ChargptError, match="source 1 has 0 characters"):
         translate(model, VOCAB, [""])
     assert translate(random_model("encoder-decoder", VOCAB), VOCAB, ["a" * 16])  # no separator in its source
+
+
+@pytest.mark.parametrize("options, said", [
+    ((0, 1.0, 0.0, None, None, 64), "--beam must be from 1 to 1000"),
+    ((1, float("nan"), 0.0, None, None, 64), "--alpha must be from 0 to 10"),
+    ((4, 1.0, 0.8, None, 0.9, 64), "does not sample; drop --temperature, --top-p, or use --beam 1"),
+    ((1, 1.0, 0.0, None, None, 0), "--batch-size must be from 1 to 1000000"),
+])
+def test_translate_options_are_checked_before_loading(options, said):
+    with pytest.raises(ChargptError, match=said):
+        check_translate_options(*options)
+    check_translate_options(4, 0.6, 0.0, None, None, 64)  # a beam search
+    check_translate_options(1, 1.0, 0.8, 40, 0.9, 64)  # sampling
+
+
+def test_sentences_with_unknown_characters_are_counted_as_they_pass():
+    lines = ["ab", "azb", "zz", "ba"]
+    seen = Unknowns(VOCAB, iter(lines), "skip")
+    assert seen.warning() is None and list(seen) == lines  # counted while read, not before
+    assert seen.warning() == "2 sentence(s) had characters the model never saw, dropped (the first: 'z' (U+007A) at 1)"
+    replaced = Unknowns(VOCAB, lines, "replace")
+    list(replaced)
+    assert f"replaced with {VOCAB.replacement()!r}" in replaced.warning()
+    strict = Unknowns(VOCAB, lines, "error")
+    list(strict)
+    assert strict.warning() is None  # 'error' stops at the first, naming it, before any warning
 
 
 def test_exact_match_and_chrf():
