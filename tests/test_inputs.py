@@ -1,4 +1,4 @@
-"""Bad input, round 2 (issue #9): every case gives one `error:` line that names the setting and the fix, exit
+"""Bad input: every case gives one `error:` line that names the setting and the fix, exit
 status 1, and nothing on disk changed; the Python API raises a ChargptError naming its own parameter (no `--`).
 Also: running out of memory, a damaged corpus cache, terminals that cannot show a character, and the output
 rule (results on stdout, diagnostics on stderr).
@@ -23,7 +23,7 @@ import chargpt
 from chargpt import data
 from chargpt.checkpoint import save_model
 from chargpt.cli import sample_cli, train_cli
-from chargpt.config import AUTO_BUDGET_S, MAX_SEED, PRESETS, UNLIMITED, ModelConfig
+from chargpt.config import MAX_SEED
 from chargpt.errors import ChargptError, CheckpointError, ConfigError, DataError
 from chargpt.tokenizer import Vocab
 
@@ -235,27 +235,3 @@ def test_training_logs_on_stderr_and_prints_the_run_directory(tmp_path, corpus):
 def test_greedy_sampling_prints_no_seed(ckpt):
     r = invoke(sample_cli, ["--checkpoint", ckpt, "--prompt", "ab", "--max-new-tokens", "2", "--temperature", "0"])
     assert r.exit_code == 0 and r.stdout == "abcd\n" and "seed" not in r.stderr
-
-
-def test_defaults_have_one_home_and_keep_their_values():
-    """Dataclass defaults are the GPU's; the CPU preset overrides only what differs; --help shows both."""
-    from chargpt.settings import resolve
-
-    def build_configs(device_type):
-        model_kw, train, _ = resolve({}, device_type)
-        return ModelConfig(**model_kw, vocab_size=65), train
-    cpu_model, cpu_train = build_configs("cpu")
-    gpu_model, gpu_train = build_configs("cuda")
-    size = lambda m: (m.n_layer, m.n_head, m.n_embd, m.block_size, m.dropout)  # noqa: E731
-    run = lambda t: (t.batch_size, t.learning_rate, t.eval_interval, t.eval_iters, t.max_iters, t.warmup_iters)  # noqa
-    assert size(cpu_model) == (2, 4, 128, 128, 0.0) and run(cpu_train) == (16, 4e-3, 250, 20, UNLIMITED, 100)
-    assert cpu_train.max_time == AUTO_BUDGET_S  # a time budget, the model sized for it at start (test_sizing.py)
-    assert (cpu_train.optimizer, cpu_train.muon_lr, cpu_train.lr_schedule) == ("muon", 0.01, "wsd")
-    assert (gpu_train.optimizer, gpu_train.muon_lr, gpu_train.lr_schedule) == ("adamw", 0.02, "cosine")
-    assert size(gpu_model) == (6, 6, 384, 256, 0.2) and run(gpu_train) == (64, 1e-3, 500, 50, 5000, 100)
-    assert PRESETS["shakespeare-char"] == {} and (cpu_train.preset, gpu_train.preset) == ("auto", "shakespeare-char")
-    assert all(PRESETS["cpu"][k] != getattr(gpu_model if hasattr(gpu_model, k) else gpu_train, k)
-               for k in PRESETS["cpu"])
-    shown = " ".join(invoke(train_cli, ["--help"]).stdout.split())
-    assert "[default: sized by --preset auto on CPU, 6 on GPU]" in shown and "[default: 0.1]" in shown
-    assert "[default: 4e-3 on CPU, 0.001 on GPU]" in shown or "[default: 0.004 on CPU, 0.001 on GPU]" in shown
