@@ -1,6 +1,7 @@
 // chargpt playground: the page's entry module. Plain JavaScript modules, no build step, no libraries. Three views
 // over the JSON API of chargpt/web/server.py, one module each: Write (write.js), Look inside (inside.js), Runs
-// (runs.js); this one holds the view switch and the run picker, and wires them together.
+// (runs.js); this one holds the view switch and the run picker, and wires them together. A new view is a module
+// with its init function, called from init() below, and a tab and a section (id view-NAME) in index.html.
 import {$, current, el, fmt, params, state, translates} from "./common.js";
 import {api} from "./api.js";
 import {clearWrite, initWrite, onStop, renderWriteMode} from "./write.js";
@@ -9,7 +10,7 @@ import {initRuns, refreshRuns, renderRunsTable, showRunDetail} from "./runs.js";
 
 function showView(view) {
   document.body.dataset.view = view;
-  for (const name of ["write", "inside", "runs"]) $(`view-${name}`).hidden = name !== view;
+  for (const tab of document.querySelectorAll(".tab")) $(`view-${tab.dataset.view}`).hidden = tab.dataset.view !== view;
   clearInterval(state.poll);
   if (view === "runs") {
     refreshRuns();
