@@ -14,7 +14,7 @@ LayerNorms and attention stay float32. It runs on CPUs only, in one of two ways,
 - with native bf16 (AVX512-BF16, AMX): weight-only int8 (Int8Linear), the activations in bf16 through
   torch._weight_int8pack_mm, which dequantises inside the matmul. Its decode step also compiles (sampling's
   --compile); at 6 x 384 on a 2-core Xeon with AMX it measured 1.7 ms a step eager, 1.0 ms compiled, against
-  float32's 2.2 ms and dynamic quantisation's 1.8 ms (benchmarks/RESULTS.md, issue #26);
+  float32's 2.2 ms and dynamic quantisation's 1.8 ms (benchmarks/RESULTS.md, compiled sampling);
 - without: torch's dynamic quantisation (torch.ao.quantization.quantize_dynamic), the input quantised to int8 on
   the fly at each call (fbgemm/oneDNN int8 kernels). torch marks this API deprecated in favour of torchao, but it
   is present and working in torch 2.13. Its modules do not compile.

@@ -166,7 +166,7 @@ def pick_compile(setting, device):
 
 
 # --compile auto for sampling compiles the decode step from this many new characters (all samples together) on a
-# CPU with a C++ compiler. Measured on a 2-core Xeon with native bf16 (benchmarks/RESULTS.md, issue #26), 6 x 384 at
+# CPU with a C++ compiler. Measured on a 2-core Xeon with native bf16 (benchmarks/RESULTS.md), 6 x 384 at
 # batch 1: the compiled float32 step writes 444 characters/s against the eager step's 345 (0.65 ms saved per
 # character; int8's 723 against 467, 0.76 ms), and compiling costs a sample.py run about 3 s with torch's on-disk
 # cache warm and 15 s cold; so it pays from about 5,000 characters warm and 23,000 cold. Below this, decoding stays

@@ -8,7 +8,7 @@ Hoffmann et al. 2022: about 20 tokens per parameter), so a longer budget wants a
 read many times over is memorised (nanoGPT's shakespeare_char run is best at step ~2,000 of 5,000), so a small
 corpus wants dropout, fewer passes and a model that cannot learn it by heart. The rule below is those two facts
 with constants fitted to a grid of rungs on tiny Shakespeare, CPython's standard library and a 40,000-character
-corpus, at 120 s and 600 s on a 2-core CPU (benchmarks/RESULTS.md, issue #22). It is a table and a few numbers,
+corpus, at 120 s and 600 s on a 2-core CPU (benchmarks/RESULTS.md, --preset auto). It is a table and a few numbers,
 not a search: each rung's speed is measured here (a few steps, about a second), because machines differ several
 times over in speed and in how a step's cost grows with the model.
 
@@ -31,7 +31,7 @@ from .config import SIZED, ModelConfig
 
 HEAD_SIZE = 32  # channels per attention head in every rung (a given --n-embd gets heads of about this size)
 
-# Fitted (benchmarks/RESULTS.md, issue #22). Characters seen per block parameter below which a larger rung
+# Fitted (benchmarks/RESULTS.md, --preset auto). Characters seen per block parameter below which a larger rung
 # loses to the one below it at the same budget:
 TOKENS_PER_PARAM = 3.0
 # A rung may hold at most this many block parameters per training character (on 40,000 characters with dropout:

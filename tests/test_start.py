@@ -1,0 +1,66 @@
+"""Start-up: one call builds what a run is made of (a Run whose fields name it all), says it in lines that are a
+function of that Run alone, and a start that fails leaves nothing behind."""
+
+import pytest
+
+import chargpt
+from chargpt.components.describe import start_lines
+from chargpt.components.start import start_run
+from chargpt.training import Trainer
+
+TINY_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=1, dropout=0.0,
+               threads=1, dtype="float32", curves=False, sample_chars=0)
+
+
+def quiet(message):
+    pass
+
+
+def test_a_run_is_built_in_one_call_and_its_lines_depend_on_it_alone(tmp_path, corpus):
+    run = start_run({**TINY_KW, "data": str(corpus), "out_dir": "run", "max_iters": 4}, log=quiet)
+    try:
+        assert run.out_dir.name == "run" and run.state.step == 0 and run.origin.meta is None
+        assert run.mcfg.vocab_size == len(run.corpus.vocab) == run.distinct
+        assert run.chars_per_step == 4 * 16 and run.train_model is run.model  # eager, one process
+        first, again = start_lines(run), start_lines(run)
+        assert first == again  # no line is added by saying them
+        assert first[0].startswith("corpus: corpus — ") and any(line.startswith("model: ") for line in first)
+        assert any(line.startswith("budget: until step 4") for line in first)
+    finally:
+        run.release()
+    assert not (tmp_path / "run").exists()  # released before anything was saved: no empty folder left
+
+
+def test_a_resumed_run_starts_from_its_own_state_and_says_what_changed(tmp_path, corpus):
+    chargpt.train(data=str(corpus), out_dir="run", max_iters=4, eval_interval=2, log=quiet, **TINY_KW)
+    run = start_run({"out_dir": "run", "resume": True, "max_iters": 6, "dropout": 0.1, "threads": 1}, log=quiet)
+    try:
+        assert run.state.step == 4 and run.origin.meta["step"] == 4
+        lines = start_lines(run)
+        assert any(line.startswith("resuming run at step 4") for line in lines)
+        assert "dropout 0.1 (checkpoint: 0.0) from here on" in lines
+        summary = Trainer(run).train()
+    finally:
+        run.release()
+    assert summary["step"] == 6
+
+
+def test_a_run_started_from_another_records_where_it_came_from(tmp_path, corpus):
+    chargpt.train(data=str(corpus), out_dir="base", max_iters=2, eval_interval=2, log=quiet, **TINY_KW)
+    (tmp_path / "more.txt").write_text("Zebras quietly yawn.\n" * 40, encoding="utf-8")
+    run = start_run({**TINY_KW, "data": "more.txt", "out_dir": "run", "init_from": "base", "max_iters": 2},
+                    log=quiet)
+    try:
+        assert run.origin.lineage["base_vocab_size"] < len(run.corpus.vocab)
+        assert run.origin.base.weights == {}  # copied into the model, the memory handed back
+        lines = start_lines(run)
+        assert any(line.startswith("starting from ") for line in lines)
+        assert any("characters the base never saw added to its vocabulary" in line for line in lines)
+    finally:
+        run.release()
+
+
+def test_a_start_that_fails_after_claiming_leaves_no_lock_and_no_folder(tmp_path, corpus):
+    with pytest.raises(chargpt.ConfigError, match="sample_prompt has characters the corpus does not"):
+        start_run({**TINY_KW, "data": str(corpus), "out_dir": "new/run", "sample_prompt": "\u00e9"}, log=quiet)
+    assert not (tmp_path / "new").exists()
