@@ -1,12 +1,14 @@
-"""The network: loss at init, learning, causality, fused attention against the explicit reference."""
+"""The network: loss at init, learning, causality, fused attention against the explicit reference; the size a
+config implies, known before anything is built."""
 
 import math
 
 import pytest
 import torch
 
-from chargpt.config import ModelConfig
-from chargpt.model import CharGPT, KVCache
+from chargpt.config import PRESETS, ModelConfig, split_overrides
+from chargpt.errors import ConfigError
+from chargpt.model import CharGPT, KVCache, build_model, check_model_fits, estimated_params
 
 
 def test_initial_loss_is_log_vocab(tiny_config):
@@ -123,3 +125,22 @@ def test_attention_auto_on_cpu_avoids_the_slow_fused_paths(tiny_config, dropout,
     for kernel, want in (("fused", True), ("manual", False)):  # an explicit choice always wins
         model.set_attention(kernel)
         assert all(block.attn.use_fused(x) is want for block in model.h)
+
+
+# --- sizes known from the config alone -------------------------------------------------------------------------
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_the_size_estimate_is_within_a_few_per_cent_of_every_preset_built(preset):
+    cfg = ModelConfig(**split_overrides(PRESETS[preset])[0], vocab_size=65)
+    with torch.device("meta"):  # nothing allocated, even for the largest
+        built = build_model(cfg).num_params()
+    assert abs(estimated_params(cfg) - built) / built < 0.05
+
+
+def test_a_model_too_large_for_the_memory_is_refused_naming_what_to_lower():
+    cfg = ModelConfig(vocab_size=65, n_layer=48)  # about 85M parameters: 1.4 GB of weights, gradients and moments
+    check_model_fits(cfg, None, "this machine")  # memory unknown: nothing to refuse
+    check_model_fits(cfg, 2 * 10**9, "this machine")
+    with pytest.raises(ConfigError, match=r"^a model of 48 layers x 384 wide, 6 heads, context 256 has about 8.53e\+07 "
+                                          r"parameters: training it needs at least 1.365 GB, and this machine has 1.0 "
+                                          r"GB; lower n_layer \(now 48 in big.toml\)$"):
+        check_model_fits(cfg, 10**9, "this machine", source=lambda name: "big.toml")
