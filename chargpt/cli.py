@@ -28,11 +28,10 @@ from .config import (
     SampleSettings,
     TrainConfig,
     check_sample_options,
-    cli_names,
-    flag_specs,
 )
 from .corpora import DATA_DIR
 from .errors import ChargptError, Interrupted, out_of_memory, requested_memory
+from .flags import cli_names, flag_specs
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
 TRAIN_MEMORY_HINT = "lower --batch-size (--grad-accum keeps the global batch), --block-size or the model size " \
@@ -173,7 +172,7 @@ class TrainCommand(click.Command):
     """train's --help ends with the presets and their sizes (computed when help is shown, not at every start)."""
 
     def format_epilog(self, ctx, formatter):
-        from .settings import preset_table
+        from .helptext import preset_table
         formatter.write_paragraph()
         formatter.write("\n".join(preset_table()) + "\n")
 
