@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 from typing import ClassVar
 
 from .errors import ConfigError
-from .flags import cli_names, field_type, flag, flag_specs, opt, param  # noqa: F401 (re-exported: cli, bench)
+from .flags import cli_names, flag, opt, param  # noqa: F401 (cli_names: re-exported for tests/test_runs.py)
 
 ARCHS = ("decoder", "encoder-decoder")
 POS_EMBS = ("learned", "sinusoidal")

@@ -34,7 +34,7 @@ from .config import (
 )
 from .errors import ConfigError
 from .flags import flag, flag_specs, named_as_flags, param, spelled
-from .helptext import describe_params, preset_params, preset_table  # noqa: F401 (re-exported: cli, test_runs)
+from .helptext import describe_params, preset_params  # noqa: F401 (re-exported for tests/test_runs.py)
 from .textio import MAX_CONFIG_BYTES, read_bounded
 
 HARDWARE = ("device", "dtype", "threads", "compile", "attention")  # how a run is computed, not what it is

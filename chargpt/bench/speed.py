@@ -26,7 +26,8 @@ from dataclasses import fields
 
 import torch
 
-from ..config import ModelConfig, SampleSettings, TrainConfig, field_type
+from ..config import ModelConfig, SampleSettings, TrainConfig
+from ..flags import field_type
 from ..model import CharGPT
 from ..optim import make_optimizer
 from ..quantize import inference_model
