@@ -1,7 +1,7 @@
 """The command lines: `python train.py` / `chargpt-train` and `python sample.py` / `chargpt-sample`.
 
 Thin by design: flags -> one call into the package. Flags are generated from the config dataclasses
-(config.flag_specs), so every setting has exactly one name, default and help line, in chargpt/config.py. Each
+(flags.flag_specs), so every setting has exactly one name, default and help line, in chargpt/config.py. Each
 command lists its parameters in order (click's `params`); an option several commands take is one click.Option
 object (CHECKPOINT, SEED, ...), defined once.
 Output: results on stdout (sample.py's text; train.py's run directory, one line when it ends), everything
