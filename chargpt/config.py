@@ -9,9 +9,10 @@ PRESETS names starting points over them, "auto" among them, which a run without 
 at start by chargpt/sizing.py): --help shows both defaults where they differ. chargpt/settings.py layers defaults,
 preset, config file and flags.
 PRESETS also holds transformer-base (the 2017 paper's model) and transformer-small (its CPU-sized sibling).
-Validation lives here too, once per dataclass; messages name a setting with param(), which spells it as the
-user did: `--n-layer` on the command line, `n_layer` from Python. Dictionaries from outside (checkpoint metadata,
-keyword arguments, a config file's table) are checked against the fields by one function, typed_fields.
+Validation lives here too, once per dataclass; messages name a setting with param() (chargpt/flags.py), which
+spells it as the user did: `--n-layer` on the command line, `n_layer` from Python. Dictionaries from outside
+(checkpoint metadata, keyword arguments, a config file's table) are checked against the fields by one function,
+typed_fields.
 """
 
 import difflib

@@ -1,6 +1,6 @@
 """What `chargpt train --help` shows after its flags: the presets, each with its shape, parameters and purpose.
 
-    chargpt train --help        # ... Presets (--preset NAME; ...):  tiny  0.10M parameters: 2 layers x 64 wide, ...
+    chargpt train --help        # ... Presets (--preset NAME; ...):  tiny  0.11M parameters: 2 layers x 64 wide, ...
 
 Parameters are counted on torch's meta device for a vocabulary of 65 characters (tiny Shakespeare's), when the
 help is shown: nothing is allocated, and a training start pays nothing for it.
