@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 from typing import ClassVar
 
 from .errors import ConfigError
-from .flags import cli_names, flag, opt, param  # noqa: F401 (cli_names: re-exported for tests/test_runs.py)
+from .flags import flag, opt, param
 
 ARCHS = ("decoder", "encoder-decoder")
 POS_EMBS = ("learned", "sinusoidal")
@@ -515,12 +515,3 @@ def _has_type(value, t):
     if t is float:
         return isinstance(value, (int, float))
     return isinstance(t, type) and isinstance(value, t)
-
-
-def __getattr__(name):
-    """check_model_fits and estimated_params moved to chargpt/model.py; training.py and tests/test_hostile.py
-    still import them from here. Lazy, as the model imports this module: remove once they import from there."""
-    if name in ("check_model_fits", "estimated_params"):
-        from . import model
-        return getattr(model, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

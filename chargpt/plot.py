@@ -48,7 +48,6 @@ def require_metrics(run):
     return rows
 
 
-read_metrics = require_metrics  # the old name, for tests/test_plot.py: remove once it imports require_metrics
 
 
 MAX_DRAWN = 1e100  # a loss past this (a diverged run, near float's end) is left out: matplotlib cannot scale to it

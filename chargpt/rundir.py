@@ -356,7 +356,6 @@ def read_step_rows(path):
     return [rows[s] for s in sorted(rows)]
 
 
-read_metrics = read_step_rows  # the old name, for chargpt/web/runs.py and tests/test_cuda.py: remove then
 
 
 def no_constant(name):

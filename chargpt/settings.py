@@ -34,7 +34,6 @@ from .config import (
 )
 from .errors import ConfigError
 from .flags import flag, flag_specs, named_as_flags, param, spelled
-from .helptext import describe_params, preset_params  # noqa: F401 (re-exported for tests/test_runs.py)
 from .textio import MAX_CONFIG_BYTES, read_bounded
 
 HARDWARE = ("device", "dtype", "threads", "compile", "attention")  # how a run is computed, not what it is
@@ -233,7 +232,6 @@ def new_run_settings(flags, device_type="cpu"):
     return model_kw, TrainConfig(**{**train_kw, "preset": settings.preset}).validate(), settings
 
 
-resolve = new_run_settings  # the old name, for training.py, tests/test_runs.py and tests/test_sizing.py: remove then
 
 
 # --- the settings of a resumed run -----------------------------------------------------------------------------------

@@ -12,8 +12,8 @@ greedy translations of fixed validation pairs at each evaluation and shows a few
 import numpy as np
 
 from .components.samples import SAMPLE_TEMPERATURE, sample_text
-from .config import param
 from .data import Batches, check_blocks_length, encode_corpus, split_of, split_sizes, unseen_in_training, val_snippet
+from .flags import param
 from .pairs import PairBatches, encode_pairs
 from .translate import CHRF_MISSING, chrf, exact_match, translate
 

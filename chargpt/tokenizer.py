@@ -9,8 +9,8 @@ Encoding large text is vectorised: the text becomes an array of code points
 
 import numpy as np
 
-from .config import param
 from .errors import ChargptError
+from .flags import param
 
 UNKNOWN_POLICIES = ("error", "skip", "replace")
 # Stand-ins tried in order by the 'replace' policy; the first one in the vocabulary wins, else the first

@@ -16,8 +16,8 @@ implement it with a KV cache, or without one as the reference.
 
 import torch
 
-from .config import param
 from .errors import ChargptError
+from .flags import param
 from .model import KVCache
 from .pairs import END, SEP
 from .runtime import autocast

@@ -28,7 +28,7 @@ def test_compiled_training_step_learns_and_times_its_compilation(tmp_path, corpu
     assert summary["compiled"] and summary["first_step_s"] > 0
     assert any(line.endswith("torch.compile (--compile auto: it wins on CUDA)") for line in logs), logs
     assert any(line.startswith("torch.compile: the first step took") for line in logs), logs
-    rows = chargpt.rundir.read_metrics(tmp_path / "run" / chargpt.rundir.METRICS)
+    rows = chargpt.rundir.read_step_rows(tmp_path / "run" / chargpt.rundir.METRICS)
     assert rows[-1]["val_loss"] < rows[0]["val_loss"] - 0.5
 
 

@@ -23,8 +23,9 @@ from pairsutil import train_pairs, write_cipher
 import chargpt
 from chargpt import checkpoint as ckpt
 from chargpt import rundir, textio
-from chargpt.config import ModelConfig, check_model_fits, estimated_params
+from chargpt.config import ModelConfig
 from chargpt.errors import ChargptError, ConfigError, DataError
+from chargpt.model import check_model_fits, estimated_params
 
 TINY_KW = {**faults.TINY_KW, "curves": False}
 

@@ -339,6 +339,7 @@ def test_the_playground_api_marks_copied_segments(run):
     from starlette.testclient import TestClient
 
     from chargpt.web import server as serve
+    from chargpt.web.limits import MAX_NOVELTY_CHARS
     _, _, text, _ = run
     client = TestClient(serve.create_app(run[0].parent, device="cpu"), base_url="http://127.0.0.1")
     sample = "zz " + at_line(text, 20, 40)
@@ -347,7 +348,7 @@ def test_the_playground_api_marks_copied_segments(run):
     body = r.json()
     assert body["segments"] == [{"start": 3, "end": 43, "line": 20, "excerpt": at_line(text, 20, 40), "context": ""}]
     assert body["summary"].startswith("copied: 93% in spans of 20+")
-    r = client.post("/api/novelty", json={"run": "run", "text": "x" * (serve.MAX_NOVELTY_CHARS + 1)})
+    r = client.post("/api/novelty", json={"run": "run", "text": "x" * (MAX_NOVELTY_CHARS + 1)})
     assert r.status_code == 400 and "limit" in r.json()["error"]
 
 

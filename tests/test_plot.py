@@ -13,7 +13,7 @@ from conftest import run_chargpt
 
 from chargpt.cli import plot_cli
 from chargpt.errors import ChargptError
-from chargpt.plot import figure, maybe_write_curves, plot_runs, read_metrics
+from chargpt.plot import figure, maybe_write_curves, plot_runs, require_metrics
 
 try:
     import matplotlib  # noqa: F401
@@ -67,7 +67,7 @@ def test_figure_draws_train_and_val_per_run_in_the_unit_asked():
 def test_metrics_rows_skip_cut_lines_and_keep_the_last_of_a_step(tmp_path):
     write_metrics(tmp_path / "r", rows([(4.0, 4.1), (3.0, 3.0)]) + [{"step": 10, "train_loss": 2.9, "val_loss": 2.95}],
                   tail='{"step": 20, "train_lo')  # killed mid-line
-    got = read_metrics(tmp_path / "r")
+    got = require_metrics(tmp_path / "r")
     assert [r["step"] for r in got] == [0, 10] and got[1]["val_loss"] == 2.95
 
 
@@ -124,7 +124,7 @@ def test_curves_are_titled_with_run_corpus_and_model_and_show_the_running_loss(t
     assert title.startswith("run: corpus corpus, 1 layers x 16 wide, 2 heads, context 16")  # run, corpus, model
     running = read_running(tiny_run)  # logged every 10 steps: denser than the evaluations
     assert [r["step"] for r in running] == [1, 11]
-    fig = figure({"run": read_metrics(tiny_run)}, "nats", {"run": running}, title)
+    fig = figure({"run": require_metrics(tiny_run)}, "nats", {"run": running}, title)
     ax = fig.axes[0]
     assert ax.get_title() == title
     lines = {ln.get_label(): ln for ln in ax.lines}

@@ -15,11 +15,13 @@ import chargpt
 from chargpt.checkpoint import read_meta
 from chargpt.cli import main, train_cli
 from chargpt.components import validate
-from chargpt.config import PRESET_ABOUT, PRESETS, ModelConfig, cli_names
+from chargpt.config import PRESET_ABOUT, PRESETS, ModelConfig
 from chargpt.errors import ConfigError
+from chargpt.flags import cli_names
+from chargpt.helptext import describe_params, preset_params
 from chargpt.model import build_model
 from chargpt.runinfo import run_info
-from chargpt.settings import config_toml, describe_params, preset_params, read_config_file, resolve, toml_value, tomllib
+from chargpt.settings import config_toml, new_run_settings, read_config_file, toml_value, tomllib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUIET = dict(log=lambda *a: None)
@@ -39,7 +41,7 @@ def test_presets_are_one_table_each_with_a_description_and_valid_settings():
     assert {"tiny", "cpu", "shakespeare-char", "gpt2-small-char"} <= set(PRESETS)
     assert set(PRESET_ABOUT) == set(PRESETS) and all(PRESET_ABOUT.values())
     for name in PRESETS:
-        model_kw, train_cfg, _ = resolve({"preset": name})  # validated: every key a setting, every value in range
+        model_kw, train_cfg, _ = new_run_settings({"preset": name})  # validated: every key a setting and value
         ModelConfig(**model_kw, vocab_size=65).validate()
         assert train_cfg.preset == name
     gpt2 = {k: PRESETS["gpt2-small-char"][k] for k in ("n_layer", "n_head", "n_embd", "block_size")}
@@ -48,7 +50,7 @@ def test_presets_are_one_table_each_with_a_description_and_valid_settings():
 
 def test_parameter_counts_are_those_of_the_model_built():
     for name in ("tiny", "cpu", "shakespeare-char"):
-        model_kw, _, _ = resolve({"preset": name})
+        model_kw, _, _ = new_run_settings({"preset": name})
         real = build_model(ModelConfig(**model_kw, vocab_size=65)).num_params()
         assert preset_params(name) == real
     assert 85e6 < preset_params("gpt2-small-char") < 87e6  # GPT-2 small's 12 x 768 blocks, context 1024
@@ -65,18 +67,18 @@ def test_help_and_the_runs_guide_list_every_preset_with_its_size():
 
 
 def test_without_a_preset_the_device_picks_one():
-    (cpu_model, cpu_train, _), (gpu_model, gpu_train, _) = resolve({}, "cpu"), resolve({}, "cuda")
+    (cpu_model, cpu_train, _), (gpu_model, gpu_train, _) = new_run_settings({}, "cpu"), new_run_settings({}, "cuda")
     cpu_model, gpu_model = ModelConfig(**cpu_model), ModelConfig(**gpu_model)
     assert (cpu_train.preset, gpu_train.preset) == ("auto", "shakespeare-char")  # auto sizes its model at start
     assert (cpu_model.n_layer, cpu_model.n_embd, cpu_train.batch_size) == (2, 128, 16)  # until then, the cpu preset's
     assert (gpu_model.n_layer, gpu_model.n_embd, gpu_train.batch_size) == (6, 384, 64)
-    tiny_model, tiny_train, _ = resolve({"preset": "tiny"}, "cuda")  # a preset named wins over the device's
+    tiny_model, tiny_train, _ = new_run_settings({"preset": "tiny"}, "cuda")  # a preset named wins over the device's
     assert tiny_train.preset == "tiny" and tiny_model["n_embd"] == PRESETS["tiny"]["n_embd"]
 
 
 def test_flags_beat_the_config_file_which_beats_the_preset_which_beats_the_defaults(tmp_path):
     (tmp_path / "run.toml").write_text('n_embd = 48\nbatch-size = 8\nn-layer = 4\npreset = "cpu"\nmax-time = 30\n')
-    model, cfg, settings = resolve({"config": "run.toml", "preset": "tiny", "n_layer": 3})
+    model, cfg, settings = new_run_settings({"config": "run.toml", "preset": "tiny", "n_layer": 3})
     assert cfg.preset == "tiny"  # the flag's preset, not the file's
     assert model["n_layer"] == 3  # flag over file
     assert model["n_embd"] == 48 and cfg.batch_size == 8  # file over preset
@@ -154,7 +156,7 @@ def test_config_toml_repeats_the_run_into_a_new_run_directory(tmp_path, corpus):
     assert "from run.toml: --sample-prompt 'To '" in first.stderr  # its max-iters and eval-interval were overridden
     saved = read_config_file(tmp_path / "a" / "config.toml")
     assert saved["preset"] == "tiny" and saved["max_iters"] == 4 and saved["learning_rate"] == 0.01
-    assert saved["data"] == str(corpus.resolve()) and "out_dir" not in saved and "config" not in saved
+    assert saved["data"] == str(corpus.new_run_settings()) and "out_dir" not in saved and "config" not in saved
 
     again = invoke(train_cli, ["--config", "a/config.toml"])  # from another folder it would find the corpus too
     assert again.exit_code == 0, again.stderr
@@ -181,14 +183,14 @@ def test_config_toml_repeats_the_run_into_a_new_run_directory(tmp_path, corpus):
 
 
 def test_config_toml_holds_every_setting_and_no_null():
-    model_kw, cfg, _ = resolve({"preset": "cpu", "max_time": 60, "sample_prompt": "Q:"})
+    model_kw, cfg, _ = new_run_settings({"preset": "cpu", "max_time": 60, "sample_prompt": "Q:"})
     text = config_toml(ModelConfig(**model_kw, vocab_size=65), cfg)
     values = tomllib.loads(text)
     assert values["max-time"] == 60 and values["max-iters"] == 10**12 and "# no step limit" in text
     assert "min-lr" not in values and "vocab-size" not in values  # None: not set; the vocabulary is the corpus's
     with open("written.toml", "w", encoding="utf-8") as f:  # the cwd is the test's tmp_path
         f.write(text)
-    model_kw2, cfg2, _ = resolve({"config": "written.toml"})
+    model_kw2, cfg2, _ = new_run_settings({"config": "written.toml"})
     assert ModelConfig(**model_kw2) == ModelConfig(**model_kw)  # nothing lost, nothing added
     assert {**vars(cfg2), "config": None} == vars(cfg)
 

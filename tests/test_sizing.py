@@ -8,7 +8,7 @@ import pytest
 from chargpt import sizing
 from chargpt.checkpoint import read_meta
 from chargpt.config import AUTO_BUDGET_S, UNLIMITED, TrainConfig
-from chargpt.settings import Settings, resolve
+from chargpt.settings import Settings, new_run_settings
 from chargpt.sizing import RUNGS, choose
 from chargpt.training import train
 
@@ -79,13 +79,13 @@ def test_explicit_settings_win_each_alone():
 
 
 def test_auto_is_the_cpu_default_with_a_time_budget_and_steps_lift_it():
-    _, cfg, settings = resolve({})
+    _, cfg, settings = new_run_settings({})
     assert cfg.preset == "auto" and cfg.max_time == AUTO_BUDGET_S and cfg.max_iters >= UNLIMITED
-    _, cfg, _ = resolve({"max_iters": 50})
+    _, cfg, _ = new_run_settings({"max_iters": 50})
     assert cfg.max_iters == 50 and cfg.max_time is None  # a step budget given: no time budget left over
-    _, cfg, _ = resolve({"max_time": 30})
+    _, cfg, _ = new_run_settings({"max_time": 30})
     assert cfg.max_time == 30 and cfg.max_iters >= UNLIMITED
-    assert resolve({}, "cuda")[1].preset == "shakespeare-char"
+    assert new_run_settings({}, "cuda")[1].preset == "shakespeare-char"
     assert "max_iters" not in Settings({"max_time": 30}).given()  # --max-time alone gives no step budget
 
 

@@ -6,7 +6,8 @@ then notes (what a --resume or --init-from changed).
 """
 
 from .. import init_from
-from ..config import describe_model, param
+from ..config import describe_model
+from ..flags import param
 from ..optim import describe_numerics
 from ..schedules import describe_budget
 from ..settings import HARDWARE

@@ -19,10 +19,11 @@ import torch
 
 from .. import checkpoint as ckpt
 from .. import errors, init_from, rundir, sizing
-from ..config import ModelConfig, TrainConfig, check_model_fits, check_task, param, split_overrides
+from ..config import ModelConfig, TrainConfig, check_task, split_overrides
 from ..data import corpus_sources
 from ..errors import ChargptError, CheckpointError, ConfigError
-from ..model import build_model
+from ..flags import param, spelled
+from ..model import build_model, check_model_fits, estimated_params
 from ..optim import low_precision_copies, make_optimizer
 from ..rundir import METRICS, STATE
 from ..runtime import (
@@ -37,7 +38,7 @@ from ..runtime import (
     pick_dtype,
     stream_seed,
 )
-from ..settings import FLAGS, HARDWARE, Settings, init_settings, resolve, resume_settings, spelled
+from ..settings import FLAGS, HARDWARE, Settings, init_settings, new_run_settings, resume_settings
 from ..tasks import make_task
 from ..tokenizer import describe_chars
 from .checkpointer import Checkpointer, restore
@@ -94,7 +95,7 @@ def origin_of(given, settings: Settings, device_type, out_dir):
         started = init_settings(base.meta, settings, device_type, given["init_from"])
         started.cfg.out_dir = str(out_dir)
         return Origin(started.model_kw, started.cfg, RunState(), started.notes, base=base)
-    model_kw, cfg = resolve(settings, device_type)[:2]
+    model_kw, cfg = new_run_settings(settings, device_type)[:2]
     cfg.out_dir = str(out_dir)
     return Origin(model_kw, cfg, RunState())
 
@@ -314,9 +315,8 @@ def build(mcfg, cfg, device, dtype, dist, init=lambda model: None):
     except (RuntimeError, MemoryError) as e:  # e.g. --n-embd 100000: torch's "can't allocate memory"
         if not isinstance(e, MemoryError) and "alloc" not in str(e).lower() and "memory" not in str(e).lower():
             raise
-        n = 12 * mcfg.n_layer * mcfg.n_embd ** 2 + (mcfg.vocab_size + mcfg.block_size) * mcfg.n_embd
-        raise ConfigError(f"a model of about {n / 1e6:,.0f}M parameters does not fit in {device} memory; "
-                          f"lower --n-embd, --n-layer or --block-size") from None
+        raise ConfigError(f"a model of about {estimated_params(mcfg) / 1e6:,.0f}M parameters does not fit in {device} "
+                          f"memory; lower --n-embd, --n-layer or --block-size") from None
     init(model)
     model.set_attention(cfg.attention)
     optimizer = make_optimizer(model, cfg, device, dtype)

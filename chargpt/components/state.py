@@ -8,8 +8,9 @@ rate decays afresh from the rate the run had reached (chargpt/schedules.py reads
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..config import TrainConfig, param, typed_fields
+from ..config import TrainConfig, typed_fields
 from ..errors import CheckpointError, ConfigError
+from ..flags import param
 from ..rundir import STATE
 from ..schedules import describe_budget, final_lr, finished, lr_at, schedule_changed
 

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 from ..errors import ChargptError
-from ..rundir import BEST, LATEST, LOSSES, METRICS, SAMPLES, lock_holder, read_metrics
+from ..rundir import BEST, LATEST, LOSSES, METRICS, SAMPLES, lock_holder, read_step_rows
 from ..runinfo import escape, run_info
 from .body import RequestError
 from .limits import MAX_METRIC_ROWS, MAX_RUNNING_POINTS, MAX_SAMPLE_ROWS, MAX_VOCAB_SENT, VOCAB_PREVIEW
@@ -71,22 +71,22 @@ class Runs:
         info = summary.pop("info", None)
         if info is None:
             return summary
-        samples = self._file(run, SAMPLES)  # read_metrics reads any of a run's step-keyed JSON lines
+        samples = self._file(run, SAMPLES)  # read_step_rows reads any of a run's step-keyed JSON lines
         return {**summary, "model_config": info["model_config"], "train_config": finite(info["train_config"]),
                 "saved_at": info["saved_at"], "vocab_preview": escape("".join(info["vocab_chars"][:VOCAB_PREVIEW])),
                 "vocab_chars": info["vocab_chars"], "closing_prompt": info["closing_prompt"], "files": info["files"],
                 "init_from": finite(info.get("init_from")),  # the run it started from (--init-from), or None
-                "samples": read_metrics(samples)[-MAX_SAMPLE_ROWS:] if samples else []}
+                "samples": read_step_rows(samples)[-MAX_SAMPLE_ROWS:] if samples else []}
 
     def metrics(self, name):
         """-> (rows, running-loss rows, mtime of the newer of metrics.jsonl and train_loss.jsonl, or None)."""
         run = self.find(name)
         path, losses = self._file(run, METRICS), self._file(run, LOSSES)
-        running = read_metrics(losses) if losses else []
+        running = read_step_rows(losses) if losses else []
         running = running[::math.ceil(len(running) / MAX_RUNNING_POINTS)] if running else []
         if not path and not losses:
             return [], [], None
-        return (read_metrics(path)[-MAX_METRIC_ROWS:] if path else []), running, _mtime(*filter(None, (path, losses)))
+        return (read_step_rows(path)[-MAX_METRIC_ROWS:] if path else []), running, _mtime(*filter(None, (path, losses)))
 
 
 def _mtime(*paths):

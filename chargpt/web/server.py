@@ -56,7 +56,6 @@ from .limits import (
     LOOPBACK_NAMES,
     MAX_BUSY,
     MAX_MODELS,
-    MAX_NOVELTY_CHARS,  # noqa: F401 (tests/test_novelty.py reads it from here)
 )
 
 try:  # the optional web extra; serve() names it when it is missing
