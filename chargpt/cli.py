@@ -21,7 +21,7 @@ from click.core import ParameterSource
 from tqdm import tqdm
 
 from . import __version__, textio
-from .components.interrupt import work_begins
+from .components.interrupt import interrupted, work_begins
 from .config import (
     ExportSettings,
     ModelConfig,
@@ -117,13 +117,16 @@ def run_guarded(fn, memory_hint="lower the batch or model size"):
     work_begins()  # Ctrl-C raises KeyboardInterrupt from here on (chargpt/components/interrupt.py)
     try:
         with cli_names():
-            return fn()
+            result = fn()
+        if interrupted():  # a Ctrl-C whose KeyboardInterrupt something swallowed still stops the command
+            raise KeyboardInterrupt
+        return result
     except Interrupted as e:
         say(str(e) + resume_hint(e))
         sys.exit(128 + (e.signum or 2))
     except ChargptError as e:
-        say(f"error: {e}")
-        sys.exit(1)
+        say("\ninterrupted" if interrupted() else f"error: {e}")
+        sys.exit(130 if interrupted() else 1)
     except KeyboardInterrupt:
         click.echo("\ninterrupted", err=True)
         sys.exit(130)

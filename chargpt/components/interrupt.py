@@ -30,13 +30,28 @@ def quiet_start():
     signal.signal(signal.SIGINT, _exit)
 
 
+_interrupted = []  # the SIGINTs received since work began
+
+
+def _interrupt(signum, frame):
+    _interrupted.append(signum)
+    raise KeyboardInterrupt
+
+
 def work_begins():
-    """From here on Ctrl-C raises KeyboardInterrupt again, for the command to handle (or training's handlers)."""
+    """From here on Ctrl-C raises KeyboardInterrupt again, for the command to handle (or training's handlers), and
+    is remembered: a library that catches the exception (torch's import may, while it is being loaded lazily by a
+    command) does not make the Ctrl-C disappear (see interrupted)."""
     try:
         if signal.getsignal(signal.SIGINT) is _exit:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGINT, _interrupt)
     except ValueError:  # not the main thread
         pass
+
+
+def interrupted():
+    """Whether Ctrl-C was pressed since work began, whatever became of its KeyboardInterrupt."""
+    return bool(_interrupted)
 
 
 # --- a signal while training ---------------------------------------------------------------------------------------
