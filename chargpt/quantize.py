@@ -81,10 +81,6 @@ def uses_dynamic_int8(model):
     return any("quantized" in type(m).__module__ for m in model.modules())
 
 
-def is_int8(model):
-    return uses_dynamic_int8(model) or any(isinstance(m, Int8Linear) for m in model.modules())
-
-
 def int8_kind():
     """The int8 this CPU gets, in words (see the module docstring)."""
     from .runtime import cpu_has_native_bf16

@@ -9,7 +9,7 @@ import chargpt
 from chargpt import runtime
 from chargpt.errors import ConfigError
 from chargpt.evaluate import evaluate
-from chargpt.quantize import Int8Linear, is_int8
+from chargpt.quantize import Int8Linear, uses_dynamic_int8
 from chargpt.runtime import pick_decode_dtype
 
 PROMPT = "To be, or not"
@@ -28,6 +28,11 @@ def trained(tmp_path_factory):
                   warmup_iters=10, log=lambda *a: None)
     return root / "run"
 
+
+
+def is_int8(model):
+    """Whether the model decodes with int8 weights of either kind (torch's dynamic modules or chargpt's own)."""
+    return uses_dynamic_int8(model) or any(isinstance(m, Int8Linear) for m in model.modules())
 
 def greedy_margins(gen, prompt, n):
     """The float32 model's greedy continuation and, at each step, its top-1 minus top-2 logit."""
