@@ -203,11 +203,6 @@ def train_cli(**kwargs):
 
 
 # --- sampling ------------------------------------------------------------------------------------------
-def unescape(text):
-    """'\\n', '\\t', '\\r' and '\\\\' typed on a command line -> the characters (other text is kept as is)."""
-    return re.sub(r"\\([ntr\\])", lambda m: {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}[m.group(1)], text)
-
-
 def _check_interactive(prompt, prompt_file, output, as_json, num_samples):
     given = [name for name, on in (("--prompt", prompt is not None), ("--prompt-file", prompt_file is not None),
                                    ("--output", output is not None), ("--json", as_json),
@@ -220,7 +215,7 @@ def _check_interactive(prompt, prompt_file, output, as_json, num_samples):
 def _sample_settings(flags):
     """The SampleSettings flags given (None: not given) -> validated settings as a dict of Generator keywords."""
     given = {k: v for k, v in flags.items() if v is not None}
-    given["stop"] = tuple(map(unescape, flags.get("stop") or ()))
+    given["stop"] = tuple(map(textio.unescape, flags.get("stop") or ()))
     return asdict(SampleSettings(**given).validate())
 
 
@@ -273,7 +268,7 @@ def sample_cli(checkpoint_path, prompt, prompt_file, num_samples, seed, unknown,
         text = textio.read_prompt(prompt, prompt_file)
         path = checkpoint_path or latest_run()
         gen = load(path, device=device, dtype=dtype, quantize=quantize, compile=compile_mode)
-        click.echo(f"loaded {path} ({_describe_run(gen)}) on {gen.device}, {gen.precision}", err=True)
+        click.echo(f"loaded {path} ({gen.describe()}) on {gen.device}, {gen.precision}", err=True)
         runner, reason = gen.decode_runner(settings["max_new_tokens"] * num_samples)
         if compile_mode != "auto" or runner is not None:  # said when it is not the usual
             click.echo(reason, err=True)
@@ -313,15 +308,6 @@ def _seed(seed, shown):
     if shown:
         click.echo(f"seed: {seed}", err=True)
     return seed
-
-
-def _describe_run(gen):
-    step, loss = gen.meta.get("step"), gen.meta.get("val_loss")
-    facts = [f"step {step}"] if step is not None else []
-    if gen.task == "pairs":
-        facts.insert(0, f"sentence pairs, {gen.model.config.arch}")
-    facts += [f"val loss {loss:.4f}"] if isinstance(loss, (int, float)) else []
-    return ", ".join(facts + [f"{len(gen.vocab)} characters"])
 
 
 def bench_cli():
@@ -436,7 +422,7 @@ def translate_cli(checkpoint_path, sources, input_path, output, beam, alpha, tem
         lines, name = textio.source_lines(sources, input_path)
         path = checkpoint_path or latest_run()
         gen = load(path, device=device)
-        click.echo(f"loaded {path} ({_describe_run(gen)}) on {gen.device}", err=True)
+        click.echo(f"loaded {path} ({gen.describe()}) on {gen.device}", err=True)
         if gen.task != "pairs":
             raise ChargptError(f"{path} was trained on plain text, not sentence pairs, so it does not translate; "
                                f"write with it (chargpt sample), or train a translator with --task pairs")

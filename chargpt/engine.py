@@ -52,6 +52,16 @@ class Generator:
             self.runner = StepRunner(self.model, compiled=True)  # compiled once, on its first call
         return self.runner, reason
 
+    def describe(self):
+        """The run in a few words, for the line a command prints when it loads one: its task, step, validation
+        loss and vocabulary."""
+        step, loss = self.meta.get("step"), self.meta.get("val_loss")
+        facts = [f"step {step}"] if step is not None else []
+        if self.task == "pairs":
+            facts.insert(0, f"sentence pairs, {self.model.config.arch}")
+        facts += [f"val loss {loss:.4f}"] if isinstance(loss, (int, float)) else []
+        return ", ".join(facts + [f"{len(self.vocab)} characters"])
+
     def start_text(self):
         """What an empty prompt conditions on: a newline (as if a new paragraph started), else a space."""
         for c in ("\n", " "):

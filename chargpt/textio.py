@@ -7,6 +7,7 @@ import codecs
 import io
 import itertools
 import json
+import re
 import sys
 
 from .errors import ChargptError
@@ -18,6 +19,11 @@ TRANSLATE_CHUNK = 1024  # lines translated (and written to stdout) at a time: ou
 MAX_CONFIG_BYTES = 1 << 20  # a --config file: settings are a few hundred bytes
 MAX_PROMPT_BYTES = 4 << 20  # a prompt (--prompt-file, --prompt -): far more than any context holds
 MAX_LINE_BYTES = 1 << 20  # one line of translation input, or of interactive input
+
+
+def unescape(text):
+    """'\\n', '\\t', '\\r' and '\\\\' typed on a command line -> the characters (other text is kept as is)."""
+    return re.sub(r"\\([ntr\\])", lambda m: {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}[m.group(1)], text)
 
 
 # --- reading ---------------------------------------------------------------------------------------------------

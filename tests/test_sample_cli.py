@@ -250,6 +250,6 @@ def test_repl_ctrl_c_stops_only_the_current_sample():
 
 
 def test_stop_understands_backslash_escapes():
-    from chargpt.cli import unescape
+    from chargpt.textio import unescape
     assert unescape(r"\n\n") == "\n\n" and unescape(r"a\tb") == "a\tb" and unescape(r"\\n") == "\\n"
     assert unescape("床前\\n") == "床前\n"  # non-ASCII text is left alone
