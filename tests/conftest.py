@@ -1,16 +1,10 @@
-"""Shared fixtures: every test runs hermetically — cache and run directories live under tmp_path."""
-
-import os
-import subprocess
-import sys
-from pathlib import Path
+"""Shared fixtures: every test runs hermetically — cache and run directories live under tmp_path. Plain helpers
+(constants and functions a test imports) live in helpers.py."""
 
 import pytest
 import torch
 
 from chargpt.config import ModelConfig
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def pytest_configure(config):
@@ -48,26 +42,6 @@ def corpus(tmp_path):
     path = tmp_path / "corpus.txt"
     path.write_text(text, encoding="utf-8")
     return path
-
-
-# Flags for a training run that finishes in a second or two on one CPU thread.
-TINY = ["--device", "cpu", "--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "16",
-        "--batch-size", "4", "--eval-iters", "2", "--dropout", "0", "--threads", "1", "--sample-chars", "0",
-        "--dtype", "float32", "--no-curves"]
-
-
-def run_cli(script, *args, timeout=120, **kw):
-    """Run train.py / sample.py as a user would; -> CompletedProcess with text stdout/stderr."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, str(ROOT / script), *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=env, **kw)
-
-
-def run_chargpt(*args, timeout=120, **kw):
-    """Run the `chargpt` command (python -m chargpt) as a user would; -> CompletedProcess with text output."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **kw.pop("env", {})}
-    return subprocess.run([sys.executable, "-m", "chargpt", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=env, **kw)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import sys
 import textwrap
 
 import pytest
-from conftest import ROOT
+from helpers import ROOT
 
 from chargpt.bench import write_results
 from chargpt.runtime import cpu_has_native_bf16

@@ -10,8 +10,7 @@ import os
 import shutil
 
 import pytest
-import webutil
-from webutil import TINY, need, train_tiny
+from helpers import TINY_WEB_KW, need, train_tiny
 
 import chargpt
 
@@ -191,8 +190,8 @@ def test_runs_view_lists_the_samples_written_while_training(page, site):
 
 @pytest.fixture(scope="module")
 def pairs_site(tmp_path_factory):
-    """(base URL, served folder) with one short pairs run of each architecture (tests/pairsutil.py)."""
-    from pairsutil import train_pairs, write_cipher
+    """(base URL, served folder) with one short pairs run of each architecture (tests/helpers.py)."""
+    from helpers import train_pairs, write_cipher
     root = tmp_path_factory.mktemp("pairs-site")
     data = write_cipher(root.parent / f"{root.name}.tsv", n=300)
     for arch in ("decoder", "encoder-decoder"):
@@ -333,7 +332,7 @@ def test_run_colours_stay_with_their_runs_and_a_large_vocabulary_is_summarised(b
     corpus.write_text("".join(chr(0x4E00 + (i * 7) % 600) + ("\n" if i % 20 == 19 else "") for i in range(6000)),
                       encoding="utf-8")
     chargpt.train(data=str(corpus), out_dir=str(root / "z-han"), cache_dir=str(tmp_path / "cache"), max_time=0.5,
-                  seed=1, log=lambda *a: None, **{**TINY, "eval_interval": 10**6})
+                  seed=1, log=lambda *a: None, **{**TINY_WEB_KW, "eval_interval": 10**6})
     with serve.running(serve.create_app(root, device="cpu")) as url:
         page, errors = open_page(browser, url)
         page.click(".tab[data-view='runs']")
@@ -373,7 +372,7 @@ def test_runs_view_says_which_run_a_run_started_from(browser, tmp_path_factory):
     new = root.parent / "lineage-code.txt"
     new.write_text("".join(f"def f{i}(x): return [x * {i}]  # QZ!\n" for i in range(80)), encoding="utf-8")
     chargpt.train(data=str(new), out_dir=str(root / "ft"), init_from=str(base), max_iters=2, eval_interval=2,
-                  log=lambda *a: None, **webutil.TINY)
+                  log=lambda *a: None, **TINY_WEB_KW)
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.set_default_timeout(WAIT_MS)
     with serve.running(serve.create_app(root, device="cpu")) as url:
@@ -395,7 +394,7 @@ def test_write_marks_the_text_a_sample_copied_with_its_source_line(browser, tmp_
     corpus.write_text("a" * 3000 + "\n", encoding="utf-8")
     chargpt.train(data=str(corpus), out_dir=str(root / "parrot"), cache_dir=str(root.parent / f"{root.name}-cache"),
                   max_iters=40, eval_interval=20, learning_rate=1e-2, warmup_iters=2, log=lambda *a: None,
-                  **webutil.TINY)
+                  **TINY_WEB_KW)
     with serve.running(serve.create_app(root, device="cpu")) as url:
         page, errors = open_page(browser, url)
         page.check("#novelty")

@@ -11,7 +11,7 @@ import struct
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import run_cli
+from helpers import run_cli
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 

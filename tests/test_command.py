@@ -7,7 +7,7 @@ import os
 
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT, TINY, run_chargpt
+from helpers import ROOT, TINY_FLAGS, run_chargpt
 
 from chargpt.cli import eval_cli, main, sample_cli, train_cli
 from chargpt.config import TrainConfig
@@ -52,7 +52,7 @@ def test_a_session_with_the_chargpt_command(corpus, tmp_path):
     """train, sample, info, eval and plot on one tiny run, through the group (train as a real process)."""
     run = tmp_path / "run"
     r = run_chargpt("train", "--data", corpus, "--out-dir", run, "--max-iters", "20", "--eval-interval", "10",
-                    "--warmup-iters", "5", "--learning-rate", "3e-3", *TINY)
+                    "--warmup-iters", "5", "--learning-rate", "3e-3", *TINY_FLAGS)
     assert r.returncode == 0, r.stderr
     assert (run / "best.safetensors").exists()
 

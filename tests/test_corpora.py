@@ -2,70 +2,19 @@
 with Range requests after a dropped connection, servers that ignore Range, offline and HTTP errors."""
 
 import hashlib
-import http.server
 import json
 import os
 import socket
-import threading
 
 import pytest
 from click.testing import CliRunner
+from helpers import BODY, GOOD, Server
 
 import chargpt.corpora as corpora
 from chargpt import tang
 from chargpt.cli import data_cli
 from chargpt.corpora import Corpus, get
 from chargpt.errors import DataError
-
-BODY = bytes(range(256)) * 800  # 204,800 bytes: several reads of 64 KiB
-GOOD = Corpus("testcorpus", "test.txt", "http://unused.invalid/test.txt", hashlib.sha256(BODY).hexdigest(),
-              len(BODY), "a test corpus")
-
-
-class Server:
-    """A local server for BODY at /<any name> (or files[name]). `drops`: how many responses break off after
-    `drop_at` bytes; `ranges`: whether Range requests are honoured; `body`: what it serves. Records each request's
-    Range and path."""
-
-    def __init__(self):
-        self.body, self.drops, self.drop_at, self.ranges, self.status = BODY, 0, 50_000, True, 200
-        self.refuse_ranges = False  # answer a Range request with 416 Range Not Satisfiable
-        self.requests, self.paths = [], []
-        self.files = {}  # file name -> body served at /<that name>, instead of `body`
-        server = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                rng = self.headers.get("Range")
-                server.requests.append(rng)
-                server.paths.append(self.path)
-                body = server.files.get(self.path.rsplit("/", 1)[-1], server.body)
-                if server.status != 200 or (rng and server.refuse_ranges):
-                    self.send_error(416 if rng and server.refuse_ranges else server.status)
-                    return
-                start = int(rng[len("bytes="):].rstrip("-")) if rng and server.ranges else 0
-                self.send_response(206 if start else 200)
-                if start:
-                    self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
-                self.send_header("Content-Length", str(len(body) - start))
-                self.end_headers()
-                if server.drops:
-                    server.drops -= 1
-                    self.wfile.write(body[start:start + server.drop_at])
-                    self.close_connection = True
-                    return
-                self.wfile.write(body[start:])
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TINY, run_cli
+from helpers import ROOT, TINY_FLAGS, run_cli
 from safetensors.torch import load_file, save_file
 
 from chargpt import checkpoint as ckpt
@@ -29,7 +29,7 @@ from chargpt.training import Trainer, start_run, train
 pytestmark = pytest.mark.skipif(sys.platform == "win32" or not torch.distributed.is_available(),
                                 reason="needs torch.distributed and POSIX process groups")
 
-# TINY as keyword arguments, for runs inside this process and in spawned ranks
+# TINY_FLAGS as keyword arguments, for runs inside this process and in spawned ranks
 TINY_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
                threads=1, sample_chars=0, dtype="float32", curves=False)
 RUN_FILES = ["best.safetensors", "config.toml", "latest.safetensors", "metrics.jsonl", "state.safetensors",
@@ -62,7 +62,7 @@ def assert_one_checkpoint_set(run):
 
 def test_torchrun_two_processes_write_one_checkpoint_set_that_samples(corpus):
     r = subprocess.run(torchrun_cmd("--data", corpus, "--out-dir", "run", "--max-iters", 4, "--eval-interval", 2,
-                                    *TINY), capture_output=True, text=True, timeout=120, env=torchrun_env())
+                                    *TINY_FLAGS), capture_output=True, text=True, timeout=120, env=torchrun_env())
     assert r.returncode == 0, r.stdout + r.stderr
     assert "global batch: 4 x 1 accum x 2 proc = 8 sequences of 16 chars = 128 chars/step" in r.stderr
     assert r.stderr.count("step      2:") == 1  # only rank 0 logs

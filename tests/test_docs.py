@@ -21,7 +21,7 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT, TINY
+from helpers import ROOT, TINY_FLAGS
 
 import chargpt
 import chargpt.corpora as corpora
@@ -471,7 +471,7 @@ class Runner:
             elif a.split("=")[0] not in TIME_FLAGS:
                 kept.append(a)
         self.steps += 4
-        tiny = [*TINY, "--sample-chars", "10"]  # short samples: a config file may ask for --sample-every
+        tiny = [*TINY_FLAGS, "--sample-chars", "10"]  # short samples: a config file may ask for --sample-every
         return self.invoke(train_cli, [*kept, *tiny, "--max-iters", str(8 + self.steps), "--eval-interval", "4"],
                            where)
 

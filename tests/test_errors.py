@@ -16,8 +16,7 @@ import struct
 
 import pytest
 import torch
-from click.testing import CliRunner
-from conftest import run_cli
+from helpers import TINY_API_KW, api_pattern, assert_one_line_error, flags, invoke, run_cli, snapshot
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
@@ -27,46 +26,9 @@ from chargpt import rundir
 from chargpt.cli import sample_cli, train_cli
 from chargpt.errors import CheckpointError, ConfigError, DataError
 
-# a training run of well under a second on one CPU thread
-TINY_KW = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0, threads=1,
-               sample_chars=0, dtype="float32", warmup_iters=0, max_iters=2, eval_interval=1, curves=False)
-
-
-def flags(kw):
-    """{'n_embd': 16, 'resume': True} -> ['--n-embd', '16', '--resume']"""
-    out = []
-    for k, v in kw.items():
-        name = "--" + k.replace("_", "-")
-        out += [name] if v is True else [f"--no-{k.replace('_', '-')}"] if v is False else [name, str(v)]
-    return out
-
-
-def snapshot(root):
-    """Every path under root with its size and content hash: 'nothing on disk changed' is snapshot equality."""
-    root = pathlib.Path(root)
-    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else "dir") for p in sorted(root.rglob("*"))}
-
-
-def invoke(cli, args):
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-def assert_one_line_error(result, pattern):
-    """Exit 1, exactly one line on stderr starting 'error:', the last one (after any log lines: training logs to
-    stderr), matching pattern, and nothing escaped (an escaped exception is what would print a traceback outside
-    the runner)."""
-    assert isinstance(result.exception, SystemExit) and result.exit_code == 1, (result.exception, result.output)
-    assert "Traceback" not in result.output
-    shown = re.sub(r"[^\n]*\r", "", result.stderr)  # what a terminal shows: a progress bar cleared by \r is gone
-    lines = [line for line in shown.splitlines() if line.strip()]
-    assert lines and lines[-1].startswith("error: "), result.stderr
-    assert sum(line.startswith("error") for line in lines) == 1, result.stderr
-    assert re.search(pattern, lines[-1]), lines[-1]
-    return lines[-1]
-
 
 def train_ok(**kw):
-    return chargpt.train(log=lambda msg: None, **{"data": "corpus.txt", **TINY_KW, **kw})
+    return chargpt.train(log=lambda msg: None, **{"data": "corpus.txt", **TINY_API_KW, **kw})
 
 
 @pytest.fixture
@@ -125,16 +87,9 @@ if not torch.cuda.is_available():
                              r"--device cuda: this machine has no CUDA GPU.*--device cpu"))
 
 
-def api_pattern(pattern):
-    """The pattern as the Python API words the message: `--block-size 2` -> `block_size=2`, `--unknown skip` ->
-    `unknown='skip'` (a message that still names the flag matches too)."""
-    return re.sub(r"--([a-z][a-z0-9-]*)( ?)", lambda m: f"(?:--{m[1]}|{m[1].replace('-', '_')})"
-                  + ("[= ]'?" if m[2] else ""), pattern)
-
-
 @pytest.mark.parametrize("kw,exc,pattern", [c[1:] for c in BAD_TRAIN_INPUTS], ids=[c[0] for c in BAD_TRAIN_INPUTS])
 def test_bad_training_input(inputs, kw, exc, pattern):
-    kw = {"data": "corpus.txt", **TINY_KW, **kw}
+    kw = {"data": "corpus.txt", **TINY_API_KW, **kw}
     before = snapshot(inputs)
     assert_one_line_error(invoke(train_cli, flags(kw)), pattern)
     with pytest.raises(exc, match=api_pattern(pattern)):
@@ -153,10 +108,10 @@ def test_unwritable_out_dir(tmp_path, corpus):
     before = snapshot(tmp_path)
     for out_dir, problem in cases.items():
         pattern = rf"cannot write to --out-dir {re.escape(out_dir)} \(.*{problem}\); choose a writable directory"
-        assert_one_line_error(invoke(train_cli, ["--data", "corpus.txt", "--out-dir", out_dir, *flags(TINY_KW)]),
+        assert_one_line_error(invoke(train_cli, ["--data", "corpus.txt", "--out-dir", out_dir, *flags(TINY_API_KW)]),
                               pattern)
         with pytest.raises(CheckpointError, match=pattern):
-            chargpt.train(log=lambda msg: None, data="corpus.txt", out_dir=out_dir, **TINY_KW)
+            chargpt.train(log=lambda msg: None, data="corpus.txt", out_dir=out_dir, **TINY_API_KW)
     assert snapshot(tmp_path) == before
 
 
@@ -188,9 +143,9 @@ def test_python_api_checks_types_and_accepts_paths(tmp_path, corpus):
 
 
 def test_non_utf8_options_make_it_work(inputs):
-    latin = chargpt.train(log=lambda msg: None, **{**TINY_KW, "data": "latin1.txt", "encoding": "latin-1",
+    latin = chargpt.train(log=lambda msg: None, **{**TINY_API_KW, "data": "latin1.txt", "encoding": "latin-1",
                                                    "out_dir": "a"})
-    replaced = chargpt.train(log=lambda msg: None, **{**TINY_KW, "data": "latin1.txt", "encoding_errors": "replace",
+    replaced = chargpt.train(log=lambda msg: None, **{**TINY_API_KW, "data": "latin1.txt", "encoding_errors": "replace",
                                                       "out_dir": "b"})
     assert "\u00e9" in ckpt.read_meta("a/latest.safetensors")[0]["vocab"].chars
     assert "\ufffd" in ckpt.read_meta("b/latest.safetensors")[0]["vocab"].chars
@@ -214,7 +169,7 @@ def test_resume_with_disagreeing_architecture_lists_every_disagreement(tmp_path,
 def test_new_run_never_overwrites_an_existing_one(tmp_path, corpus):
     train_ok(out_dir="run")
     before = snapshot(tmp_path)
-    assert_one_line_error(invoke(train_cli, ["--data", "corpus.txt", "--out-dir", "run", *flags(TINY_KW)]),
+    assert_one_line_error(invoke(train_cli, ["--data", "corpus.txt", "--out-dir", "run", *flags(TINY_API_KW)]),
                           r"run already holds a run; pass --resume")
     assert snapshot(tmp_path) == before
 

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import run_chargpt
+from helpers import run_chargpt
 from torch.nn import functional as F
 
 import chargpt.evaluate as ev

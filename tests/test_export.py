@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, run_chargpt
+from helpers import ROOT, run_chargpt
 from safetensors import safe_open
 
 import chargpt.export as export_module

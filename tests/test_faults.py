@@ -3,18 +3,15 @@ exact resumption (N steps + resume + N steps == 2N steps, bit for bit)."""
 
 import json
 import math
-import os
 import random
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import ROOT, TINY
+from helpers import TINY_FLAGS, TINY_RUN_KW, start_training, wait_for_training
 from safetensors.torch import load_file
 
 import chargpt
@@ -24,33 +21,9 @@ from chargpt.cli import train_cli
 from chargpt.errors import ChargptError
 from chargpt.model import CharGPT
 
-TINY_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
-               threads=1, sample_chars=0, dtype="float32", warmup_iters=0)
-
 
 def quiet_train(**kw):
-    return chargpt.train(log=lambda msg: None, **{"data": "corpus.txt", **TINY_KW, **kw})
-
-
-def start_training(tmp_path, *extra):
-    """A real `python train.py` process, output to files (a full pipe would block it)."""
-    out, err = open(tmp_path / "stdout.txt", "w"), open(tmp_path / "stderr.txt", "w")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), "--data", "corpus.txt", "--out-dir", "run",
-                             *TINY, "--max-iters", "100000", *extra], stdout=out, stderr=err, env=env)
-    out.close(), err.close()
-    return proc
-
-
-def wait_for(condition, proc, tmp_path, timeout=60.0, poll=0.005):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if proc.poll() is not None:
-            pytest.fail(f"training exited early ({proc.returncode}): {(tmp_path / 'stderr.txt').read_text()}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail("training made no progress")
-        time.sleep(poll)
+    return chargpt.train(log=lambda msg: None, **{"data": "corpus.txt", **TINY_RUN_KW, **kw})
 
 
 def mtime(path):
@@ -75,8 +48,8 @@ def metric_lines(run):
 def test_signal_saves_and_exits_with_conventional_status(tmp_path, corpus, sig, status):
     run = tmp_path / "run"
     proc = start_training(tmp_path, "--eval-interval", "5")
-    wait_for(lambda: (run / rundir.METRICS).exists() and (run / rundir.METRICS).read_text().count("\n") >= 2, proc,
-             tmp_path)  # evaluated at steps 0 and 5
+    wait_for_training(lambda: (run / rundir.METRICS).exists() and (run / rundir.METRICS).read_text().count("\n") >= 2,
+                      proc, tmp_path)  # evaluated at steps 0 and 5
     proc.send_signal(sig)
     assert proc.wait(timeout=60) == status
     stderr = (tmp_path / "stderr.txt").read_text()
@@ -102,9 +75,9 @@ def test_kill_9_at_random_moments_never_loses_the_run(tmp_path, corpus):
         state_before = mtime(run / rundir.STATE)
         proc = start_training(tmp_path, "--eval-interval", "1", *(["--resume"] if i else []))
         # it (re)started and saved; the first run also wrote its first latest.safetensors
-        wait_for(saved_since(run, state_before), proc, tmp_path)
+        wait_for_training(saved_since(run, state_before), proc, tmp_path)
         if moment == "mid-save":  # the moment a temporary checkpoint file appears: the write is under way
-            wait_for(lambda: any(".tmp" in p.name for p in run.iterdir()), proc, tmp_path, poll=0)
+            wait_for_training(lambda: any(".tmp" in p.name for p in run.iterdir()), proc, tmp_path, poll=0)
         else:
             time.sleep(moment)
         proc.send_signal(signal.SIGKILL)
@@ -126,8 +99,9 @@ def test_kill_9_at_random_moments_never_loses_the_run(tmp_path, corpus):
 
 
 def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path, corpus):
-    result = CliRunner().invoke(train_cli, ["--data", "corpus.txt", "--out-dir", "run", *TINY, "--max-iters", "200",
-                                            "--eval-interval", "2", "--learning-rate", "1e6", "--warmup-iters", "0"])
+    result = CliRunner().invoke(train_cli, ["--data", "corpus.txt", "--out-dir", "run", *TINY_FLAGS, "--max-iters",
+                                            "200", "--eval-interval", "2", "--learning-rate", "1e6", "--warmup-iters",
+                                            "0"])
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
     message = terminal_lines(result.stderr)[-1]
     match = re.search(r"^error: (?:evaluation )?loss became (nan|inf) at step (\d+) \(learning rate 1\.00e\+06\): "
@@ -158,7 +132,7 @@ def test_skip_nonfinite_skips_bad_steps(tmp_path, corpus, monkeypatch):
     calls.clear()
     logs = []
     summary = chargpt.train(log=logs.append, data="corpus.txt", out_dir="skip", max_iters=6, eval_interval=2,
-                            skip_nonfinite=True, **TINY_KW)
+                            skip_nonfinite=True, **TINY_RUN_KW)
     assert summary["step"] == 6
     assert "step 2: non-finite loss, step skipped (1 so far)" in logs
     meta, _ = ckpt.read_meta("skip/" + rundir.STATE)
@@ -224,7 +198,7 @@ def test_gpu_style_periodic_check_names_the_first_nonfinite_step(tmp_path, corpu
         return logits, loss
 
     monkeypatch.setattr(CharGPT, "forward", nan_from_step_3)
-    run = start_run({"data": "corpus.txt", "out_dir": "run", **TINY_KW, "max_iters": 30,
+    run = start_run({"data": "corpus.txt", "out_dir": "run", **TINY_RUN_KW, "max_iters": 30,
                      "eval_interval": 100, "learning_rate": 1e-2, "lr_schedule": "cosine"}, log=lambda msg: None)
     run.sync_every = 10  # what a GPU does; the CPU default is every step
     trainer = Trainer(run)

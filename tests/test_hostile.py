@@ -14,11 +14,21 @@ import time
 from pathlib import Path
 
 import pytest
-import test_faults as faults
 import torch
 from click.testing import CliRunner
-from conftest import ROOT, run_chargpt, run_cli
-from pairsutil import train_pairs, write_cipher
+from helpers import (
+    BODY,
+    GOOD,
+    ROOT,
+    TINY_RUN_KW,
+    Server,
+    run_chargpt,
+    run_cli,
+    start_training,
+    train_pairs,
+    wait_for_training,
+    write_cipher,
+)
 
 import chargpt
 from chargpt import checkpoint as ckpt
@@ -27,7 +37,7 @@ from chargpt.config import ModelConfig
 from chargpt.errors import ChargptError, ConfigError, DataError
 from chargpt.model import check_model_fits, estimated_params
 
-TINY_KW = {**faults.TINY_KW, "curves": False}
+TINY_KW = {**TINY_RUN_KW, "curves": False}
 
 
 def quiet_train(**kw):
@@ -35,8 +45,8 @@ def quiet_train(**kw):
 
 
 def wait_for(condition, proc, tmp_path, timeout=60.0):
-    """test_faults.wait_for, polling every millisecond: the saves these tests catch last tens of milliseconds."""
-    return faults.wait_for(condition, proc, tmp_path, timeout, poll=0.001)
+    """wait_for_training, polling every millisecond: the saves these tests catch last tens of milliseconds."""
+    return wait_for_training(condition, proc, tmp_path, timeout, poll=0.001)
 
 
 def finish(proc, timeout=60):
@@ -61,7 +71,7 @@ SLOW_SAVE = ["--n-layer", "6", "--n-embd", "256", "--n-head", "4", "--max-iters"
 # --- 1. two or three signals during the final save ----------------------------------------------------------------
 def test_item1_a_second_signal_during_the_final_save_waits_for_it(tmp_path, corpus):
     run = tmp_path / "run"
-    proc = faults.start_training(tmp_path, *SLOW_SAVE, "--save-state", "end", "--eval-interval", "100000")
+    proc = start_training(tmp_path, *SLOW_SAVE, "--save-state", "end", "--eval-interval", "100000")
     wait_for(lambda: (run / rundir.METRICS).exists(), proc, tmp_path)  # evaluated at step 0; now training
     proc.send_signal(signal.SIGTERM)
     wait_for(saving_state(run), proc, tmp_path)  # the final save has begun
@@ -76,7 +86,7 @@ def test_item1_a_second_signal_during_the_final_save_waits_for_it(tmp_path, corp
 
 def test_item1_a_third_signal_abandons_the_save_and_keeps_the_last_complete_one(tmp_path, corpus):
     run = tmp_path / "run"
-    proc = faults.start_training(tmp_path, *SLOW_SAVE, "--eval-interval", "100000")  # state saved at step 0
+    proc = start_training(tmp_path, *SLOW_SAVE, "--eval-interval", "100000")  # state saved at step 0
     wait_for(lambda: (run / rundir.STATE).exists(), proc, tmp_path)
     wait_for(lambda: not saving_state(run)(), proc, tmp_path)
     proc.send_signal(signal.SIGTERM)
@@ -219,7 +229,7 @@ def test_item5_a_model_that_cannot_fit_is_refused_before_building(tmp_path, corp
 
 # --- 6. a signal during a long evaluation, or during pairs scoring --------------------------------------------------
 def test_item6_a_signal_during_evaluation_stops_it_at_once(tmp_path, corpus):
-    proc = faults.start_training(tmp_path, "--eval-iters", "1000000", "--max-iters", "10")  # minutes of evaluation
+    proc = start_training(tmp_path, "--eval-iters", "1000000", "--max-iters", "10")  # minutes of evaluation
     wait_for(lambda: "run dir:" in (tmp_path / "stderr.txt").read_text(), proc, tmp_path)
     time.sleep(1.0)  # well inside the first evaluation
     t0 = time.monotonic()
@@ -319,8 +329,6 @@ def test_item12_a_malformed_mirror_url_is_one_line(tmp_path):
 
 
 def test_item20_a_damaged_partial_file_is_downloaded_again_whole(tmp_path, monkeypatch):
-    from test_corpora import BODY, GOOD, Server
-
     import chargpt.corpora as corpora
     monkeypatch.setitem(corpora.CORPORA, GOOD.name, GOOD)
     server = Server()

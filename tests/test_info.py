@@ -5,7 +5,7 @@ import json
 import pytest
 import safetensors
 from click.testing import CliRunner
-from conftest import run_chargpt
+from helpers import run_chargpt
 
 import chargpt.checkpoint as ckpt_module
 import chargpt.runinfo as runinfo_module

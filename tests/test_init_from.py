@@ -7,8 +7,7 @@ import shutil
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import TINY, run_chargpt
-from pairsutil import write_cipher
+from helpers import TINY_FLAGS, run_chargpt, write_cipher
 from safetensors.torch import load_file, save_file
 
 import chargpt
@@ -139,7 +138,7 @@ def test_dropout_may_change_and_training_settings_are_the_new_run_s_own(tmp_path
 
 
 def cli(*args):
-    return CliRunner().invoke(train_cli, [*TINY, "--max-iters", "2", *map(str, args)])
+    return CliRunner().invoke(train_cli, [*TINY_FLAGS, "--max-iters", "2", *map(str, args)])
 
 
 def one_line_error(result, *words):

@@ -13,11 +13,21 @@ import sys
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import ROOT, TINY
+from helpers import (
+    ROOT,
+    TINY_API_KW,
+    TINY_FLAGS,
+    VOCAB,
+    api_pattern,
+    assert_one_line_error,
+    counter_gen,
+    counter_model,
+    flags,
+    invoke,
+    snapshot,
+)
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from test_errors import TINY_KW, api_pattern, assert_one_line_error, flags, invoke, snapshot
-from test_sampling import VOCAB, counter_gen, counter_model
 
 import chargpt
 from chargpt import data
@@ -31,7 +41,7 @@ NAN, INF = float("nan"), float("inf")
 
 
 def train_kw(**kw):
-    return {"data": "corpus.txt", **TINY_KW, **kw}
+    return {"data": "corpus.txt", **TINY_API_KW, **kw}
 
 
 @pytest.fixture
@@ -115,7 +125,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux's /proc to size the memory cap")
 @pytest.mark.parametrize("script,args,hint", [
-    ("train.py", [*TINY, "--data", "corpus.txt", "--out-dir", "run", "--batch-size", "3000000"], "--batch-size"),
+    ("train.py", [*TINY_FLAGS, "--data", "corpus.txt", "--out-dir", "run", "--batch-size", "3000000"], "--batch-size"),
     ("sample.py", ["--checkpoint", "ckpt", "--num-samples", "2000000", "--seed", "1", "--device", "cpu"],
      "--num-samples"),
 ], ids=["train", "sample"])

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import TINY
+from helpers import TINY_FLAGS
 from safetensors.torch import load_file
 
 import chargpt
@@ -256,8 +256,8 @@ def test_save_state_end_writes_state_once_and_best_when_improved(tmp_path, corpu
 
 
 def test_cli_flags_for_the_new_settings(tmp_path, corpus):
-    from conftest import run_cli
-    r = run_cli("train.py", "--data", "corpus.txt", "--out-dir", "run", *TINY, "--max-iters", "4",
+    from helpers import run_cli
+    r = run_cli("train.py", "--data", "corpus.txt", "--out-dir", "run", *TINY_FLAGS, "--max-iters", "4",
                 "--eval-interval", "2", "--optimizer", "muon", "--muon-lr", "0.01", "--lr-schedule", "wsd",
                 "--save-state", "end")
     assert r.returncode == 0, r.stderr
@@ -265,7 +265,7 @@ def test_cli_flags_for_the_new_settings(tmp_path, corpus):
     meta = ckpt.read_meta(tmp_path / "run" / rundir.STATE)[0]["train_config"]
     assert (meta["optimizer"], meta["muon_lr"], meta["lr_schedule"], meta["save_state"]) == ("muon", 0.01, "wsd",
                                                                                           "end")
-    bad = run_cli("train.py", "--data", "corpus.txt", *TINY, "--muon-momentum", "1.5")
+    bad = run_cli("train.py", "--data", "corpus.txt", *TINY_FLAGS, "--muon-momentum", "1.5")
     assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1] == \
         "error: --muon-momentum must be in [0, 1) (got 1.5)"
     assert math.isfinite(meta["muon_momentum"])

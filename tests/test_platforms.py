@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, TINY
+from helpers import ROOT, TINY_FLAGS
 
 from chargpt import platforms, rundir
 from chargpt.platforms import STOP_SIGNALS, claim_port, pid_alive, portable_name
@@ -102,7 +102,7 @@ def test_a_console_that_cannot_show_the_corpus_gets_escapes_on_stderr_not_a_cras
     """stdout is made tolerant by the CLI; stderr (log lines, the progress bar, the closing sample) must be too,
     as on a Windows console with a code page that lacks the corpus's characters."""
     (tmp_path / "poems.txt").write_text("床前明月光，疑是地上霜。举头望明月，低头思故乡。\n" * 80, encoding="utf-8")
-    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "--data", "poems.txt", "--out-dir", "run", *TINY,
+    r = subprocess.run([sys.executable, str(ROOT / "train.py"), "--data", "poems.txt", "--out-dir", "run", *TINY_FLAGS,
                         "--max-iters", "4", "--eval-interval", "2", "--sample-chars", "20"], capture_output=True,
                        timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONIOENCODING": "ascii"})
     err = r.stderr.decode("ascii")  # every byte ASCII: what such a console can show

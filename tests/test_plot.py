@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from click.testing import CliRunner
-from conftest import run_chargpt
+from helpers import run_chargpt
 
 from chargpt.cli import plot_cli
 from chargpt.errors import ChargptError

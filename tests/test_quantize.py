@@ -3,7 +3,7 @@ the float32 model: the same greedy text where the model is sure, a small cost in
 
 import pytest
 import torch
-from conftest import run_cli
+from helpers import run_cli
 
 import chargpt
 from chargpt import runtime

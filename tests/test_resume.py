@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import TINY
+from helpers import TINY_FLAGS
 
 import chargpt
 from chargpt.checkpoint import read_meta
@@ -40,7 +40,7 @@ def test_a_time_bounded_run_can_be_extended_by_steps_or_by_time(tmp_path, corpus
     step = first["step"]
 
     # --resume alone: the budget is spent; say so, and how to extend it (no silent 0-step "done")
-    result = CliRunner().invoke(train_cli, ["--out-dir", "run", "--resume", *TINY])
+    result = CliRunner().invoke(train_cli, ["--out-dir", "run", "--resume", *TINY_FLAGS])
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert re.search(rf"error: --resume: the run in run is already finished at step {step:,} \(its budget: 0\.5 s "
                      rf"of training\); to train on, give a new budget: --max-iters N \(more than {step:,}\) or "

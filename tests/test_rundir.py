@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import ROOT, TINY
+from helpers import ROOT, TINY_FLAGS
 
 import chargpt
 from chargpt import rundir
@@ -56,8 +56,8 @@ def dead_pid():
 # --- one training per run directory ----------------------------------------------------------------------
 def test_a_second_training_into_a_busy_run_directory_is_refused_until_the_first_dies(tmp_path, corpus):
     out, err = open(tmp_path / "stdout.txt", "w"), open(tmp_path / "stderr.txt", "w")
-    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), "--data", "corpus.txt", "--out-dir", "run", *TINY,
-                             "--max-iters", "100000", "--eval-interval", "5"], stdout=out, stderr=err,
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), "--data", "corpus.txt", "--out-dir", "run",
+                             *TINY_FLAGS, "--max-iters", "100000", "--eval-interval", "5"], stdout=out, stderr=err,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     out.close(), err.close()
     try:
@@ -66,7 +66,8 @@ def test_a_second_training_into_a_busy_run_directory_is_refused_until_the_first_
             assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr.txt").read_text()
             time.sleep(0.01)
         for extra in ([], ["--resume"]):  # a new run, or a resume, into the same directory
-            line = one_line_error(["--data", "corpus.txt", "--out-dir", "run", *TINY, "--max-iters", "100000", *extra])
+            line = one_line_error(["--data", "corpus.txt", "--out-dir", "run", *TINY_FLAGS, "--max-iters", "100000",
+                                   *extra])
             assert re.fullmatch(rf"error: run is in use by another training \(pid {proc.pid}\); wait for it to finish "
                                 rf"or stop it \(Ctrl-C saves it\), or pass another --out-dir", line), line
     finally:
@@ -99,7 +100,7 @@ WITHOUT_FCNTL = "import runpy, sys; sys.modules['fcntl'] = None; sys.argv[0] = {
 def train_without_fcntl(*args, **kw):
     script = str(ROOT / "train.py")
     return subprocess.Popen([sys.executable, "-c", WITHOUT_FCNTL.format(script=script), "--data", "corpus.txt",
-                             "--out-dir", "run", *TINY, *args], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                             "--out-dir", "run", *TINY_FLAGS, *args], env={**os.environ, "PYTHONPATH": str(ROOT)},
                             text=True, **kw)
 
 
@@ -183,13 +184,13 @@ def test_a_failed_start_removes_the_run_directory_it_created(tmp_path, corpus, m
     (tmp_path / "mine").mkdir()
     before = snapshot(tmp_path)
     for out_dir in (["--out-dir", "new/run"], [], ["--out-dir", "mine"]):  # new folders, checkpoints/short, an old one
-        assert "too short" in one_line_error(["--data", "short.txt", *out_dir, *TINY])
+        assert "too short" in one_line_error(["--data", "short.txt", *out_dir, *TINY_FLAGS])
     assert snapshot(tmp_path) == before  # "mine" was there before: kept, and still empty
 
     def no_memory(cfg):
         raise MemoryError
     monkeypatch.setattr(start, "build_model", no_memory)
-    assert "does not fit in cpu memory" in one_line_error(["--data", "corpus.txt", "--out-dir", "big/run", *TINY])
+    assert "does not fit in cpu memory" in one_line_error(["--data", "corpus.txt", "--out-dir", "big/run", *TINY_FLAGS])
     assert not (tmp_path / "big").exists()
 
 
@@ -199,7 +200,7 @@ def test_resume_with_metrics_replaced_by_a_directory_is_a_clean_error(tmp_path, 
     (tmp_path / "run" / METRICS).unlink()
     (tmp_path / "run" / METRICS).mkdir()
     before = snapshot(tmp_path)
-    line = one_line_error(["--out-dir", "run", "--resume", "--max-iters", "4", *TINY])
+    line = one_line_error(["--out-dir", "run", "--resume", "--max-iters", "4", *TINY_FLAGS])
     assert re.search(r"cannot resume: run/metrics\.jsonl is unusable \(it is a directory\); move it out", line), line
     assert snapshot(tmp_path) == before
 

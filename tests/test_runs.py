@@ -9,7 +9,7 @@ import re
 
 import pytest
 from click.testing import CliRunner
-from test_errors import TINY_KW, assert_one_line_error, flags, invoke, snapshot
+from helpers import TINY_API_KW, assert_one_line_error, flags, invoke, snapshot
 
 import chargpt
 from chargpt.checkpoint import read_meta
@@ -28,7 +28,7 @@ QUIET = dict(log=lambda *a: None)
 
 
 def train(**kw):
-    return chargpt.train(**QUIET, **{"data": "corpus.txt", **TINY_KW, **kw})
+    return chargpt.train(**QUIET, **{"data": "corpus.txt", **TINY_API_KW, **kw})
 
 
 def resume(**kw):
@@ -114,7 +114,7 @@ BAD_FILES = [  # (file text, the error after "run.toml: ")
 def test_config_file_mistakes_are_one_line_errors_naming_the_key(tmp_path, corpus, text, message):
     (tmp_path / "run.toml").write_text(text + "\n", encoding="utf-8")
     before = snapshot(tmp_path)
-    assert_one_line_error(invoke(train_cli, ["--config", "run.toml", "--data", "corpus.txt", *flags(TINY_KW)]),
+    assert_one_line_error(invoke(train_cli, ["--config", "run.toml", "--data", "corpus.txt", *flags(TINY_API_KW)]),
                           "^error: run.toml: " + message)
     with pytest.raises(ConfigError, match="^run.toml: " + message):
         train(config="run.toml")
@@ -130,8 +130,8 @@ def test_unreadable_config_files(tmp_path, corpus):
                           ("bad.toml", r"config file bad.toml is not valid TOML \(.*line 1.*\); write one setting"),
                           ("latin1.toml", r"config file latin1.toml is not UTF-8 \(byte offset 20\)"),
                           ("folder.toml", r"cannot read config file folder.toml \(Is a directory\)")):
-        assert_one_line_error(invoke(train_cli, ["--config", name, *flags(TINY_KW)]), "^error: " + pattern)
-    assert_one_line_error(invoke(train_cli, ["--config", "", *flags(TINY_KW)]), r"--config is an empty path")
+        assert_one_line_error(invoke(train_cli, ["--config", name, *flags(TINY_API_KW)]), "^error: " + pattern)
+    assert_one_line_error(invoke(train_cli, ["--config", "", *flags(TINY_API_KW)]), r"--config is an empty path")
     r = invoke(train_cli, ["--preset", "huge"])
     assert r.exit_code == 2 and "'huge' is not one of 'auto', 'tiny', 'cpu'" in r.stderr  # click's own usage error
     with pytest.raises(ConfigError, match=r"^preset 'tinyy' is not a preset; did you mean 'tiny'\?"):
@@ -150,7 +150,7 @@ def test_toml_values_read_back_exactly():
 def test_config_toml_repeats_the_run_into_a_new_run_directory(tmp_path, corpus):
     (tmp_path / "run.toml").write_text('max-iters = 6\neval-interval = 3\nsample-prompt = "To "\n')
     first = invoke(train_cli, ["--preset", "tiny", "--config", "run.toml", "--data", "corpus.txt", "--out-dir", "a",
-                               *flags({**TINY_KW, "max_iters": 4, "eval_interval": 2}), "--learning-rate", "0.01"])
+                               *flags({**TINY_API_KW, "max_iters": 4, "eval_interval": 2}), "--learning-rate", "0.01"])
     assert first.exit_code == 0, first.stderr
     assert "preset: tiny (--preset)" in first.stderr
     assert "from run.toml: --sample-prompt 'To '" in first.stderr  # its max-iters and eval-interval were overridden
@@ -211,7 +211,7 @@ def scripted_losses(monkeypatch):
 def test_patience_stops_saves_and_resumes_consistently(tmp_path, corpus, scripted_losses):
     scripted_losses += [3.0, 2.0, 2.5, 2.1]  # steps 0, 2, 4, 6: the best at 2, then two without improvement
     logs = []
-    summary = chargpt.train(log=logs.append, data="corpus.txt", out_dir="run", **{**TINY_KW, "max_iters": 20,
+    summary = chargpt.train(log=logs.append, data="corpus.txt", out_dir="run", **{**TINY_API_KW, "max_iters": 20,
                                                                                   "eval_interval": 2}, patience=2)
     assert summary["step"] == 6 and summary["stopped_by"] == "patience" and summary["stopped_early"]
     assert "stopped early at step 6: no improvement in 2 evaluations (best val loss 2.0000)" in logs
@@ -246,13 +246,13 @@ def test_patience_counts_across_an_interrupted_budget(tmp_path, corpus, scripted
 
 # --- samples while training ---------------------------------------------------------------------------------
 def test_sample_every_shows_and_keeps_samples_without_changing_training(tmp_path, corpus):
-    r = invoke(train_cli, ["--data", "corpus.txt", "--out-dir", "run", *flags({**TINY_KW, "max_iters": 6}),
+    r = invoke(train_cli, ["--data", "corpus.txt", "--out-dir", "run", *flags({**TINY_API_KW, "max_iters": 6}),
                            "--sample-every", "2", "--sample-chars", "12", "--sample-prompt", "To "])
     assert r.exit_code == 0, r.stderr
     rows = [json.loads(line) for line in open(tmp_path / "run" / "samples.jsonl", encoding="utf-8")]
     assert [row["step"] for row in rows] == [2, 4, 6] and all(row["prompt"] == "To " for row in rows)
     assert all(len(row["text"]) == 12 for row in rows)
-    assert not (tmp_path / "run" / "curves.png").exists()  # --no-curves (in TINY_KW): nothing drawn
+    assert not (tmp_path / "run" / "curves.png").exists()  # --no-curves (in TINY_API_KW): nothing drawn
     for row in rows:
         assert f"--- sample at step {row['step']} ---\nTo {row['text']}\n---" in r.stderr
     # the last one is what sampling writes from the checkpoint of that step, with the run's seed
@@ -274,9 +274,9 @@ def test_sample_every_shows_and_keeps_samples_without_changing_training(tmp_path
 
 def test_sample_settings_that_cannot_work_are_refused(tmp_path, corpus):
     before = snapshot(tmp_path)
-    assert_one_line_error(invoke(train_cli, ["--data", "corpus.txt", *flags(TINY_KW), "--sample-prompt", "Zoë"]),
+    assert_one_line_error(invoke(train_cli, ["--data", "corpus.txt", *flags(TINY_API_KW), "--sample-prompt", "Zoë"]),
                           r"--sample-prompt has characters the corpus does not: 'Z' \(U\+005A\) at 0, 'ë'")
-    assert_one_line_error(invoke(train_cli, ["--data", "corpus.txt", *flags(TINY_KW), "--sample-every", "5"]),
+    assert_one_line_error(invoke(train_cli, ["--data", "corpus.txt", *flags(TINY_API_KW), "--sample-every", "5"]),
                           r"--sample-every needs --sample-chars above 0 \(the length of each sample\); drop "
                           r"--sample-chars 0")
     with pytest.raises(ConfigError, match=r"^sample_every must be non-negative"):
@@ -288,7 +288,7 @@ def test_sample_settings_that_cannot_work_are_refused(tmp_path, corpus):
 # --- the end of every run -----------------------------------------------------------------------------------------
 def test_every_run_ends_with_its_curves_and_records_its_processes(tmp_path, corpus):
     logs = []
-    chargpt.train(log=logs.append, data="corpus.txt", out_dir="run", **{**TINY_KW, "curves": True})
+    chargpt.train(log=logs.append, data="corpus.txt", out_dir="run", **{**TINY_API_KW, "curves": True})
     assert read_meta(tmp_path / "run" / "latest.safetensors")[0]["world_size"] == 1
     assert run_info(tmp_path / "run")["processes"] == 1
     if importlib.util.find_spec("matplotlib") is None and os.environ.get("CI") != "true":

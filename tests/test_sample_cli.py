@@ -12,8 +12,7 @@ import re
 
 import pytest
 from click.testing import CliRunner
-from conftest import run_cli
-from test_sampling import VOCAB, counter_gen, counter_model, random_model
+from helpers import VOCAB, counter_gen, counter_model, random_model, run_cli
 
 from chargpt.checkpoint import save_model
 from chargpt.cli import sample_cli

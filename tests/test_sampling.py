@@ -6,47 +6,16 @@ import random
 
 import pytest
 import torch
+from helpers import MODEL_ALPHABET, MODEL_BLOCK, VOCAB, counter_gen, counter_model, random_model
 
 from chargpt import runtime
-from chargpt.config import ModelConfig, SampleSettings
+from chargpt.config import SampleSettings
 from chargpt.engine import Generator
 from chargpt.errors import ChargptError, ConfigError
-from chargpt.model import CharGPT, KVCache
+from chargpt.model import KVCache
 from chargpt.runtime import DECODE_COMPILE_MIN_CHARS, cpp_compiler, pick_decode_compile
 from chargpt.sampling import StepRunner, StopFilter, decode, sample_next
 from chargpt.tokenizer import Vocab
-
-ALPHABET = "\n abcdefghijklmnopqrstuvwxyz"  # sorted, as a Vocab must be
-VOCAB = Vocab(ALPHABET)
-BLOCK = 16
-
-
-def random_model(vocab_size=len(ALPHABET), block_size=BLOCK, seed=0):
-    torch.manual_seed(seed)
-    cfg = ModelConfig(vocab_size=vocab_size, block_size=block_size, n_layer=2, n_head=2, n_embd=16, dropout=0.0)
-    model = CharGPT(cfg).eval()
-    with torch.no_grad():
-        model.wte.weight.mul_(10)  # a less flat next-character distribution than the 0.02-std init gives
-    return model
-
-
-def counter_model(vocab_size=len(ALPHABET), block_size=BLOCK):
-    """A real CharGPT wired so that the character after id i is almost surely id i+1 (cyclic): attention and
-    MLP add nothing, embeddings are one-hot and the head maps one-hot i to a large logit for i+1. It makes
-    expected text easy to write down ("ab" -> "cdef...") through the real forward pass and KV cache."""
-    cfg = ModelConfig(vocab_size=vocab_size, block_size=block_size, n_layer=1, n_head=1, n_embd=vocab_size,
-                      dropout=0.0, bias=False, tie_weights=False)
-    model = CharGPT(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.fill_(1.0 if name.startswith(("ln_", "h.0.ln_")) else 0.0)
-        model.wte.weight.copy_(torch.eye(vocab_size))
-        model.lm_head.weight.copy_(10 * torch.eye(vocab_size).roll(1, dims=0))  # row j reads one-hot j-1
-    return model
-
-
-def counter_gen():
-    return Generator(counter_model(), VOCAB, "cpu")
 
 
 def run(model, ctx, seed=0, use_cache=True, runner=None, **settings):
@@ -67,13 +36,13 @@ def test_cached_equals_uncached_within_block(kernel, settings):
     model = random_model()
     model.set_attention(kernel)
     for seed, T in enumerate((1, 5, 12)):
-        ctx = torch.randint(len(ALPHABET), (2, T), generator=torch.Generator().manual_seed(seed))
-        within = BLOCK - T + 1  # the last of these is chosen from a full window of BLOCK characters
+        ctx = torch.randint(len(MODEL_ALPHABET), (2, T), generator=torch.Generator().manual_seed(seed))
+        within = MODEL_BLOCK - T + 1  # the last of these is chosen from a full window of MODEL_BLOCK characters
         cached = run(model, ctx, seed, use_cache=True, max_new_tokens=within, **settings)
         assert torch.equal(cached, run(model, ctx, seed, use_cache=False, max_new_tokens=within, **settings))
         # crossing block_size: identical up to the window's edge, and decoding goes on
-        long = run(model, ctx, seed, use_cache=True, max_new_tokens=3 * BLOCK, **settings)
-        assert long.shape == (2, 3 * BLOCK) and torch.equal(long[:, :within], cached)
+        long = run(model, ctx, seed, use_cache=True, max_new_tokens=3 * MODEL_BLOCK, **settings)
+        assert long.shape == (2, 3 * MODEL_BLOCK) and torch.equal(long[:, :within], cached)
 
 
 # --- the static decode step: the same shapes at every position ----------------------------------------------
@@ -92,14 +61,14 @@ def test_static_step_gives_the_growing_caches_logits_and_text(kernel):
     cached forward, and so the same text, within the window and across its rebuilds."""
     model = random_model()
     model.set_attention(kernel)
-    idx = torch.randint(len(ALPHABET), (2, BLOCK), generator=torch.Generator().manual_seed(1))
+    idx = torch.randint(len(MODEL_ALPHABET), (2, MODEL_BLOCK), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        full = model(idx)[0][:, 2:-1]  # the logits after positions 2 .. BLOCK-2
+        full = model(idx)[0][:, 2:-1]  # the logits after positions 2 .. MODEL_BLOCK-2
     torch.testing.assert_close(step_logits(model, idx, StepRunner(model)), full, rtol=1e-5, atol=1e-5)
     for seed, settings in enumerate(SETTINGS):
-        ctx = torch.randint(len(ALPHABET), (2, 3), generator=torch.Generator().manual_seed(seed))
-        want = run(model, ctx, seed, max_new_tokens=3 * BLOCK, **settings)
-        assert torch.equal(run(model, ctx, seed, runner=StepRunner(model), max_new_tokens=3 * BLOCK, **settings),
+        ctx = torch.randint(len(MODEL_ALPHABET), (2, 3), generator=torch.Generator().manual_seed(seed))
+        want = run(model, ctx, seed, max_new_tokens=3 * MODEL_BLOCK, **settings)
+        assert torch.equal(run(model, ctx, seed, runner=StepRunner(model), max_new_tokens=3 * MODEL_BLOCK, **settings),
                            want)
 
 
@@ -108,7 +77,7 @@ def test_compiled_step_computes_what_the_eager_step_does():
     """torch.compile'd once, the step serves every position (the same logits as eager, to rounding) and a new
     KVCache, without compiling again."""
     model = random_model()
-    idx = torch.randint(len(ALPHABET), (1, BLOCK), generator=torch.Generator().manual_seed(2))
+    idx = torch.randint(len(MODEL_ALPHABET), (1, MODEL_BLOCK), generator=torch.Generator().manual_seed(2))
     eager, compiled = StepRunner(model), StepRunner(model, compiled=True)
     want = step_logits(model, idx, eager)
     torch.testing.assert_close(step_logits(model, idx, compiled), want, rtol=1e-4, atol=1e-4)
@@ -149,11 +118,11 @@ def test_uncached_decode_is_the_plain_loop():
     """The reference path is nanoGPT's generate: a full forward over the last block_size characters."""
     model, ctx = random_model(), torch.tensor([[3, 4, 5]])
     gen, seq = torch.Generator().manual_seed(3), ctx
-    for _ in range(2 * BLOCK):
+    for _ in range(2 * MODEL_BLOCK):
         with torch.no_grad():
-            logits = model(seq[:, -BLOCK:])[0][:, -1, :]
+            logits = model(seq[:, -MODEL_BLOCK:])[0][:, -1, :]
         seq = torch.cat([seq, sample_next(logits, gen, 1.0, top_k=6)[:, None]], dim=1)
-    assert torch.equal(run(model, ctx, 3, use_cache=False, max_new_tokens=2 * BLOCK, top_k=6, temperature=1.0),
+    assert torch.equal(run(model, ctx, 3, use_cache=False, max_new_tokens=2 * MODEL_BLOCK, top_k=6, temperature=1.0),
                        seq[:, 3:])
 
 
@@ -162,22 +131,23 @@ def test_cached_decode_follows_the_documented_window_strategy():
     sees the text from that point on. Checked against full forwards over exactly those windows."""
     model, ctx, keep = random_model(), torch.tensor([[1, 2, 3, 4, 5]]), 10
     gen, seq, start = torch.Generator().manual_seed(5), ctx, 0
-    for _ in range(4 * BLOCK):
-        if seq.size(1) - start > BLOCK:
+    for _ in range(4 * MODEL_BLOCK):
+        if seq.size(1) - start > MODEL_BLOCK:
             start = seq.size(1) - keep
         with torch.no_grad():
             logits = model(seq[:, start:])[0][:, -1, :]
         seq = torch.cat([seq, sample_next(logits, gen, 1.0)[:, None]], dim=1)
-    steps = decode(model, ctx, SampleSettings(max_new_tokens=4 * BLOCK, temperature=1.0),
+    steps = decode(model, ctx, SampleSettings(max_new_tokens=4 * MODEL_BLOCK, temperature=1.0),
                    torch.Generator().manual_seed(5), keep=keep)
     assert torch.equal(torch.stack(list(steps), dim=1), seq[:, 5:])
 
 
 def test_long_prompt_and_long_generation_stay_exact_for_a_markov_model():
     gen = counter_gen()  # depends on the last character only, so every window gives the same text
-    prompt = ALPHABET[2:] * 2  # 52 characters, over three windows
+    prompt = MODEL_ALPHABET[2:] * 2  # 52 characters, over three windows
     text = gen.generate(prompt, max_new_tokens=100, temperature=0)[0]
-    expected = "".join(ALPHABET[(ALPHABET.index(prompt[-1]) + 1 + i) % len(ALPHABET)] for i in range(100))
+    expected = "".join(MODEL_ALPHABET[(MODEL_ALPHABET.index(prompt[-1]) + 1 + i) % len(MODEL_ALPHABET)]
+                       for i in range(100))
     assert text == expected
     assert gen.generate(prompt, max_new_tokens=100, temperature=0, use_cache=False)[0] == expected
 

@@ -1,7 +1,7 @@
 """Sentence pairs end to end (issue #11, phase 2): the new flags build and train, a pairs checkpoint is rebuilt by
 every loader (load_model, chargpt.load, sample.py, chargpt translate, eval, info, the playground, --resume),
 chargpt translate's inputs and outputs and its bad inputs, the inverse-square-root schedule and the presets, and
-checkpoints from before tasks were recorded. Two tiny runs of the cipher task (tests/pairsutil.py) are trained per
+checkpoints from before tasks were recorded. Two tiny runs of the cipher task (tests/helpers.py) are trained per
 module, one per architecture (a few seconds each)."""
 
 import json
@@ -13,8 +13,7 @@ import sys
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import TINY, run_chargpt, run_cli
-from pairsutil import STEPS, cipher, train_pairs, write_cipher
+from helpers import STEPS, TINY_FLAGS, cipher, run_chargpt, run_cli, train_pairs, write_cipher
 
 import chargpt
 from chargpt.checkpoint import load_model, read_meta, write_safetensors
@@ -190,7 +189,7 @@ def test_translate_refuses_a_text_run(tiny_run):
 
 # --- the playground -----------------------------------------------------------------------------------------------
 def test_playground_translates_and_look_inside_refuses_encoder_decoders(runs):
-    from webutil import need, parse_sse, texts_of
+    from helpers import need, parse_sse, texts_of
     need("starlette")
     need("httpx2" if sys.version_info >= (3, 11) else "httpx")
     from starlette.testclient import TestClient
@@ -218,7 +217,8 @@ def test_the_2017_options_are_flags_that_build_and_train(tmp_path):
     paper = ["--pos-emb", "sinusoidal", "--emb-scale", "--norm", "post", "--activation", "relu", "--label-smoothing",
              "0.1", "--lr-schedule", "inverse-sqrt", "--warmup-iters", "4", "--max-iters", "8", "--eval-interval", "4"]
     pairs = ["--task", "pairs", "--arch", "encoder-decoder", "--n-enc-layer", "2", "--eval-pairs", "5"]
-    r = CliRunner().invoke(train_cli, [*TINY, *paper, *pairs, "--data", str(data), "--out-dir", str(tmp_path / "ed")])
+    r = CliRunner().invoke(train_cli, [*TINY_FLAGS, *paper, *pairs, "--data", str(data), "--out-dir",
+                                       str(tmp_path / "ed")])
     assert r.exit_code == 0, r.output
     assert "encoder-decoder, 2+1 layers x 16 wide" in r.stderr and "sinusoidal positions, embeddings x sqrt(width), " \
         "post-LN, ReLU" in r.stderr and "300 sentence pairs" in r.stderr
@@ -230,8 +230,8 @@ def test_the_2017_options_are_flags_that_build_and_train(tmp_path):
     assert rows[1]["lr"] == pytest.approx(PRESETS["cpu"]["learning_rate"] * math.sqrt(4 / 5))  # step 5: past the peak
     corpus = tmp_path / "t.txt"
     corpus.write_text("to be or not to be " * 50, encoding="utf-8")
-    r = CliRunner().invoke(train_cli, [*TINY, *paper[:9], "--data", str(corpus), "--out-dir", str(tmp_path / "text"),
-                                       "--max-iters", "4"])
+    r = CliRunner().invoke(train_cli, [*TINY_FLAGS, *paper[:9], "--data", str(corpus), "--out-dir",
+                                       str(tmp_path / "text"), "--max-iters", "4"])
     assert r.exit_code == 0, r.output
     assert read_meta(tmp_path / "text" / BEST)[0]["model_config"].pos_emb == "sinusoidal"
 

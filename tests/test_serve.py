@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from webutil import get, need, open_stream, parse_sse, post, texts_of, train_tiny
+from helpers import get, need, open_stream, parse_sse, post, texts_of, train_tiny
 
 import chargpt
 from chargpt.errors import ChargptError

@@ -6,7 +6,7 @@ import time
 
 import pytest
 import torch
-from conftest import TINY, run_cli
+from helpers import TINY_FLAGS, run_cli
 from safetensors import safe_open
 
 import chargpt
@@ -33,7 +33,7 @@ def test_save_load_gives_identical_logits(tmp_path, tiny_config):
 def test_train_then_sample_end_to_end(corpus, tmp_path):
     out = tmp_path / "run"
     r = run_cli("train.py", "--data", corpus, "--out-dir", out, "--max-iters", "40", "--eval-interval", "20",
-                "--learning-rate", "3e-3", "--warmup-iters", "5", *TINY, "--sample-chars", "50")
+                "--learning-rate", "3e-3", "--warmup-iters", "5", *TINY_FLAGS, "--sample-chars", "50")
     assert r.returncode == 0, r.stderr
     assert "step     40" in r.stderr and "bpc" in r.stderr and "--- sample" in r.stderr  # logs: stderr
     assert r.stdout == f"{out}\n"  # the result, for scripts: the run directory
@@ -55,7 +55,7 @@ def test_train_then_sample_end_to_end(corpus, tmp_path):
     assert r1.stdout == r2.stdout  # same seed, same text
 
     # with no --checkpoint, sample.py takes the most recent run under checkpoints/
-    r = run_cli("train.py", "--data", corpus, "--max-iters", "2", "--eval-interval", "2", *TINY)
+    r = run_cli("train.py", "--data", corpus, "--max-iters", "2", "--eval-interval", "2", *TINY_FLAGS)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "checkpoints" / "corpus" / "best.safetensors").exists()
     r = run_cli("sample.py", "--max-new-tokens", "5", "--seed", "1")
@@ -67,7 +67,7 @@ def test_chinese_corpus(tmp_path):
     path = tmp_path / "tang.txt"
     path.write_text(text, encoding="utf-8")
     r = run_cli("train.py", "--data", path, "--out-dir", tmp_path / "tang", "--max-iters", "30",
-                "--eval-interval", "30", "--learning-rate", "3e-3", *TINY)
+                "--eval-interval", "30", "--learning-rate", "3e-3", *TINY_FLAGS)
     assert r.returncode == 0, r.stderr
     r = run_cli("sample.py", "--checkpoint", tmp_path / "tang", "--prompt", "床前", "--max-new-tokens", "20",
                 "--seed", "0")
@@ -77,7 +77,7 @@ def test_chinese_corpus(tmp_path):
 
 
 def test_new_run_never_overwrites_an_old_one(corpus, tmp_path):
-    args = ["--data", corpus, "--max-iters", "2", "--eval-interval", "2", *TINY]
+    args = ["--data", corpus, "--max-iters", "2", "--eval-interval", "2", *TINY_FLAGS]
     assert run_cli("train.py", *args).returncode == 0
     r = run_cli("train.py", *args)
     assert r.returncode == 0 and (tmp_path / "checkpoints" / "corpus-2" / "best.safetensors").exists()

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 import torch
-from pairsutil import train_pairs, write_cipher
+from helpers import train_pairs, write_cipher
 
 from chargpt.checkpoint import load_model
 from chargpt.config import ModelConfig
@@ -81,7 +81,7 @@ def test_beam_search_batches_sources_independently_and_respects_max_len():
 
 @pytest.fixture(scope="module")
 def cipher_tsv(tmp_path_factory):
-    """2,000 pairs of the cipher task (tests/pairsutil.py: substitution of the reversed string)."""
+    """2,000 pairs of the cipher task (tests/helpers.py: substitution of the reversed string)."""
     return write_cipher(tmp_path_factory.mktemp("cipher") / "cipher.tsv")
 
 
