@@ -1,6 +1,6 @@
-"""Hardening round 3 (issue 19): a hostile user's inputs on the newer surfaces. Signals during the final save and
-during evaluation, inputs that never end, absurd model sizes, and messages that must point the right way. Each
-test names the issue's item it covers. The server's items (3, 9, 14) are in tests/test_serve.py."""
+"""A hostile user's inputs on the newer surfaces: signals during the final save and during evaluation, inputs that
+never end, absurd model sizes, Ctrl-C while a command starts, and messages that must point the right way. The web
+playground's server gets its hostile inputs in tests/test_serve.py."""
 
 import io
 import json
@@ -68,8 +68,8 @@ def saving_state(run):
 SLOW_SAVE = ["--n-layer", "6", "--n-embd", "256", "--n-head", "4", "--max-iters", "100000"]
 
 
-# --- 1. two or three signals during the final save ----------------------------------------------------------------
-def test_item1_a_second_signal_during_the_final_save_waits_for_it(tmp_path, corpus):
+# --- two or three signals during the final save -------------------------------------------------------------------
+def test_a_second_signal_during_the_final_save_waits_for_it(tmp_path, corpus):
     run = tmp_path / "run"
     proc = start_training(tmp_path, *SLOW_SAVE, "--save-state", "end", "--eval-interval", "100000")
     wait_for(lambda: (run / rundir.METRICS).exists(), proc, tmp_path)  # evaluated at step 0; now training
@@ -84,7 +84,7 @@ def test_item1_a_second_signal_during_the_final_save_waits_for_it(tmp_path, corp
     assert step >= 1 and ckpt.read_meta(run / rundir.LATEST)[0]["step"] == step
 
 
-def test_item1_a_third_signal_abandons_the_save_and_keeps_the_last_complete_one(tmp_path, corpus):
+def test_a_third_signal_abandons_the_save_and_keeps_the_last_complete_one(tmp_path, corpus):
     run = tmp_path / "run"
     proc = start_training(tmp_path, *SLOW_SAVE, "--eval-interval", "100000")  # state saved at step 0
     wait_for(lambda: (run / rundir.STATE).exists(), proc, tmp_path)
@@ -105,8 +105,8 @@ def test_item1_a_third_signal_abandons_the_save_and_keeps_the_last_complete_one(
                          **{k: v for k, v in TINY_KW.items() if k not in ("n_layer", "n_embd", "n_head")})
 
 
-# --- 2. --resume on another corpus with the same alphabet ---------------------------------------------------------
-def test_item2_resume_on_another_corpus_says_so(tmp_path, corpus):
+# --- --resume on another corpus with the same alphabet ------------------------------------------------------------
+def test_resume_on_another_corpus_says_so(tmp_path, corpus):
     quiet_train(out_dir="run", max_iters=2)
     lines = corpus.read_text().splitlines(keepends=True)
     (tmp_path / "other.txt").write_text("".join(reversed(lines)))  # the same characters, another text
@@ -121,13 +121,13 @@ def test_item2_resume_on_another_corpus_says_so(tmp_path, corpus):
     assert not any("corpus changed" in line for line in said)
 
 
-# --- 4. endless inputs --------------------------------------------------------------------------------------------
-def test_item4_a_config_file_that_never_ends_is_refused_naming_it(tmp_path, corpus):
+# --- endless inputs -----------------------------------------------------------------------------------------------
+def test_a_config_file_that_never_ends_is_refused_naming_it(tmp_path, corpus):
     with pytest.raises(ChargptError, match=r"config file /dev/zero is larger than 1 MiB"):
         quiet_train(config="/dev/zero")
 
 
-def test_item4_prompts_that_never_end_are_refused_naming_them(tiny_run):
+def test_prompts_that_never_end_are_refused_naming_them(tiny_run):
     with pytest.raises(ChargptError, match=r"prompt file /dev/zero is larger than 4 MiB"):
         textio.read_prompt(None, "/dev/zero")
     yes = subprocess.Popen(["yes"], stdout=subprocess.PIPE)
@@ -158,7 +158,7 @@ class Endless(io.RawIOBase):
         return n
 
 
-def test_item4_translation_input_streams_line_by_line(monkeypatch):
+def test_translation_input_streams_line_by_line(monkeypatch):
     stream = io.BufferedReader(Endless(b"y\n"))
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(stream))
     monkeypatch.setattr(sys.stdin, "isatty", lambda: False)
@@ -173,7 +173,7 @@ def test_item4_translation_input_streams_line_by_line(monkeypatch):
     assert stream.raw.given < 10 * textio.MAX_LINE_BYTES
 
 
-def test_item4_an_endless_line_is_refused_naming_it(tmp_path):
+def test_an_endless_line_is_refused_naming_it(tmp_path):
     lines, _ = textio.source_lines((), "/dev/zero")
     with pytest.raises(ChargptError, match=r"line 1 of /dev/zero is longer than 1 MiB"):
         next(lines)
@@ -181,7 +181,7 @@ def test_item4_an_endless_line_is_refused_naming_it(tmp_path):
     assert textio.write_output_lines(written, iter(["a", "b"])) == 2 and written.read_text() == "a\nb\n"
 
 
-def test_item4_interactive_input_without_line_ends_ends_the_session(tiny_run):
+def test_interactive_input_without_line_ends_ends_the_session(tiny_run):
     from chargpt.repl import repl
     gen = chargpt.load(tiny_run, device="cpu")
     settings = {"max_new_tokens": 2, "temperature": 0.0, "top_k": None, "top_p": None, "stop": ()}
@@ -192,11 +192,11 @@ def test_item4_interactive_input_without_line_ends_ends_the_session(tiny_run):
     assert out.getvalue().startswith("To be")  # line 1 was answered
 
 
-# --- 5. absurd model sizes ----------------------------------------------------------------------------------------
+# --- absurd model sizes -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("arch", ["decoder", "encoder-decoder"])
 @pytest.mark.parametrize("size", [dict(), dict(n_layer=3, n_embd=48, block_size=40, n_enc_layer=2),
                                   dict(tie_weights=False, pos_emb="sinusoidal", bias=False)])
-def test_item5_the_estimate_matches_the_model_built(arch, size):
+def test_the_estimate_matches_the_model_built(arch, size):
     if arch == "decoder" and "n_enc_layer" in size:
         size = {k: v for k, v in size.items() if k != "n_enc_layer"}
     cfg = ModelConfig(**{**dict(vocab_size=70, block_size=32, n_layer=2, n_head=4, n_embd=32), **size}, arch=arch)
@@ -206,7 +206,7 @@ def test_item5_the_estimate_matches_the_model_built(arch, size):
     assert abs(estimated_params(cfg) - actual) / actual < 0.05
 
 
-def test_item5_a_model_that_cannot_fit_is_refused_before_building(tmp_path, corpus):
+def test_a_model_that_cannot_fit_is_refused_before_building(tmp_path, corpus):
     t0 = time.monotonic()
     write_cipher(tmp_path / "pairs.tsv", n=50)
     with pytest.raises(ConfigError, match=r"lower n_embd \(now 1,000,000\)"):
@@ -227,8 +227,8 @@ def test_item5_a_model_that_cannot_fit_is_refused_before_building(tmp_path, corp
         check_model_fits(ModelConfig(vocab_size=65, n_embd=60_000, n_head=1), 10**12, "here")
 
 
-# --- 6. a signal during a long evaluation, or during pairs scoring --------------------------------------------------
-def test_item6_a_signal_during_evaluation_stops_it_at_once(tmp_path, corpus):
+# --- a signal during a long evaluation, or during pairs scoring ---------------------------------------------------
+def test_a_signal_during_evaluation_stops_it_at_once(tmp_path, corpus):
     proc = start_training(tmp_path, "--eval-iters", "1000000", "--max-iters", "10")  # minutes of evaluation
     wait_for(lambda: "run dir:" in (tmp_path / "stderr.txt").read_text(), proc, tmp_path)
     time.sleep(1.0)  # well inside the first evaluation
@@ -240,7 +240,7 @@ def test_item6_a_signal_during_evaluation_stops_it_at_once(tmp_path, corpus):
     assert ckpt.read_meta(tmp_path / "run" / rundir.STATE)[0]["step"] == 0
 
 
-def test_item6_translation_scoring_checks_the_stop_flag(tmp_path):
+def test_translation_scoring_checks_the_stop_flag(tmp_path):
     from chargpt.translate import translate
     run = tmp_path / "pairs"
     train_pairs(write_cipher(tmp_path / "pairs.tsv", n=200), run, steps=2)
@@ -257,14 +257,14 @@ def test_item6_translation_scoring_checks_the_stop_flag(tmp_path):
     assert len(calls) == 3
 
 
-# --- 7, 22. interactive mode goes on after a bad line ---------------------------------------------------------------
+# --- interactive mode goes on after a bad line --------------------------------------------------------------------
 def interactive(run, stdin_bytes):
     return subprocess.run([sys.executable, str(ROOT / "sample.py"), "--checkpoint", str(run), "--interactive",
                            "--temperature", "0", "--max-new-tokens", "3"], input=stdin_bytes, capture_output=True,
                           timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
-def test_item7_interactive_pairs_run_goes_on_after_a_bad_line(tmp_path):
+def test_interactive_pairs_run_goes_on_after_a_bad_line(tmp_path):
     run = tmp_path / "pairs"
     train_pairs(write_cipher(tmp_path / "pairs.tsv", n=200), run, steps=2)
     r = interactive(run, "abc\n\ue000\nhgf\n".encode())
@@ -273,33 +273,33 @@ def test_item7_interactive_pairs_run_goes_on_after_a_bad_line(tmp_path):
     assert "U+E000" in err and len(r.stdout.decode().splitlines()) == 2  # lines 1 and 3 answered
 
 
-def test_item22_interactive_invalid_utf8_is_named_as_such(tiny_run):
+def test_interactive_invalid_utf8_is_named_as_such(tiny_run):
     r = interactive(tiny_run, b"To\xff be\nTo be\n")
     err = r.stderr.decode()
     assert r.returncode == 0 and "input line 1 is not UTF-8" in err and "U+DC" not in err
     assert r.stdout.decode().startswith("To be")  # the next line is answered
 
 
-# --- 8, 23. TOML edge cases ---------------------------------------------------------------------------------------
-def test_item8_a_deeply_nested_config_is_one_line(tmp_path, corpus):
+# --- TOML edge cases ----------------------------------------------------------------------------------------------
+def test_a_deeply_nested_config_is_one_line(tmp_path, corpus):
     (tmp_path / "deep.toml").write_text("a = " + "[" * 100_000 + "]" * 100_000 + "\n")
     with pytest.raises(ConfigError, match="nests arrays or tables too deeply"):
         quiet_train(config="deep.toml")
 
 
-def test_item23_a_config_with_a_byte_order_mark_is_read(tmp_path, corpus):
+def test_a_config_with_a_byte_order_mark_is_read(tmp_path, corpus):
     (tmp_path / "bom.toml").write_text("max-iters = 2\n", encoding="utf-8-sig")
     assert quiet_train(config="bom.toml", out_dir="run")["step"] == 2
 
 
-# --- 10, 11, 19. plot and info ------------------------------------------------------------------------------------
-def test_item10_plot_to_an_empty_name_is_one_line(tiny_run):
+# --- plot and info ------------------------------------------------------------------------------------------------
+def test_plot_to_an_empty_name_is_one_line(tiny_run):
     pytest.importorskip("matplotlib")
     r = run_chargpt("plot", tiny_run, "-o", "")
     assert r.returncode == 1 and "is not a file name" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_item11_plot_leaves_out_losses_too_large_to_draw(tmp_path):
+def test_plot_leaves_out_losses_too_large_to_draw(tmp_path):
     pytest.importorskip("matplotlib")
     from chargpt.plot import plot_runs
     run = tmp_path / "run"
@@ -310,25 +310,25 @@ def test_item11_plot_leaves_out_losses_too_large_to_draw(tmp_path):
 
 
 @pytest.mark.parametrize("command", [["info"], ["plot"]])
-def test_item19_no_runs_suggests_what_the_command_takes(tmp_path, command):
+def test_no_runs_suggests_what_the_command_takes(tmp_path, command):
     r = run_chargpt(*command)
     assert r.returncode == 1 and "--checkpoint" not in r.stderr
     assert f"chargpt {command[0]} RUN" in r.stderr
 
 
-def test_item27_info_on_a_device_says_it_is_not_a_checkpoint():
+def test_info_on_a_device_says_it_is_not_a_checkpoint():
     r = run_chargpt("info", "/dev/zero")
     assert r.returncode == 1 and "is not a checkpoint" in r.stderr and "not found" not in r.stderr
 
 
-# --- 12, 20. data get ---------------------------------------------------------------------------------------------
-def test_item12_a_malformed_mirror_url_is_one_line(tmp_path):
+# --- data get -----------------------------------------------------------------------------------------------------
+def test_a_malformed_mirror_url_is_one_line(tmp_path):
     r = run_chargpt("data", "get", "tinyshakespeare", env={"CHARGPT_DATA_URL": "::::"})
     assert r.returncode == 1 and "CHARGPT_DATA_URL='::::' is not an http(s) URL" in r.stderr
     assert "Traceback" not in r.stderr
 
 
-def test_item20_a_damaged_partial_file_is_downloaded_again_whole(tmp_path, monkeypatch):
+def test_a_damaged_partial_file_is_downloaded_again_whole(tmp_path, monkeypatch):
     import chargpt.corpora as corpora
     monkeypatch.setitem(corpora.CORPORA, GOOD.name, GOOD)
     server = Server()
@@ -343,8 +343,8 @@ def test_item20_a_damaged_partial_file_is_downloaded_again_whole(tmp_path, monke
     assert any("does not match the published file" in line for line in said)
 
 
-# --- 13. Ctrl-C while the command starts ----------------------------------------------------------------------------
-def test_item13_ctrl_c_during_start_up_is_quiet():
+# --- Ctrl-C while the command starts ------------------------------------------------------------------------------
+def test_ctrl_c_during_start_up_is_quiet():
     """Until the command's work begins, SIGINT exits at once with 'interrupted' (here the start-up is held open)."""
     script = ("from chargpt.components.interrupt import quiet_start\nquiet_start()\nimport time\n"
               "print('importing', flush=True)\ntime.sleep(60)\n")
@@ -356,7 +356,7 @@ def test_item13_ctrl_c_during_start_up_is_quiet():
     assert proc.returncode == 130 and err.strip() == "interrupted"
 
 
-def test_item13_ctrl_c_while_the_real_command_imports_torch():
+def test_ctrl_c_while_the_real_command_imports_torch():
     proc = subprocess.Popen([sys.executable, "-m", "chargpt", "info"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)}, text=True)
     time.sleep(0.3)  # importing: torch alone takes longer than this
@@ -366,7 +366,7 @@ def test_item13_ctrl_c_while_the_real_command_imports_torch():
     assert proc.returncode == 130 and err.strip().endswith("interrupted")
 
 
-def test_item13_the_installed_commands_start_quietly_too():
+def test_the_installed_commands_start_quietly_too():
     """pyproject's console scripts go through chargpt/__main__.py's quiet start, as train.py and python -m chargpt
     do."""
     import importlib
@@ -382,8 +382,8 @@ def test_item13_the_installed_commands_start_quietly_too():
         assert text.index("quiet_start()") < re.search(r"cli import|import cli", text).start()
 
 
-# --- 15. the corpus path is stored absolute -----------------------------------------------------------------------
-def test_item15_a_run_evaluates_from_any_folder(tmp_path, corpus):
+# --- the corpus path is stored absolute ---------------------------------------------------------------------------
+def test_a_run_evaluates_from_any_folder(tmp_path, corpus):
     quiet_train(out_dir="run", max_iters=2)  # data="corpus.txt", relative
     saved = ckpt.read_meta(tmp_path / "run" / rundir.BEST)[0]["train_config"]
     assert saved["data"] == str(corpus.resolve()) and Path(saved["cache_dir"] or "/").is_absolute()
@@ -394,8 +394,8 @@ def test_item15_a_run_evaluates_from_any_folder(tmp_path, corpus):
     assert json.loads(r.stdout)["characters"] > 0
 
 
-# --- 16, 17, 18, 24, 25. where training data and runs go ------------------------------------------------------------
-def test_item16_an_out_dir_that_cannot_be_created_says_why(corpus):
+# --- where training data and runs go ------------------------------------------------------------------------------
+def test_an_out_dir_that_cannot_be_created_says_why(corpus):
     with pytest.raises(ChargptError, match=r"/proc does not allow creating folders"):
         quiet_train(out_dir="/proc/nope/x")
 
@@ -403,7 +403,7 @@ def test_item16_an_out_dir_that_cannot_be_created_says_why(corpus):
 @pytest.mark.parametrize("target,words", [("nope.txt", "file not found: nope.txt; pass target_data"),
                                           ("/dev/null", "neither a file nor a directory .*; pass target_data"),
                                           ("folder", "target_data folder is a directory; pass target_data with one")])
-def test_item17_18_target_data_is_named_when_wrong(tmp_path, target, words):
+def test_target_data_is_named_when_wrong(tmp_path, target, words):
     write_cipher(tmp_path / "sources.txt", n=50)
     (tmp_path / "folder").mkdir()
     (tmp_path / "folder" / "a.txt").write_text("x\n")
@@ -413,13 +413,13 @@ def test_item17_18_target_data_is_named_when_wrong(tmp_path, target, words):
 
 @pytest.mark.parametrize("encoding,hint", [("utf-16", "--encoding utf-16"), ("utf-16-le", "--encoding utf-16"),
                                            ("utf-32", "--encoding utf-32")])
-def test_item24_a_utf16_file_gets_an_encoding_hint(tmp_path, encoding, hint):
+def test_a_utf16_file_gets_an_encoding_hint(tmp_path, encoding, hint):
     (tmp_path / "pairs.tsv").write_text("".join(f"hello {i}\tciao {i}\n" for i in range(50)), encoding=encoding)
     r = run_cli("train.py", "--task", "pairs", "--data", "pairs.tsv", "--device", "cpu")
     assert r.returncode == 1 and f"looks like {hint.split()[-1].upper()} text: pass {hint}" in r.stderr
 
 
-def test_item25_cr_line_ends_are_read(tmp_path):
+def test_cr_line_ends_are_read(tmp_path):
     (tmp_path / "pairs.tsv").write_bytes(b"".join(f"abc{i % 7}\tdef{i % 5}\r".encode() for i in range(100)))
     summary = quiet_train(data="pairs.tsv", task="pairs", out_dir="run", max_iters=1, block_size=16)
     assert summary["step"] == 1
@@ -427,16 +427,16 @@ def test_item25_cr_line_ends_are_read(tmp_path):
     assert encode_pairs("pairs.tsv", log=lambda m: None).n_pairs == 100
 
 
-# --- 21. sampling flags with --beam -------------------------------------------------------------------------------
+# --- sampling flags with --beam -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("flag", [["--top-k", "2"], ["--top-p", "0.5"], ["--temperature", "0.5"]])
-def test_item21_beam_refuses_every_sampling_flag(flag):
+def test_beam_refuses_every_sampling_flag(flag):
     from chargpt.cli import translate_cli
     r = CliRunner().invoke(translate_cli, ["--beam", "3", *flag, "hello"])
     assert r.exit_code == 1 and f"drop {flag[0]}" in r.output
 
 
-# --- 26. the share of time spent evaluating -----------------------------------------------------------------------
-def test_item26_the_evaluation_share_never_passes_100_percent(tmp_path, corpus):
+# --- the share of time spent evaluating ---------------------------------------------------------------------------
+def test_the_evaluation_share_never_passes_100_percent(tmp_path, corpus):
     said = []
     summary = chargpt.train(log=said.append, data="corpus.txt", out_dir="run", max_iters=2, eval_interval=1,
                             **{**TINY_KW, "eval_iters": 300})  # evaluations are nearly all of the time

@@ -1,4 +1,4 @@
-"""Sentence pairs end to end (issue #11, phase 2): the new flags build and train, a pairs checkpoint is rebuilt by
+"""Sentence pairs end to end: the pairs flags build and train, a pairs checkpoint is rebuilt by
 every loader (load_model, chargpt.load, sample.py, chargpt translate, eval, info, the playground, --resume),
 chargpt translate's inputs and outputs and its bad inputs, the inverse-square-root schedule and the presets, and
 checkpoints from before tasks were recorded. Two tiny runs of the cipher task (tests/helpers.py) are trained per
