@@ -156,7 +156,7 @@ def test_config_toml_repeats_the_run_into_a_new_run_directory(tmp_path, corpus):
     assert "from run.toml: --sample-prompt 'To '" in first.stderr  # its max-iters and eval-interval were overridden
     saved = read_config_file(tmp_path / "a" / "config.toml")
     assert saved["preset"] == "tiny" and saved["max_iters"] == 4 and saved["learning_rate"] == 0.01
-    assert saved["data"] == str(corpus.new_run_settings()) and "out_dir" not in saved and "config" not in saved
+    assert saved["data"] == str(corpus.resolve()) and "out_dir" not in saved and "config" not in saved
 
     again = invoke(train_cli, ["--config", "a/config.toml"])  # from another folder it would find the corpus too
     assert again.exit_code == 0, again.stderr
