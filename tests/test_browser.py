@@ -10,7 +10,7 @@ import os
 import shutil
 
 import pytest
-from helpers import TINY_WEB_KW, need, train_tiny
+from helpers import TINY_WEB_KW, need, train_pairs, train_tiny, write_cipher
 
 import chargpt
 
@@ -191,7 +191,6 @@ def test_runs_view_lists_the_samples_written_while_training(page, site):
 @pytest.fixture(scope="module")
 def pairs_site(tmp_path_factory):
     """(base URL, served folder) with one short pairs run of each architecture (tests/helpers.py)."""
-    from helpers import train_pairs, write_cipher
     root = tmp_path_factory.mktemp("pairs-site")
     data = write_cipher(root.parent / f"{root.name}.tsv", n=300)
     for arch in ("decoder", "encoder-decoder"):

@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from helpers import run_chargpt
+from helpers import need, run_chargpt
 
 import chargpt
 from chargpt import novelty
@@ -334,7 +334,6 @@ def test_sample_novelty_prints_a_line_per_sample_and_a_json_object(run, tmp_path
 
 
 def test_the_playground_api_marks_copied_segments(run):
-    from helpers import need
     need("starlette")
     from starlette.testclient import TestClient
 

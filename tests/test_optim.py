@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 from click.testing import CliRunner
-from helpers import TINY_FLAGS
+from helpers import TINY_FLAGS, run_cli
 from safetensors.torch import load_file
 
 import chargpt
@@ -256,7 +256,6 @@ def test_save_state_end_writes_state_once_and_best_when_improved(tmp_path, corpu
 
 
 def test_cli_flags_for_the_new_settings(tmp_path, corpus):
-    from helpers import run_cli
     r = run_cli("train.py", "--data", "corpus.txt", "--out-dir", "run", *TINY_FLAGS, "--max-iters", "4",
                 "--eval-interval", "2", "--optimizer", "muon", "--muon-lr", "0.01", "--lr-schedule", "wsd",
                 "--save-state", "end")

@@ -13,7 +13,18 @@ import sys
 import pytest
 import torch
 from click.testing import CliRunner
-from helpers import STEPS, TINY_FLAGS, cipher, run_chargpt, run_cli, train_pairs, write_cipher
+from helpers import (
+    STEPS,
+    TINY_FLAGS,
+    cipher,
+    need,
+    parse_sse,
+    run_chargpt,
+    run_cli,
+    texts_of,
+    train_pairs,
+    write_cipher,
+)
 
 import chargpt
 from chargpt.checkpoint import load_model, read_meta, write_safetensors
@@ -189,7 +200,6 @@ def test_translate_refuses_a_text_run(tiny_run):
 
 # --- the playground -----------------------------------------------------------------------------------------------
 def test_playground_translates_and_look_inside_refuses_encoder_decoders(runs):
-    from helpers import need, parse_sse, texts_of
     need("starlette")
     need("httpx2" if sys.version_info >= (3, 11) else "httpx")
     from starlette.testclient import TestClient
