@@ -92,11 +92,23 @@ def source_url(corpus, base_url=None):
     base = base_url or os.environ.get(BASE_URL_ENV)
     if not base:
         return corpus.url
-    parts = urllib.parse.urlsplit(base) if "\x00" not in base else None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
+    if not _is_http_url(base):
         raise DataError(f"{BASE_URL_ENV}={base!r:.80} is not an http(s) URL; set it to a mirror such as "
                         f"https://example.org/corpora, or unset it to use the published servers")
     return f"{base.rstrip('/')}/{corpus.filename}"
+
+
+def _is_http_url(url):
+    """An http(s) URL urllib can open: it parses (a bad IPv6 host such as http://[zz does not), has a host, a
+    numeric port if any, and no spaces or control characters (which urllib refuses only when it connects)."""
+    if any(c.isspace() or not c.isprintable() for c in url):
+        return False
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 (reading it checks it: a non-numeric or out-of-range port raises ValueError)
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
 
 
 def get(name, data_dir=DATA_DIR, base_url=None, log=print, progress=True):

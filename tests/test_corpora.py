@@ -127,6 +127,17 @@ def test_data_commands(server, tmp_path, monkeypatch):
     assert r.exit_code == 1 and len(lines) == 1 and "did you mean tinyshakespeare?" in lines[0]
 
 
+@pytest.mark.parametrize("url", ["http://[zz", "http://host:port", "http://host:99999", "http://a host", "http://:80"])
+def test_a_data_url_that_does_not_parse_is_one_line_naming_the_variable(server, tmp_path, monkeypatch, url):
+    monkeypatch.setenv(corpora.BASE_URL_ENV, url)
+    r = CliRunner().invoke(data_cli, ["get", "testcorpus"])
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code == 1 and not isinstance(r.exception, ValueError), r.exception
+    assert len(lines) == 1 and lines[0].startswith(f"error: {corpora.BASE_URL_ENV}=") and "is not an http(s) URL" \
+        in lines[0] and "unset it" in lines[0], lines
+    assert not (tmp_path / "data").exists() or not any((tmp_path / "data").iterdir())
+
+
 
 # --- a corpus built from several source files (the Tang poems) -------------------------------------------------
 def poems_json(*poems):
