@@ -9,7 +9,8 @@ every old id keeps its character, so old rows of the token embedding (and of an 
 are, and the new rows are those of a freshly initialised model of the same config and seed. Learned positions may
 be cut to a shorter --block-size (the first rows); every other tensor is copied exactly. The optimizer and the
 schedule start afresh. The corpus cache holds ids in the corpus's own (sorted) vocabulary: in_vocab writes, once,
-a remapped copy beside it in the run's vocabulary.
+a remapped copy beside it in the run's vocabulary, and checks it against the cache at every later use (a damaged
+copy is reported and written again).
 
 The checkpoint records where it started (lineage: the base's path, step, corpus and val loss), which `chargpt info`
 and the playground's Runs view show, and which --resume of the new run uses to rebuild its vocabulary.
@@ -17,13 +18,14 @@ and the playground's Runs view show, and which --resume of the new run uses to r
 
 import dataclasses
 import hashlib
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .checkpoint import load_model
-from .errors import CheckpointError, ConfigError
+from .errors import CheckpointError, ConfigError, DataError
 from .flags import param
 from .rundir import BEST, LATEST, resolve, write_atomic
 from .tokenizer import Vocab
@@ -154,25 +156,57 @@ def remap_table(old: Vocab, new: Vocab):
     return np.array([new.stoi[c] for c in old.chars], dtype=new.id_dtype)
 
 
-def in_vocab(corpus, vocab: Vocab):
+def in_vocab(corpus, vocab: Vocab, log=None):
     """An encoded corpus (text: EncodedCorpus; pairs: EncodedPairs) -> the same corpus with ids in `vocab`,
-    written once next to the cached ids (chunk by chunk, atomically) and memory-mapped like them."""
+    written once next to the cached ids (chunk by chunk, atomically) and memory-mapped like them.
+
+    A copy already there is used only if it is exactly the cached ids remapped (checked chunk by chunk, one pass
+    as the main cache's range check makes): a damaged one, in range or not, is reported on `log` (default:
+    stderr) and written again."""
     if corpus.vocab == vocab:
         return corpus
     paths = getattr(corpus, "paths", None)
     src = paths["ids"] if paths is not None else corpus.ids_path
     tag = hashlib.sha256("".join(vocab.chars).encode("utf-8", "surrogatepass")).hexdigest()[:12]
     dst = src.with_name(f"{src.stem}.in-{tag}.bin")
-    if not dst.is_file() or dst.stat().st_size != corpus.length * np.dtype(vocab.id_dtype).itemsize:
-        table, ids = remap_table(corpus.vocab, vocab), corpus.ids()
-
-        def write(tmp):
-            with open(tmp, "wb") as f:
-                for i in range(0, corpus.length, REMAP_CHUNK):
-                    table[ids[i:i + REMAP_CHUNK]].tofile(f)
-
-        write_atomic(dst, write)
+    table, ids = remap_table(corpus.vocab, vocab), corpus.ids()
+    damage = _remap_damage(dst, table, ids, corpus.length)
+    if damage is not None:
+        if damage:
+            (log or _to_stderr)(f"the remapped corpus {dst} is damaged ({damage}); rebuilding it")
+        _write_remapped(dst, table, ids, corpus.length)
     if paths is not None:
         return dataclasses.replace(corpus, vocab=vocab, paths={**paths, "ids": dst})
     return dataclasses.replace(corpus, vocab=vocab, ids_path=dst)
 
+
+def _to_stderr(message):
+    print(message, file=sys.stderr)
+
+
+def _remap_damage(dst, table, ids, length):
+    """None when dst holds exactly table[ids]; "" when it is missing; else what is wrong with it."""
+    if not dst.is_file():
+        return ""
+    size, want = dst.stat().st_size, length * table.itemsize
+    if size != want:
+        return f"{size:,} bytes, not {want:,}"
+    got = np.memmap(dst, dtype=table.dtype, mode="r", shape=(length,)) if length else table[:0]
+    for i in range(0, length, REMAP_CHUNK):
+        differ = np.flatnonzero(got[i:i + REMAP_CHUNK] != table[ids[i:i + REMAP_CHUNK]])
+        if len(differ):
+            return f"it differs from the cached corpus from character {i + int(differ[0]):,} on"
+    return None
+
+
+def _write_remapped(dst, table, ids, length):
+    def write(tmp):
+        with open(tmp, "wb") as f:
+            for i in range(0, length, REMAP_CHUNK):
+                table[ids[i:i + REMAP_CHUNK]].tofile(f)
+
+    try:
+        write_atomic(dst, write)
+    except OSError as e:
+        raise DataError(f"cannot write the remapped corpus {dst}: {e.strerror}; pass {param('cache_dir')} with a "
+                        f"writable directory that has space") from None

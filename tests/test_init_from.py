@@ -257,3 +257,28 @@ def test_a_pairs_base_does_not_start_a_text_run(tmp_path, tiny_run):
     with pytest.raises(chargpt.ConfigError, match="was trained on sentence pairs; it continues only on pairs"):
         train(data=str(tiny_run.parent / "corpus.txt"), task="text", out_dir="back", init_from="dec", max_iters=2)
     assert not (tmp_path / "back").exists()
+
+
+def test_a_damaged_remapped_corpus_is_noticed_reported_and_rebuilt(tmp_path, tiny_run, new_text):
+    """The corpus in the run's vocabulary (<key>.in-<tag>.bin beside the cache) of the right size but damaged:
+    ids out of range (which crashed --resume) or wrong ids in range (which trained on the wrong text) are one log
+    line each, and the file is written again from the cached corpus."""
+    train(data=str(new_text), out_dir="ft", init_from=str(tiny_run), max_iters=2, eval_interval=2)
+    (remapped,) = (tmp_path / "cache").glob("*.in-*.bin")
+    good = remapped.read_bytes()
+
+    def damaged(result):
+        assert result.exit_code == 0, result.output
+        said = [line for line in result.stderr.splitlines() if "is damaged" in line]
+        assert len(said) == 1 and said[0].startswith(f"the remapped corpus {remapped} is damaged") and \
+            said[0].endswith("rebuilding it"), result.stderr
+        assert remapped.read_bytes() == good
+
+    remapped.write_bytes(b"\xff" * len(good))  # ids past the vocabulary, the file's size unchanged
+    damaged(cli("--data", new_text, "--out-dir", "ft", "--resume", "--max-iters", "4"))
+    remapped.write_bytes(good[::-1])  # every id in range, in the wrong order
+    damaged(cli("--data", new_text, "--out-dir", "ft2", "--init-from", tiny_run))
+    remapped.write_bytes(good[:-1])  # a shorter file is damage too
+    damaged(cli("--data", new_text, "--out-dir", "ft3", "--init-from", tiny_run))
+    again = cli("--data", new_text, "--out-dir", "ft4", "--init-from", tiny_run)  # an intact one is used quietly
+    assert again.exit_code == 0 and "is damaged" not in again.stderr and remapped.read_bytes() == good
