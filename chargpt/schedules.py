@@ -98,6 +98,13 @@ def describe_budget(cfg: TrainConfig, s, left=True):
     parts = [f"until step {cfg.max_iters:,}"] if cfg.max_iters < UNLIMITED else []
     if cfg.max_time:
         spent = s.elapsed - s.budget_elapsed
-        parts.append(f"{cfg.max_time:g} s of training"
+        parts.append(f"{seconds(cfg.max_time)} of training"
                      + (f" ({max(0.0, cfg.max_time - spent):.0f} s left)" if spent and left else ""))
     return " or ".join(parts) + (", whichever comes first" if len(parts) > 1 else "")
+
+
+def seconds(s):
+    """A time budget in words: '150 s' (as given, up to a million seconds), then days, then 'more than a year'."""
+    if s < 1e6:
+        return f"{s:g} s"
+    return f"{s / 86400:,.0f} days" if s < 365 * 86400 else "more than a year"

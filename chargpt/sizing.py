@@ -27,7 +27,8 @@ import statistics
 import time
 from dataclasses import dataclass, field, fields
 
-from .config import SIZED, ModelConfig
+from .config import PRESETS, SIZED, ModelConfig
+from .schedules import seconds
 
 HEAD_SIZE = 32  # channels per attention head in every rung (a given --n-embd gets heads of about this size)
 
@@ -99,7 +100,8 @@ RUNGS = (
     Rung(5, 320),
     Rung(6, 384, block_size=256, batch_size=64),
 )
-STEP_BUDGET_RUNG = RUNGS[1]  # a run given steps, not time (--max-iters alone), keeps the cpu preset's model
+# a run given steps, not time (--max-iters alone), keeps the cpu preset's model (docs/runs.md says so)
+STEP_BUDGET_RUNG = Rung(*(PRESETS["cpu"][k] for k in ("n_layer", "n_embd", "block_size", "batch_size")))
 
 
 @dataclass
@@ -135,7 +137,7 @@ def choose(budget_s, step_seconds, train_chars, world_size=1, grad_accum=1):
                 break
             guess = picked[1] * rung.flops() / RUNGS[i - 1].flops()  # its step, guessed from the last one measured
             if guess * (PROBE_STEPS + 1) > PROBE_SHARE * budget_s:
-                why_not = f"{rung.describe()} is too slow for {budget_s:g} s (about {guess:.2g} s a step)"
+                why_not = f"{rung.describe()} is too slow for {seconds(budget_s)} (about {guess:.2g} s a step)"
                 break
         step_s = step_seconds(rung, 0.0)
         passes = budget_s / step_s * rung.chars_per_step * scale / max(train_chars, 1)
@@ -153,9 +155,9 @@ def choose(budget_s, step_seconds, train_chars, world_size=1, grad_accum=1):
     epochs = chars / max(train_chars, 1)
     settings = {**rung.model_settings(dropout), "batch_size": rung.batch_size}
     plan = Plan(rung, settings, step_s, steps, epochs, budget_steps=steps)
-    plan.reasons.append(f"{chars / rung.params:.0f} characters per block parameter in the budget")
+    plan.reasons.append(f"{count(chars / rung.params)} characters per block parameter in the budget")
     if dropout:
-        plan.reasons.append(f"dropout {dropout:g}: the budget reads the training text {epochs:.0f} times with "
+        plan.reasons.append(f"dropout {dropout:g}: the budget reads the training text {count(epochs)} times with "
                             f"{rung.params / train_chars:.1f} block parameters per character")
     if why_not:
         plan.reasons.append(f"not larger: {why_not}")
@@ -193,6 +195,11 @@ def heads_for(n_embd):
     return min((h for h in range(1, n_embd + 1) if n_embd % h == 0), key=lambda h: abs(n_embd / h - HEAD_SIZE))
 
 
+def width_for(n_embd, n_head):
+    """The width nearest n_embd that n_head heads divide (never below one channel a head)."""
+    return max(n_head, round(n_embd / n_head) * n_head)
+
+
 def plan_run(cfg, given, train_chars, probe, world_size=1):
     """The Plan for a run of TrainConfig `cfg` whose settings `given` ({name: value}, from a flag or a config
     file) win: sized by time (--max-time; the probe is measured), or by steps. Nothing is measured when the
@@ -212,6 +219,8 @@ def apply(plan, model_kw, train_kw, given):
     chosen = {k: v for k, v in plan.settings.items() if k not in given}
     if "n_embd" in given and "n_head" not in given:  # the rung's head count may not divide the width given
         chosen["n_head"] = heads_for(given["n_embd"])
+    if "n_head" in given and "n_embd" not in given and "n_embd" in chosen:  # a width the heads given divide
+        chosen["n_embd"] = width_for(chosen["n_embd"], given["n_head"])
     model_names = {f.name for f in fields(ModelConfig)}
     model_kw = {**model_kw, **{k: v for k, v in chosen.items() if k in model_names}}
     train_kw = {**train_kw, **{k: v for k, v in chosen.items() if k not in model_names}}
@@ -219,22 +228,34 @@ def apply(plan, model_kw, train_kw, given):
 
 
 def describe(plan, budget_s, train_chars, kept=(), spelled=lambda name, value: f"--{name} {value}"):
-    """The start-up lines: what auto chose, for what, why; the user's settings it left alone ([(name, value)])."""
+    """The start-up lines: what auto chose, for what, why; the user's settings it left alone ([(name, value)]). The
+    first line describes the model that trains: where a size setting of the user's replaced the rung's, the
+    rung's measured speed no longer applies and no step count is promised."""
     s, r = plan.settings, plan.rung
     if not s:
         line = f"auto: the model's size is given ({r.describe()}, context {r.block_size}, batch {r.batch_size})"
     else:
-        line = (f"auto: {r.describe()} ({r.params / 1e6:.2f}M block parameters), context {s['block_size']}, batch "
-                f"{s['batch_size']}, dropout {s['dropout']:g}")
-        if plan.step_s is None:
+        given = dict(kept)
+        shape = Rung(*(given.get(k, getattr(r, k)) for k in ("n_layer", "n_embd", "block_size", "batch_size")))
+        line = (f"auto: {shape.describe()} ({shape.params / 1e6:.2f}M block parameters), context {shape.block_size}, "
+                f"batch {shape.batch_size}, dropout {given.get('dropout', s['dropout']):g}")
+        if shape != r:
+            line += f" (auto chose {r.describe()}, context {r.block_size}, batch {r.batch_size}; yours win)"
+        elif plan.step_s is None:
             line += f" for {plan.steps:,.0f} steps on {train_chars:,} training characters: ~{plan.epochs:.1f} passes"
         else:
-            line += (f" for {budget_s:g} s on {train_chars:,} training characters: {plan.step_s * 1e3:.0f} ms a step "
-                     f"measured, ~{plan.steps:,.0f} steps, ~{plan.epochs:.1f} passes")
+            line += (f" for {seconds(budget_s)} on {train_chars:,} training characters: {plan.step_s * 1e3:.0f} ms a "
+                     f"step measured, ~{count(plan.steps)} steps, ~{plan.epochs:,.1f} passes")
     lines = [line, "auto, why: " + "; ".join(plan.reasons)]
     if kept:
         lines.append("auto left to you: " + ", ".join(spelled(k, v) for k, v in kept))
     return lines
+
+
+def count(x):
+    """A count that may be astronomically large (a budget of 1e300 s): digits up to a trillion, then 'more than a
+    trillion'."""
+    return f"{x:,.0f}" if x < 1e12 else "more than a trillion"
 
 
 class Probe:

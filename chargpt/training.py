@@ -39,8 +39,8 @@ class Trainer:
         self.run, self.cfg, self.state = run, run.cfg, run.state
         self.profiler = None  # a torch.profiler.profile: the loop labels its phases and steps it (chargpt.bench)
         self.signals = SignalFlag(say=run.log, distributed=run.dist.enabled)
-        self.validator = Validator(run.cfg, run.eval_period, run.state.elapsed, run.model, run.batches, run.device,
-                                   run.dtype, run.dist)
+        self.validator = Validator(run.cfg, run.eval_period, run.eval_steps, run.state.elapsed, run.state.step,
+                                   run.model, run.batches, run.device, run.dtype, run.dist)
         novelty = NoveltyScorer(run.corpus, run.cfg.val_fraction, getattr(run.task, "split", None), run.log)
         self.samples = Samples(run.model, run.corpus.vocab, run.device, run.cfg.sample_prompt, run.cfg.sample_chars,
                                run.cfg.seed, novelty, run.sinks, run.log)
@@ -63,9 +63,9 @@ class Trainer:
                         self.progress.close()  # cleared on any exit, so an error line starts clean
                     return self._finish(reason, signum)
                 except Aborted as e:
-                    raise Interrupted(f"stopped during the save at step {s.step}; {run.out_dir} keeps the last "
-                                      f"complete save", e.signum, out_dir=run.out_dir,
-                                      distributed=run.dist.enabled) from None
+                    what = "during the save" if e.during == "save" else f"during a {e.during}, without saving"
+                    raise Interrupted(f"stopped {what} at step {s.step}; {run.out_dir} keeps the last complete save",
+                                      e.signum, out_dir=run.out_dir, distributed=run.dist.enabled) from None
         finally:
             run.sinks.close()
             run.release()
@@ -208,20 +208,18 @@ class Trainer:
         """Evaluate, write the "eval" record, then save (the line first: a kill between the two leaves a line that
         --resume drops, never a saved step whose line is missing). A signal abandons the evaluation."""
         run, s, t0 = self.run, self.state, time.perf_counter()
-        self.signals.where = "evaluation"
-        try:
+        with self.signals.doing("evaluation"):
             losses = self.validator.evaluate(s.step, lr, self.signals.check)
             self.last_scores = run.task.scores(run.model, run.corpus, run.dtype, run.log, self.signals.check) \
                 if run.dist.is_main else {}
-        finally:
-            self.signals.where = "step"
         improved = s.evaluated_at(losses["val"])
         run.sinks.write("eval", eval_record(s.step, losses, lr, s.elapsed, self.last_scores))
         s.eval_time += time.perf_counter() - t0
         if not run.dist.enabled:  # the clock, read after the evaluation, saved with it (under torchrun the
             s.elapsed = self.progress.clock()  # ranks agree it, in _agree)
-        self.validator.evaluated(s.elapsed)
-        run.checkpointer.save(s, losses["val"], improved, final)
+        self.validator.evaluated(s.step, s.elapsed)
+        with self.signals.doing("save"):
+            run.checkpointer.save(s, losses["val"], improved, final)
         run.log(eval_line(s.step, losses, improved, self.last_scores, len(getattr(run.task, "eval_rows", ()))))
         self.last_val = losses["val"]
         self.progress.pause(time.perf_counter() - t0)
@@ -232,13 +230,14 @@ class Trainer:
         # is in eval_time), so a share of it would otherwise pass 100%
         elapsed = max(s.elapsed, self.progress.clock())
         speed = self.progress.session_speed(s.step)
-        if reason == "signal":
-            run.checkpointer.save(s, None, False, final=True)
-        if reason == "patience":
-            run.log(f"stopped early at step {s.step}: no improvement in {self.cfg.patience} evaluations (best val "
-                    f"loss {s.best_val:.4f})")
-            if self.cfg.save_state == "end":  # the evaluation that ended the run did not know it was the last
-                run.checkpointer.save(s, self.last_val, False, final=True)
+        with self.signals.doing("save"):
+            if reason == "signal":
+                run.checkpointer.save(s, None, False, final=True)
+            if reason == "patience":
+                run.log(f"stopped early at step {s.step}: no improvement in {self.cfg.patience} evaluations (best "
+                        f"val loss {s.best_val:.4f})")
+                if self.cfg.save_state == "end":  # the evaluation that ended the run did not know it was the last
+                    run.checkpointer.save(s, self.last_val, False, final=True)
         if run.dist.is_main and self.cfg.curves:
             from .plot import maybe_write_curves
             maybe_write_curves(run.out_dir, run.log)

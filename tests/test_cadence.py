@@ -61,3 +61,13 @@ def test_a_resumed_run_drops_running_losses_past_its_state(tmp_path, corpus):
     chargpt.train(data=str(corpus), out_dir="run", resume=True, max_iters=40, log=lambda m: None, **TINY_KW)
     rows = [json.loads(ln) for ln in path.read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 11, 21, 31] and rows[-1]["train_loss"] != 9.0
+
+
+def test_a_time_budget_that_a_step_cap_ends_first_evaluates_and_saves_along_the_steps(tmp_path, corpus):
+    """--max-time 1e9 capped at 40 steps (as --preset auto caps a small corpus): evaluations every 2 steps, not
+    every 5e7 s, so the run saves, and --patience can act, before the cap."""
+    logs = []
+    chargpt.train(data=str(corpus), out_dir="run", max_time=1e9, max_iters=40, log=logs.append, **TINY_KW)
+    assert any(line.startswith("evaluating every 2 steps or ") for line in logs)
+    evals = [json.loads(ln) for ln in (tmp_path / "run" / METRICS).read_text().splitlines()]
+    assert [e["step"] for e in evals] == list(range(0, 41, 2))

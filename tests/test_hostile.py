@@ -72,7 +72,8 @@ SLOW_SAVE = ["--n-layer", "6", "--n-embd", "256", "--n-head", "4", "--max-iters"
 def test_a_second_signal_during_the_final_save_waits_for_it(tmp_path, corpus):
     run = tmp_path / "run"
     proc = start_training(tmp_path, *SLOW_SAVE, "--save-state", "end", "--eval-interval", "100000")
-    wait_for(lambda: (run / rundir.METRICS).exists(), proc, tmp_path)  # evaluated at step 0; now training
+    # evaluated at step 0 and its best weights saved; now training
+    wait_for(lambda: (run / rundir.BEST).exists() and not saving_state(run)(), proc, tmp_path)
     proc.send_signal(signal.SIGTERM)
     wait_for(saving_state(run), proc, tmp_path)  # the final save has begun
     proc.send_signal(signal.SIGTERM)
@@ -236,7 +237,8 @@ def test_a_signal_during_evaluation_stops_it_at_once(tmp_path, corpus):
     proc.send_signal(signal.SIGTERM)
     assert finish(proc, 30) == 143 and time.monotonic() - t0 < 30
     stderr = (tmp_path / "stderr.txt").read_text()
-    assert "SIGTERM: stopping after the current evaluation" in stderr and "Traceback" not in stderr
+    assert "SIGTERM: abandoning the evaluation, then saving the run as it stands" in stderr
+    assert "Traceback" not in stderr
     assert ckpt.read_meta(tmp_path / "run" / rundir.STATE)[0]["step"] == 0
 
 

@@ -2,12 +2,13 @@
 what it chose, lets explicit settings win and keeps a resumed run's model."""
 
 import json
+import re
 
 import pytest
 
 from chargpt import sizing
 from chargpt.checkpoint import read_meta
-from chargpt.config import AUTO_BUDGET_S, UNLIMITED, TrainConfig
+from chargpt.config import AUTO_BUDGET_S, PRESETS, UNLIMITED, TrainConfig
 from chargpt.settings import Settings, new_run_settings
 from chargpt.sizing import RUNGS, choose
 from chargpt.training import train
@@ -151,3 +152,41 @@ def test_the_default_budget_is_time_and_the_log_says_so(corpus, tmp_path):
         assert any(ln.startswith("auto: ") and f"for {AUTO_BUDGET_S:g} s on" in ln for ln in lines)
     finally:
         trainer.release()
+
+
+def test_a_step_budget_trains_the_documented_cpu_preset_model():
+    """docs/runs.md: a step budget (--max-iters alone) keeps the cpu preset's model, 2 x 128 at context 128."""
+    plan = sizing.plan_run(TrainConfig(max_iters=200, max_time=None), {"max_iters": 200}, 1_000_000, probe=None)
+    cpu = PRESETS["cpu"]
+    assert {k: plan.settings[k] for k in ("n_layer", "n_embd", "n_head", "block_size", "batch_size")} == {
+        k: cpu[k] for k in ("n_layer", "n_embd", "n_head", "block_size", "batch_size")}
+
+
+def test_the_auto_line_describes_the_model_that_trains_when_a_size_is_given():
+    plan = choose(120, flops_speed(), 1_000_000)
+    _, _, kept = sizing.apply(plan, {}, {}, {"n_embd": 16})
+    line = sizing.describe(plan, 120, 900_000, kept)[0]
+    assert line.startswith(f"auto: {plan.rung.n_layer} x 16 ") and f"auto chose {plan.rung.describe()}" in line
+    assert "steps" not in line  # the rung's measured speed says nothing of a 16-wide model's
+
+
+def test_a_head_count_given_gets_a_width_it_divides():
+    plan = choose(120, flops_speed(), 1_000_000)
+    model_kw, _, _ = sizing.apply(plan, {"n_head": 3}, {}, {"n_head": 3})
+    assert model_kw["n_head"] == 3 and model_kw["n_embd"] % 3 == 0
+    assert abs(model_kw["n_embd"] - plan.settings["n_embd"]) < 3  # the rung's width, nearest multiple of 3
+
+
+def test_a_head_count_alone_trains_under_auto(corpus, tmp_path):
+    summary = train(data=corpus, out_dir="run", n_head=3, max_time=2, threads=1, sample_chars=0, curves=False,
+                    log=lambda m: None)
+    assert summary["step"] > 0 and read_meta(tmp_path / "run" / "best.safetensors")[0]["model_config"].n_embd % 3 == 0
+
+
+def test_an_astronomical_budget_is_said_in_words_not_in_300_digits():
+    def speed(rung, dropout=0.0):
+        return 0.01
+    plan = choose(1e300, speed, 2_700)
+    lines = sizing.describe(plan, 1e300, 2_700)
+    assert all(len(line) < 700 for line in lines) and not any(re.search(r"\d{16}", line) for line in lines)
+    assert "more than a year" in lines[0] and "max_iters" in plan.settings  # capped by the passes it may read

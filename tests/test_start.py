@@ -39,6 +39,9 @@ def test_a_resumed_run_starts_from_its_own_state_and_says_what_changed(tmp_path,
         lines = start_lines(run)
         assert any(line.startswith("resuming run at step 4") for line in lines)
         assert "dropout 0.1 (checkpoint: 0.0) from here on" in lines
+        best, run.state.best_val = run.state.best_val, float("inf")  # as a run stopped in its first evaluation
+        assert any(line.startswith("resuming run at step 4 (not evaluated yet)") for line in start_lines(run))
+        run.state.best_val = best
         summary = Trainer(run).train()
     finally:
         run.release()

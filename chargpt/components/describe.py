@@ -9,7 +9,7 @@ from .. import init_from
 from ..config import describe_model
 from ..flags import param
 from ..optim import describe_numerics
-from ..schedules import describe_budget
+from ..schedules import describe_budget, seconds
 from ..settings import HARDWARE
 from .validate import EVALS_PER_BUDGET
 
@@ -35,7 +35,8 @@ def start_lines(run):
         lines.append(model)
     else:
         s = run.state
-        lines.append(f"resuming {run.out_dir} at step {s.step} (best val loss {s.best_val:.4f}); {model}")
+        best = f"best val loss {s.best_val:.4f}" if s.best_val < float("inf") else "not evaluated yet"
+        lines.append(f"resuming {run.out_dir} at step {s.step} ({best}); {model}")
         notes += changes_since(origin.meta, run.hardware(), cfg, mcfg)
     global_batch = cfg.batch_size * cfg.grad_accum * dist.world_size
     lines.append(f"global batch: {cfg.batch_size} x {cfg.grad_accum} accum x {dist.world_size} proc = {global_batch} "
@@ -51,7 +52,11 @@ def start_lines(run):
         lines.append(f"warning: the warmup ({param('warmup_iters', cfg.warmup_iters)}) does not end before the budget "
                      f"({param('max_iters', cfg.max_iters)}): the learning rate only rises and never decays; give a "
                      f"larger {param('max_iters')} or a smaller {param('warmup_iters')}")
-    if run.eval_period:
+    if run.eval_period and run.eval_steps:
+        lines.append(f"evaluating every {run.eval_steps:,} steps or {seconds(run.eval_period)} of training, whichever "
+                     f"comes first (1/{EVALS_PER_BUDGET} of the budget); --eval-interval N to evaluate every N steps "
+                     f"instead")
+    elif run.eval_period:
         lines.append(f"evaluating every {run.eval_period:.3g} s of training (1/{EVALS_PER_BUDGET} of --max-time); "
                      f"--eval-interval N to evaluate every N steps instead")
     return lines + notes

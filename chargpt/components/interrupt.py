@@ -13,6 +13,7 @@ inner loop (an evaluation, the scoring of translations) can act on by calling fl
 StopRequested: what was running is abandoned and the run saved as it stands.
 """
 
+import contextlib
 import os
 import signal
 import sys
@@ -61,11 +62,12 @@ class StopRequested(Exception):
 
 
 class Aborted(BaseException):
-    """A third signal: the save in progress is abandoned (a BaseException, so that nothing on the way catches it)."""
+    """A third signal: what was running (`during`: a save, or a step or evaluation before the save) is abandoned,
+    and the run is not saved again (a BaseException, so that nothing on the way catches it)."""
 
-    def __init__(self, signum):
+    def __init__(self, signum, during="save"):
         super().__init__(signum)
-        self.signum = signum
+        self.signum, self.during = signum, during
 
 
 class SignalFlag:
@@ -80,7 +82,7 @@ class SignalFlag:
     def __init__(self, say=lambda message: None, distributed=False):
         self.requested, self.signum, self.count, self.old, self.say = False, None, 0, {}, say
         self.distributed = distributed
-        self.where = "step"  # what is running: what a signal waits for
+        self.where = "step"  # what is running: "step", "evaluation" or "save" (what a signal waits for)
 
     def check(self):
         """Raise StopRequested if a signal asked training to stop (called inside evaluation and scoring loops)."""
@@ -92,12 +94,30 @@ class SignalFlag:
         name = signal.Signals(signum).name
         if self.count == 1:
             self.requested, self.signum = True, signum
-            self.say(f"{name}: stopping after the current {self.where}, then saving the run (a second signal "
-                     f"waits for the save; a third abandons it, keeping the last complete save)")
+            if self.where == "evaluation" and not self.distributed:  # check() abandons it at the next batch
+                now = "abandoning the evaluation, then saving the run as it stands"
+            elif self.where == "save":
+                now = "finishing the save under way, then stopping"
+            else:
+                now = f"stopping after the current {self.where}, then saving the run"
+            self.say(f"{name}: {now} (a second signal waits for the save; a third abandons it, keeping the last "
+                     f"complete save)")
         elif self.count == 2:
-            self.say(f"{name}: saving, please wait (a third signal abandons the save, keeping the last complete one)")
+            self.say(f"{name}: saving, please wait (a third signal abandons the save, keeping the last complete one)"
+                     if self.where == "save" else
+                     f"{name}: already stopping; the run saves after the current {self.where} (a third signal stops "
+                     f"without saving, keeping the last complete save)")
         else:
-            raise Aborted(signum)
+            raise Aborted(signum, self.where)
+
+    @contextlib.contextmanager
+    def doing(self, what):
+        """A span of the loop in which a signal waits for `what` ("evaluation", "save")."""
+        before, self.where = self.where, what
+        try:
+            yield
+        finally:
+            self.where = before
 
     def __enter__(self):
         try:

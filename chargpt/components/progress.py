@@ -41,6 +41,14 @@ class RunningLoss:
         return value if math.isfinite(value) else None
 
 
+def time_left(seconds):
+    """'83s' for the bar; days past a day or so, and 'years' for a budget nobody will see the end of."""
+    seconds = max(0.0, seconds)
+    if seconds < 100_000:
+        return f"{seconds:.0f}s"
+    return f"{seconds / 86400:,.0f}d" if seconds < 1e9 else "years"
+
+
 class Progress:
     """The clocks of a session that starts at `step` with `elapsed` training seconds behind it (a resumed run),
     and its progress bar (shown where `show`). chars_per_step converts steps to characters."""
@@ -87,7 +95,7 @@ class Progress:
                      "val": f"{last_val:.4f}" if last_val else "-", "lr": f"{lr:.2e}",
                      "chars/s": f"{speed * self.chars_per_step:,.0f}"}
             if left_s is not None:
-                shown["left"] = f"{max(0, left_s):.0f}s"
+                shown["left"] = time_left(left_s)
             self.bar.set_postfix(shown, refresh=False)
             if value is not None:
                 record = {"step": step, "train_loss": round(value, 6), "lr": lr, "elapsed_s": round(elapsed, 2)}

@@ -44,7 +44,7 @@ from ..tokenizer import describe_chars
 from .checkpointer import Checkpointer, restore
 from .sinks import make_sinks
 from .state import RunState, resumed_state
-from .validate import eval_period
+from .validate import eval_period, eval_steps
 
 GPU_SYNC_EVERY = 10  # steps between the host syncs that read the stop flags on a GPU (every step on a CPU)
 
@@ -131,6 +131,7 @@ class Run:
     copies: object = None  # flat.LowPrecisionCopies, or None
     sync_every: int = 1  # steps between host reads of the stop flags
     eval_period: float | None = None  # seconds between evaluations by the clock, or None (by steps)
+    eval_steps: int | None = None  # with eval_period: also every this many steps (a step cap may end the run first)
     checkpointer: Checkpointer = None
     sinks: object = None  # sinks.Sinks
     log: object = print  # writes a line on rank 0 only
@@ -180,7 +181,11 @@ def _build(settings, given, dist, device, log, claimed, extra_sinks):
     out_dir = claim_run_dir(given, dist, claimed)
     origin = origin_of(given, settings, device.type, out_dir)
     cfg = origin.cfg
-    check_task(ModelConfig(**origin.model_kw).validate().arch, cfg)  # before the corpus is read and cached
+    sizes = cfg.preset == "auto" and origin.meta is None and origin.base is None  # --preset auto sizes this run
+    early = origin.model_kw
+    if sizes and "n_head" in settings.given() and "n_embd" not in settings.given():  # auto fits the width to it
+        early = {**early, "n_embd": sizing.width_for(early["n_embd"], early["n_head"])}
+    check_task(ModelConfig(**early).validate().arch, cfg)  # before the corpus is read and cached
     task = make_task(cfg)
     dtype, dtype_reason = pick_dtype(cfg.dtype, device)
     enable_fast_math(device)
@@ -189,7 +194,7 @@ def _build(settings, given, dist, device, log, claimed, extra_sinks):
     distinct = len(corpus.vocab)
     corpus = origin.in_run_vocab(corpus)
     model_kw, sizing_lines = origin.model_kw, []
-    if cfg.preset == "auto" and origin.meta is None and origin.base is None:
+    if sizes:
         model_kw, cfg, sizing_lines = auto_size(settings, model_kw, cfg, task, corpus, device, dtype, dist)
     if origin.meta is not None and origin.meta["vocab"] != corpus.vocab:
         raise ConfigError(f"--resume: the corpus's vocabulary ({len(corpus.vocab)} characters) differs from "
@@ -213,6 +218,7 @@ def _build(settings, given, dist, device, log, claimed, extra_sinks):
                 run.state.step)
     wrap(run)
     run.eval_period = eval_period(cfg, settings.source("eval_interval"))  # None: by steps alone
+    run.eval_steps = eval_steps(cfg, run.eval_period, run.state.budget_step)
     about = dict(corpus=corpus.name, corpus_key=corpus.key, hardware=run.hardware(), world_size=dist.world_size,
                  chars_per_step=chars_per_step, corpus_chars=corpus.length,  # for model cards; the key: novelty
                  closing_prompt=getattr(task, "closing_prompt", None))  # the playground's "Write a sample"

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from ..config import TrainConfig
+from ..config import UNLIMITED, TrainConfig
 from ..errors import ChargptError
 from ..runtime import autocast, stream_seed
 
@@ -28,6 +28,15 @@ def eval_period(cfg: TrainConfig, interval_source):
     if not cfg.max_time or (interval_source is not None and not interval_source.startswith("preset ")):
         return None
     return cfg.max_time / EVALS_PER_BUDGET
+
+
+def eval_steps(cfg: TrainConfig, period, budget_step=0):
+    """With a time budget (`period` not None) that a step cap may end first (--preset auto caps the passes over a
+    small corpus; --max-iters beside --max-time): also every 1/EVALS_PER_BUDGET of the steps from `budget_step`, so
+    such a run evaluates, saves and checks --patience through the budget it actually uses. None: no such cap."""
+    if period is None or cfg.max_iters >= UNLIMITED:
+        return None
+    return max(1, math.ceil((cfg.max_iters - budget_step) / EVALS_PER_BUDGET))
 
 
 def time_to_evaluate(elapsed, last_eval_elapsed, period):
@@ -67,19 +76,22 @@ def estimate_loss(model, batches, cfg: TrainConfig, device, dtype, dist, check_s
 
 
 class Validator:
-    """Decides when to evaluate (every cfg.eval_interval steps, or by the clock: `period` seconds, see above) and
-    evaluates: the plain model (no DDP sync is needed under no_grad, and torch.compile would recompile for eval
-    mode) on the run's batches, then the task's scores (translations of a pairs run) on rank 0."""
+    """Decides when to evaluate (every cfg.eval_interval steps; or by the clock, every `period` seconds, and then
+    also every `steps` steps where a step cap may end the run first: see above) and evaluates: the plain model (no
+    DDP sync is needed under no_grad, and torch.compile would recompile for eval mode) on the run's batches. The
+    task's scores (translations of a pairs run) are the loop's to ask for, on rank 0."""
 
-    def __init__(self, cfg: TrainConfig, period, elapsed, model, batches, device, dtype, dist):
-        self.cfg, self.period, self.last_eval_at = cfg, period, elapsed
+    def __init__(self, cfg: TrainConfig, period, steps, elapsed, step, model, batches, device, dtype, dist):
+        self.cfg, self.period, self.steps = cfg, period, steps
+        self.last_eval_at, self.last_eval_step = elapsed, step
         self.model, self.batches, self.device, self.dtype, self.dist = model, batches, device, dtype, dist
 
     def due(self, step, elapsed):
         """Whether an evaluation falls at `step` (from step 0; `elapsed`: the agreed clock)."""
         if self.period is None:
             return step % self.cfg.eval_interval == 0
-        return step == 0 or time_to_evaluate(elapsed, self.last_eval_at, self.period)
+        return (step == 0 or time_to_evaluate(elapsed, self.last_eval_at, self.period)
+                or (self.steps is not None and step - self.last_eval_step >= self.steps))
 
     def evaluate(self, step, lr, check_stop):
         """-> {"train": loss, "val": loss}; weights that evaluate to a non-finite loss stop the run (they are never
@@ -92,9 +104,9 @@ class Validator:
                 f"good checkpoint in {self.cfg.out_dir} is kept.")
         return losses
 
-    def evaluated(self, elapsed):
-        """The agreed clock after an evaluation: the next one by the clock counts from here."""
-        self.last_eval_at = elapsed
+    def evaluated(self, step, elapsed):
+        """An evaluation at `step`, the agreed clock after it: the next one counts from here."""
+        self.last_eval_step, self.last_eval_at = step, elapsed
 
 
 def eval_record(step, losses, lr, elapsed, scores):
