@@ -380,7 +380,7 @@ def info_cli(run, as_json):
         from .rundir import latest_run
         from .runinfo import format_info, run_info
         info = run_info(run or latest_run(pass_run="name one: chargpt info RUN"))
-        click.echo(json.dumps(info, ensure_ascii=False) if as_json else format_info(info))
+        click.echo(textio.visible_json(info) if as_json else format_info(info))  # no raw terminal escapes
     run_guarded(show)
 
 

@@ -28,6 +28,7 @@ from .checkpoint import load_model
 from .errors import CheckpointError, ConfigError, DataError
 from .flags import param
 from .rundir import BEST, LATEST, resolve, write_atomic
+from .textio import escape
 from .tokenizer import Vocab
 
 REMAP_CHUNK = 1 << 22  # ids per chunk when remapping a cached corpus (8-16 MB at a time, whatever its size)
@@ -120,11 +121,13 @@ def read_lineage(meta):
 
 
 def describe_lineage(line):
-    """One line for the log and `chargpt info`: where a run started."""
-    val = line.get("val_loss")
-    return (f"{line.get('path')} ({line.get('weights', '?')} weights, step {line.get('step', 0):,} on "
-            f"{line.get('corpus') or '?'}" + (f", val loss {val:.4f}" if isinstance(val, (int, float)) else "")
-            + ")")
+    """One line for the log and `chargpt info`: where a run started. Its strings come from a checkpoint's metadata,
+    which may be hostile: they are escaped (no terminal escape or line break is printed as it is)."""
+    val, step = line.get("val_loss"), line.get("step", 0)
+    step = f"{step:,}" if isinstance(step, int) and not isinstance(step, bool) else "?"
+    return (f"{escape(line.get('path'), backslashes=False)} ({escape(line.get('weights', '?'), backslashes=False)} "
+            f"weights, step {step} on {escape(line.get('corpus') or '?', backslashes=False)}"
+            + (f", val loss {val:.4f}" if isinstance(val, (int, float)) else "") + ")")
 
 
 def describe_added(vocab: Vocab, n_old):

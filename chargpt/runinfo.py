@@ -19,23 +19,10 @@ from .config import ModelConfig, describe_model
 from .data import run_val_split
 from .init_from import describe_lineage, read_lineage
 from .rundir import LATEST, METRICS, read_step_rows, resolve
+from .textio import escape  # also for the playground's Runs view (chargpt/web/runs.py)
 
 PREVIEW_CHARS = 80
 WRAP = 110  # columns of the human format
-NAMED_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\"}
-
-
-def escape(text):
-    """Whitespace and invisible characters made visible: newline as \\n, others as \\uXXXX; a plain space stays."""
-    return "".join(_visible(c) for c in text)
-
-
-def _visible(c):
-    if c in NAMED_ESCAPES:
-        return NAMED_ESCAPES[c]
-    if c == " " or (c.isprintable() and not c.isspace()):
-        return c
-    return f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}"
 
 
 def _format_version(path):
@@ -62,6 +49,8 @@ def run_info(path, preview=PREVIEW_CHARS):
     state = latest.get("run_state") or {}
     step = latest.get("step", 0)
     processes = latest.get("world_size")  # recorded by newer trainers; None: unknown (one process assumed)
+    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
+        processes = None  # absent, or not a count (a damaged or hostile file)
     per_step = latest.get("chars_per_step")  # recorded since pairs runs, whose examples vary in length
     if isinstance(per_step, bool) or not isinstance(per_step, (int, float)) or not 0 < per_step < 2**53:
         per_step = tcfg.get("batch_size", 0) * tcfg.get("grad_accum", 1) * cfg.block_size * (processes or 1)
@@ -91,6 +80,15 @@ def _size(n):
         if n < 1000 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
+
+
+def _started_from(line):
+    return f"{describe_lineage(line)}; {_count(line.get('added_chars', 0))} characters added to its vocabulary"
+
+
+def _count(n):
+    """A count from a file's metadata: 1,234, or ? when it is not a count."""
+    return f"{n:,}" if isinstance(n, int) and not isinstance(n, bool) else "?"
 
 
 def _duration(seconds):
@@ -139,13 +137,15 @@ def format_info(info):
             ("best val loss", best + (f", {info['evaluations']} evaluations" if info["evaluations"] else "")),
             ("corpus", f"{info['corpus'] or '?'} ({t.get('data') or 'built-in'}, {t.get('encoding', 'utf-8')}, "
                        f"{_validates(t)})" if t else info["corpus"] or "unknown"),
-            *([("started from", f"{describe_lineage(info['init_from'])}; {info['init_from'].get('added_chars', 0):,} "
-                                f"characters added to its vocabulary")] if info.get("init_from") else []),
+            *([("started from", _started_from(info["init_from"]))] if info.get("init_from") else []),
             ("saved", info["saved_at"] or "unknown"),
             ("files", ", ".join(f"{name} {_size(n)}" for name, n in info["files"].items()))]
     width = max(len(k) for k, _ in rows + [("training config", "")])
-    lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    # what the files say is shown, never acted on: a hostile checkpoint's corpus name, paths or settings may hold
+    # terminal escapes or line breaks (escape is a no-op on text already escaped, such as the vocabulary preview)
+    lines = [f"{k:<{width}}  {escape(v, backslashes=False)}" for k, v in rows]
     if t:  # the one long row: wrapped between settings
-        lines.append(textwrap.fill(f"{'training config':<{width}}  " + " ".join(f"{k}={v}" for k, v in t.items()),
+        settings = " ".join(escape(f"{k}={v}", backslashes=False) for k, v in t.items())
+        lines.append(textwrap.fill(f"{'training config':<{width}}  " + settings,
                                    WRAP, subsequent_indent=" " * (width + 2), break_on_hyphens=False))
     return "\n".join(lines)

@@ -19,6 +19,29 @@ TRANSLATE_CHUNK = 1024  # lines translated (and written to stdout) at a time: ou
 MAX_CONFIG_BYTES = 1 << 20  # a --config file: settings are a few hundred bytes
 MAX_PROMPT_BYTES = 4 << 20  # a prompt (--prompt-file, --prompt -): far more than any context holds
 MAX_LINE_BYTES = 1 << 20  # one line of translation input, or of interactive input
+NAMED_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\\": "\\\\"}
+
+
+def escape(text, backslashes=True):
+    """Whitespace and invisible characters made visible: newline as \\n, others as \\uXXXX; a plain space stays.
+    What a checkpoint's metadata says (a corpus name, a path) goes through here before it is printed: a hostile
+    file's terminal escapes (ESC, the C1 controls) and forged lines (\\n, \\r) are shown, never acted on.
+    backslashes=False leaves a backslash as it is (a Windows path reads as typed)."""
+    return "".join(_visible(c, backslashes) for c in str(text))
+
+
+def _visible(c, backslashes=True):
+    if c in NAMED_ESCAPES and (backslashes or c != "\\"):
+        return NAMED_ESCAPES[c]
+    if c == " " or (c.isprintable() and not c.isspace()):
+        return c
+    return f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF else f"\\U{ord(c):08x}"
+
+
+def visible_json(obj):
+    """json.dumps(obj) with non-ASCII text kept, but every character a terminal could act on (the C1 controls,
+    DEL, line and bidi controls; JSON itself escapes only C0) written as a \\u escape: the same JSON value."""
+    return "".join(c if c.isprintable() else json.dumps(c)[1:-1] for c in json.dumps(obj, ensure_ascii=False))
 
 
 def unescape(text):

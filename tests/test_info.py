@@ -1,6 +1,7 @@
 """chargpt info: what a run is, from the headers of its files (never the weights)."""
 
 import json
+import re
 
 import pytest
 import safetensors
@@ -13,7 +14,8 @@ from chargpt.checkpoint import load_model, save_model
 from chargpt.cli import info_cli
 from chargpt.config import FORMAT_VERSION, ModelConfig
 from chargpt.model import CharGPT
-from chargpt.runinfo import escape, format_info, run_info
+from chargpt.runinfo import format_info, run_info
+from chargpt.textio import escape
 from chargpt.tokenizer import Vocab
 
 
@@ -100,3 +102,32 @@ def test_info_counts_processes_in_good_english_and_names_the_split(tiny_run):
     old = {**info, "processes": 2, "train_config": {k: v for k, v in info["train_config"].items() if k != "val_split"}}
     text = format_info(old)
     assert "on 2 processes)" in text and "the last 10% for validation" in text  # from before --val-split: the tail
+
+
+# Screen clear, OSC window title and clipboard writes, an 8-bit CSI, a forged line, a bidi override, a BEL.
+HOSTILE = "\x1b[2J\x1b]0;owned\x07\x1b]52;c;ZXZpbA==\x07\x9b31m\n\rforged: line\u202e\x00"
+RAW = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202e]")  # what must never reach the terminal as it is
+
+
+def test_info_shows_a_hostile_checkpoint_s_strings_escaped_never_as_terminal_codes(tmp_path):
+    """A checkpoint from anywhere: every string its metadata holds (corpus, the run it started from, the
+    training settings, when it was saved) is printed escaped, in the human format and in --json."""
+    vocab = Vocab(sorted("ab\n"))
+    cfg = ModelConfig(vocab_size=len(vocab), block_size=8, n_layer=1, n_head=1, n_embd=8, dropout=0.0)
+    (tmp_path / "evil").mkdir()
+    lineage = {"path": HOSTILE, "weights": HOSTILE, "corpus": HOSTILE, "step": HOSTILE, "val_loss": 1.0,
+               "task": HOSTILE, "base_vocab_size": 2, "added_chars": HOSTILE}
+    save_model(tmp_path / "evil" / "best.safetensors", CharGPT(cfg), vocab, {"data": HOSTILE, "encoding": HOSTILE},
+               corpus=HOSTILE, init_from=lineage, saved_at=HOSTILE, world_size=HOSTILE)
+    text = format_info(run_info(tmp_path / "evil"))
+    assert not RAW.search(text), repr(text)
+    assert not any(line.lstrip().startswith("forged") for line in text.splitlines())
+    assert escape(HOSTILE, backslashes=False) in text  # shown, escaped: \u001b[2J ... \n\rforged
+    assert "\\u001b[2J\\u001b]0;owned\\u0007" in text and "\\n\\rforged" in text
+    for line in ("corpus", "started from", "saved", "training config"):
+        assert re.search(rf"^{line} .*\\u001b\[2J", text, re.M), line
+    r = CliRunner().invoke(info_cli, [str(tmp_path / "evil")])
+    assert r.exit_code == 0 and not RAW.search(r.stdout), repr(r.stdout)
+    r = CliRunner().invoke(info_cli, [str(tmp_path / "evil"), "--json"])
+    assert r.exit_code == 0 and not RAW.search(r.stdout), repr(r.stdout)
+    assert json.loads(r.stdout)["corpus"] == HOSTILE  # the same value, written with \u escapes

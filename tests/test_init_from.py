@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 import chargpt
 from chargpt import rundir
-from chargpt.checkpoint import load_model, read_meta
+from chargpt.checkpoint import load_model, read_meta, save_model
 from chargpt.cli import train_cli
 from chargpt.config import ModelConfig
 from chargpt.errors import DataError
@@ -282,3 +282,18 @@ def test_a_damaged_remapped_corpus_is_noticed_reported_and_rebuilt(tmp_path, tin
     damaged(cli("--data", new_text, "--out-dir", "ft3", "--init-from", tiny_run))
     again = cli("--data", new_text, "--out-dir", "ft4", "--init-from", tiny_run)  # an intact one is used quietly
     assert again.exit_code == 0 and "is damaged" not in again.stderr and remapped.read_bytes() == good
+
+
+def test_the_starting_from_line_shows_a_hostile_base_s_corpus_name_escaped(tmp_path, tiny_run, new_text):
+    """The base's metadata is not trusted: its corpus name, with a screen clear, an OSC title and a forged line,
+    is printed escaped in the start-up log."""
+    model, vocab, meta = load_model(tiny_run / rundir.BEST)
+    hostile = "\x1b[2J\x1b]0;owned\x07\n\rforged line\x9b"
+    (tmp_path / "evil").mkdir()
+    save_model(tmp_path / "evil" / rundir.BEST, model, vocab, meta["train_config"], corpus=hostile, step=5)
+    logs = []
+    chargpt.train(log=logs.append, **{**KW, "data": str(new_text), "out_dir": "ft", "init_from": "evil",
+                                      "max_iters": 1, "eval_interval": 1})
+    (line,) = [m for m in logs if m.startswith("starting from")]
+    assert "\\u001b[2J\\u001b]0;owned\\u0007\\n\\rforged line\\u009b" in line
+    assert not any(c in line for c in "\x1b\x07\n\r\x9b"), repr(line)
