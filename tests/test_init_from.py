@@ -297,3 +297,21 @@ def test_the_starting_from_line_shows_a_hostile_base_s_corpus_name_escaped(tmp_p
     (line,) = [m for m in logs if m.startswith("starting from")]
     assert "\\u001b[2J\\u001b]0;owned\\u0007\\n\\rforged line\\u009b" in line
     assert not any(c in line for c in "\x1b\x07\n\r\x9b"), repr(line)
+
+
+def test_a_pairs_base_on_a_text_file_without_task_says_the_task_came_from_the_base(tmp_path, tiny_run):
+    """No --task: the run is --task pairs because its base was; a text file's first line has no tab, and the error
+    says why this run reads pairs at all."""
+    pairs = write_cipher(tmp_path / "pairs.tsv", 60)
+    train(data=str(pairs), task="pairs", out_dir="dec", init_from=str(tiny_run), max_iters=2, eval_interval=2,
+          eval_pairs=2)
+    text = tmp_path / "new.txt"
+    text.write_text(NEW_TEXT, encoding="utf-8")
+    line = one_line_error(cli("--data", text, "--out-dir", "ft", "--init-from", "dec"), "new.txt:1 has no tab",
+                          "the base run dec was trained on sentence pairs", "--task pairs (from the base)",
+                          "pass a TSV of source<TAB>target lines", "start a text run from a text run")
+    assert line.count("error") == 1 and not (tmp_path / "ft").exists()
+    logs = []  # a TSV goes on as pairs, and the log says where the task came from
+    chargpt.train(log=logs.append, **{**KW, "data": str(pairs), "out_dir": "ft", "init_from": "dec",
+                                      "max_iters": 1, "eval_interval": 1, "eval_pairs": 2})
+    assert any("task='pairs' (from the base run dec, trained on sentence pairs)" in m for m in logs), logs
