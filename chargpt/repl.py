@@ -19,6 +19,8 @@ HELP = ("commands: /temp T  /topk K (0: off)  /topp P (1: off)  /len N  /seed S 
 # command -> (setting, type, the value that turns it off)
 SETTERS = {"/temp": ("temperature", float, None), "/topk": ("top_k", int, 0), "/topp": ("top_p", float, 1.0),
            "/len": ("max_new_tokens", int, None)}
+SKIP_BYTES = 64 << 20  # the most skipped of one too-long input line before the input counts as endless
+SKIP_CHUNK = 1 << 20  # read at a time while skipping: memory stays bounded
 
 
 def repl(gen, settings, seed, unknown, inp=None, out=None, err=None):
@@ -37,8 +39,10 @@ def repl(gen, settings, seed, unknown, inp=None, out=None, err=None):
         except KeyboardInterrupt:
             err.write("\n(Ctrl-D or /quit exits)\n")
             continue
-        except textio.TooLarge:  # a line without end is not someone typing (/dev/zero): the session ends
-            raise
+        except textio.TooLarge as e:  # this line only: the rest of it is skipped, unless it never ends
+            _skip_rest(inp, number)
+            err.write(f"error: {e}\n")
+            continue
         except ChargptError as e:  # not UTF-8: this line only
             err.write(f"error: {e}\n")
             continue
@@ -76,6 +80,19 @@ def _read(inp, number):
         return None
     text = textio.decode_utf8(line, what) if isinstance(line, bytes) else line
     return text.rstrip("\r\n")
+
+
+def _skip_rest(inp, number):
+    """Read and drop the rest of a too-long line, a chunk at a time, up to its line end or the end of input. A
+    line still going after SKIP_BYTES is not someone typing (/dev/zero): the session ends with an error."""
+    skipped = 0
+    while skipped < SKIP_BYTES:
+        piece = inp.readline(SKIP_CHUNK)
+        if not piece or piece.endswith(b"\n" if isinstance(piece, bytes) else "\n"):
+            return
+        skipped += len(piece)
+    raise textio.TooLarge(f"input line {number} goes on for more than {SKIP_BYTES >> 20} MiB without a line end "
+                          f"(is stdin the right file? /dev/zero never ends); the session ends")
 
 
 def _set(settings, word, arg):

@@ -14,6 +14,8 @@ import pytest
 from click.testing import CliRunner
 from helpers import VOCAB, counter_gen, counter_model, random_model, run_cli
 
+import chargpt.repl as repl_module
+from chargpt import textio
 from chargpt.checkpoint import save_model
 from chargpt.cli import sample_cli
 from chargpt.engine import Generator
@@ -79,8 +81,10 @@ def test_json_one_object_per_sample(ckpt):
 
 def test_interactive_repl_through_stdin(ckpt):
     session = "/len 3\nab\n/temp 0.5\n/topk 1\n/show\n/len -2\n/bogus\nst\n"  # then end of input
-    r = run_cli("sample.py", "--checkpoint", ckpt, "--interactive", "--seed", 3, input=session)
+    too_long = "x" * (2 << 20) + "\n"  # an error for that line only
+    r = run_cli("sample.py", "--checkpoint", ckpt, "--interactive", "--seed", 3, input=too_long + session)
     assert r.returncode == 0, r.stderr
+    assert "error: input line 1 is longer than 1 MiB" in r.stderr
     assert r.stdout == "abcde\nstuvw\n"  # top-k 1 keeps the counter greedy at any temperature
     assert "max_new_tokens = 3" in r.stderr and "temperature = 0.5" in r.stderr and "top_k = 1" in r.stderr
     assert "invalid value for /len" in r.stderr and "unknown command /bogus" in r.stderr
@@ -203,6 +207,22 @@ def test_repl_reports_bad_prompts_and_values_and_goes_on():
     assert "error: prompt has 1 character(s)" in err and "usage: /temp FLOAT" in err and "/topp" in err
     out, err = drive("aÉ\n", unknown="skip")
     assert out == "abcde\n" and "warning:" in err
+
+
+def test_repl_a_too_long_line_is_an_error_for_that_line_and_the_session_goes_on(monkeypatch):
+    """As docs/robustness.md says: a line past the 1 MiB cap is one error line, the rest of it is skipped, and the
+    next prompt is answered. A line that never ends (/dev/zero) ends the session, after a bounded read."""
+    long = "a" * (textio.MAX_LINE_BYTES + 10)
+    for make in (io.StringIO, lambda text: io.BytesIO(text.encode())):  # a test's text stream, and stdin's bytes
+        out, err = io.StringIO(), io.StringIO()
+        settings = {"max_new_tokens": 4, "temperature": 0.0, "top_k": None, "top_p": None, "stop": ()}
+        repl(counter_gen(), settings, 0, "error", inp=make(f"{long}\nab\n{long}"), out=out, err=err)
+        assert out.getvalue() == "abcdef\n"
+        errors = [line for line in err.getvalue().splitlines() if "error:" in line]
+        assert len(errors) == 2 and "input line 1 is longer than 1 MiB" in errors[0] and "input line 3" in errors[1]
+    monkeypatch.setattr(repl_module, "SKIP_BYTES", 4 << 20)
+    with pytest.raises(textio.TooLarge, match="input line 1 goes on for more than 4 MiB without a line end"):
+        repl(counter_gen(), {}, 0, "error", inp=io.StringIO("a" * (6 << 20)), out=io.StringIO(), err=io.StringIO())
 
 
 def test_repl_session_seed_replays_and_each_prompt_gets_its_own():
