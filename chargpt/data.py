@@ -356,17 +356,19 @@ def split_sizes(length, val_fraction, block_size):
     n_val = int(length * val_fraction)
     n_train = length - n_val
     need = block_size + 1
+    if n_val and n_train >= need and n_val >= need:
+        return n_train, n_val
+    fits = min(n_train, n_val) - 1
+    hints = [f"use {param('block_size', fits)} or less"] if fits >= 1 else []
+    if fits < 1 and length >= 2 * need:  # only then does some fraction leave both parts a window
+        hints.append(f"use a larger {param('val_fraction')}")
+    hints.append(f"give at least {math.ceil(need / min(val_fraction, 1 - val_fraction)):,} characters")
     if n_val == 0:
         raise DataError(f"the validation split is empty: {length:,} characters x {param('val_fraction', val_fraction)} "
-                        f"rounds to 0; use a larger corpus or a larger {param('val_fraction')}")
-    if n_train < need or n_val < need:
-        fits = min(n_train, n_val) - 1
-        more = math.ceil(need / min(val_fraction, 1 - val_fraction))
-        hint = f"use {param('block_size', fits)} or less" if fits >= 1 else f"use a larger {param('val_fraction')}"
-        raise DataError(f"corpus of {length:,} characters is too short for {param('block_size', block_size)} with "
-                        f"{param('val_fraction', val_fraction)} (train {n_train:,}, validation {n_val:,}; each needs "
-                        f"{need:,}): {hint}, or give at least {more:,} characters")
-    return n_train, n_val
+                        f"rounds to 0; {_either(hints)}")
+    raise DataError(f"corpus of {length:,} characters is too short for {param('block_size', block_size)} with "
+                    f"{param('val_fraction', val_fraction)} (train {n_train:,}, validation {n_val:,}; each needs "
+                    f"{need:,}): {_either(hints)}")
 
 
 # --- the train/validation split ----------------------------------------------------------------------------------
@@ -443,12 +445,30 @@ def check_blocks_length(length, val_fraction, block_size):
     if length >= blocks * chars:
         return chars
     fits = length // (2 * blocks) - 1
-    hint = f"use {param('block_size', fits)} or less, " if fits >= 1 else ""
+    hints = [f"use {param('block_size', fits)} or less"] if fits >= 1 else []
+    hints.append(f"give at least {blocks * least:,} characters")
+    if tail := _tail_hint(length, val_fraction, block_size):
+        hints.append(f"use {tail}")
     raise DataError(f"the validation split is empty: a corpus of {length:,} characters is too short for "
                     f"{param('block_size', block_size)} with {param('val_fraction', val_fraction)} and "
                     f"{param('val_split', 'blocks')} (1 block in {first_val:,} validates, each block at least two "
-                    f"windows of {block_size + 1:,} characters): {hint}give at least {blocks * least:,} characters, "
-                    f"or use {param('val_split', 'tail')} (the last part validates)")
+                    f"windows of {block_size + 1:,} characters): {_either(hints)}")
+
+
+def _tail_hint(length, val_fraction, block_size):
+    """How --val-split tail splits this corpus: '--val-split tail (...)' as it is, '--val-split tail with
+    --block-size N or less' where only a shorter context fits, or None where it cannot (an error suggests it only
+    where it works)."""
+    n_val = int(length * val_fraction)
+    fits = min(n_val, length - n_val) - 1  # the longest context whose window fits in both parts
+    if fits >= block_size:
+        return f"{param('val_split', 'tail')} (the last part validates)"
+    return f"{param('val_split', 'tail')} with {param('block_size', fits)} or less" if fits >= 1 else None
+
+
+def _either(hints):
+    """['a', 'b', 'c'] -> 'a, b, or c'."""
+    return hints[0] if len(hints) == 1 else f"{', '.join(hints[:-1])}, or {hints[-1]}"
 
 
 def _after_line_end(ids, pos, newline, reach):
@@ -465,9 +485,11 @@ def _check_windows(split, length, val_fraction, block_size):
         segs = getattr(split, name)
         if not len(segs) or not ((segs[:, 1] - segs[:, 0]) > block_size).any():
             what = "empty" if not len(segs) else f"in stretches too short for {param('block_size', block_size)}"
+            hints = ["a larger corpus", f"a smaller {param('block_size')}"]
+            if tail := _tail_hint(length, val_fraction, block_size):
+                hints.append(tail)
             raise DataError(f"the {'validation' if name == 'val' else 'training'} split of {length:,} characters is "
-                            f"{what} with {param('val_fraction', val_fraction)}; use a larger corpus, a smaller "
-                            f"{param('block_size')}, or {param('val_split', 'tail')}")
+                            f"{what} with {param('val_fraction', val_fraction)}; use {_either(hints)}")
 
 
 def split_of(ids, vocab, val_fraction, block_size, how):

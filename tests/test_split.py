@@ -2,6 +2,7 @@
 training says about it, and old runs keeping the split they were trained with."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -87,7 +88,42 @@ def test_a_corpus_too_small_for_blocks_says_what_to_do():
     with pytest.raises(DataError, match=r"validation split is empty: .* use block_size=3 or less, give at least 820 "
                                         r"characters, or use val_split='tail'"):
         split_of(ids, vocab, 0.1, 40, "blocks")
-    assert len(split_of(ids, vocab, 0.1, 3, "blocks").val)  # the hint is true
+    assert len(split_of(ids, vocab, 0.1, 3, "blocks").val)  # the hints are true
+    with pytest.raises(DataError, match=r"or use val_split='tail' with block_size=8 or less$"):
+        split_of(ids, vocab, 0.1, 40, "blocks")
+    assert len(split_of(ids, vocab, 0.1, 8, "tail").val)
+
+
+def suggestions_work(message, length, fraction, block_size):
+    """Every way out that a too-short-corpus error suggests splits the corpus when taken: a shorter context (in the
+    split the message is about), the tail split (with the context it names), a larger fraction."""
+    ids, vocab = encoded(("ab\n" * length)[:length])
+    how = "blocks" if "val_split='blocks'" in message else "tail"
+    hints = re.split(r"\): |; ", message)[-1]  # what the message suggests
+    assert "give at least" in hints, message
+    more = int(re.search(r"give at least ([\d,]+) characters", hints)[1].replace(",", ""))
+    assert len(split_of(*encoded(("ab\n" * more)[:more]), fraction, block_size, how).val), message
+    if tail := re.search(r"val_split='tail'(?: with block_size=(\d+) or less)?", hints):
+        assert len(split_of(ids, vocab, fraction, int(tail[1] or block_size), "tail").val), message
+    if shorter := re.match(r"use block_size=(\d+) or less", hints):
+        assert len(split_of(ids, vocab, fraction, int(shorter[1]), how).val), message
+    if "a larger val_fraction" in hints:
+        assert len(split_of(ids, vocab, 0.5, block_size, "tail").val), message
+    return hints
+
+
+@pytest.mark.parametrize("length", [1, 2, 5, 32, 61, 90, 300, 2041])
+@pytest.mark.parametrize("how", ["blocks", "tail"])
+def test_a_too_short_corpus_suggests_only_what_works(length, how):
+    """A 1-character corpus once suggested --val-split tail, which then failed: every suggestion must work."""
+    ids, vocab = encoded(("ab\n" * length)[:length])
+    for block_size in (1, 2, 8, 40, 128):
+        try:
+            split_of(ids, vocab, 0.1, block_size, how)
+        except DataError as e:
+            hints = suggestions_work(str(e), length, 0.1, block_size)
+            if length == 1:  # nothing but more text helps
+                assert re.fullmatch(r"give at least [\d,]+ characters", hints), str(e)
 
 
 def test_val_split_is_checked():
