@@ -1,9 +1,10 @@
 """`sample.py --interactive`: load the model once, then answer prompt after prompt.
 
 Commands between prompts change the settings: /temp 0.5, /topk 40, /topp 0.9, /len 300, /seed 7, /show,
-/help, /quit. An empty line samples from the default start. Ctrl-C stops the current sample only (at the
-input prompt it just clears the line); Ctrl-D (end of input) exits. Text goes to stdout, everything else
-(the "> " prompt, messages) to stderr, so the samples can be piped or logged on their own.
+/help, /quit. An empty line samples from the default start (a pairs model translates each line: for it, an empty
+line is an error that says so). Ctrl-C stops the current sample only (at the input prompt it just clears the line);
+Ctrl-D (end of input) exits. Text goes to stdout, everything else (the "> " prompt, messages) to stderr, so the
+samples can be piped or logged on their own.
 """
 
 import itertools
@@ -16,6 +17,9 @@ from .errors import ChargptError
 
 HELP = ("commands: /temp T  /topk K (0: off)  /topp P (1: off)  /len N  /seed S  /show  /help  /quit; "
         "anything else is a prompt")
+PAIRS_HELP = HELP.replace("anything else is a prompt", "anything else is a sentence to translate (one per line)")
+PAIRS_EMPTY = ("this model was trained on sentence pairs: type a source sentence, one per line, and it writes the "
+               "translation")
 # command -> (setting, type, the value that turns it off)
 SETTERS = {"/temp": ("temperature", float, None), "/topk": ("top_k", int, 0), "/topp": ("top_p", float, 1.0),
            "/len": ("max_new_tokens", int, None)}
@@ -28,7 +32,9 @@ def repl(gen, settings, seed, unknown, inp=None, out=None, err=None):
     inp, out, err = textio.binary(inp or sys.stdin), out or sys.stdout, err or sys.stderr  # bytes: UTF-8 checked
     settings = dict(settings)
     rng = random.Random(seed)  # one seed per prompt, drawn from the session seed: a session replays exactly
-    err.write(HELP + "\n")
+    pairs = gen.task == "pairs"
+    usage = PAIRS_HELP if pairs else HELP
+    err.write(usage + "\n")
     number = 0
     while True:
         err.write("> ")
@@ -53,7 +59,7 @@ def repl(gen, settings, seed, unknown, inp=None, out=None, err=None):
         if word in ("/quit", "/exit"):
             return
         if word == "/help":
-            err.write(HELP + "\n")
+            err.write(usage + "\n")
         elif word == "/show":
             err.write(f"{settings} seed={seed}\n")
         elif word == "/seed":
@@ -66,7 +72,9 @@ def repl(gen, settings, seed, unknown, inp=None, out=None, err=None):
         elif word in SETTERS:
             err.write(_set(settings, word, arg.strip()) + "\n")
         elif word.startswith("/"):
-            err.write(f"unknown command {word}; {HELP}\n")
+            err.write(f"unknown command {word}; {usage}\n")
+        elif pairs and not line:  # a translator has no default start: the empty line is not a sentence
+            err.write(f"error: {PAIRS_EMPTY}\n")
         else:
             _answer(gen, line, settings, rng.randrange(2**31), unknown, out, err)
 

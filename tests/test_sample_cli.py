@@ -12,8 +12,9 @@ import re
 
 import pytest
 from click.testing import CliRunner
-from helpers import VOCAB, counter_gen, counter_model, random_model, run_cli
+from helpers import VOCAB, counter_gen, counter_model, random_model, run_cli, train_pairs, write_cipher
 
+import chargpt
 import chargpt.repl as repl_module
 from chargpt import textio
 from chargpt.checkpoint import save_model
@@ -223,6 +224,20 @@ def test_repl_a_too_long_line_is_an_error_for_that_line_and_the_session_goes_on(
     monkeypatch.setattr(repl_module, "SKIP_BYTES", 4 << 20)
     with pytest.raises(textio.TooLarge, match="input line 1 goes on for more than 4 MiB without a line end"):
         repl(counter_gen(), {}, 0, "error", inp=io.StringIO("a" * (6 << 20)), out=io.StringIO(), err=io.StringIO())
+
+
+def test_repl_on_a_pairs_run_asks_for_a_sentence_to_translate(tmp_path):
+    """A translator has no default start: an empty line says what it needs (a source sentence per line), not the
+    --prompt flag of a one-shot sample; the help says what a line is; the session goes on."""
+    train_pairs(write_cipher(tmp_path / "pairs.tsv", 60), tmp_path / "dec", steps=2, eval_pairs=2)
+    out, err = io.StringIO(), io.StringIO()
+    settings = {"max_new_tokens": 4, "temperature": 0.0, "top_k": None, "top_p": None, "stop": ()}
+    repl(chargpt.load(tmp_path / "dec", device="cpu"), settings, 0, "error", inp=io.StringIO("\nabc\n/help\n"),
+         out=out, err=err)
+    assert len(out.getvalue().splitlines()) == 1  # the translation of abc, the one sentence given
+    assert "error: this model was trained on sentence pairs: type a source sentence, one per line" in err.getvalue()
+    assert "--prompt" not in err.getvalue() and "prompt=" not in err.getvalue()
+    assert err.getvalue().count("anything else is a sentence to translate (one per line)") == 2  # start and /help
 
 
 def test_repl_session_seed_replays_and_each_prompt_gets_its_own():
