@@ -12,6 +12,7 @@ and `chargpt train --config DIR/config.toml` trains that run again, into a new r
 
 import difflib
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -101,6 +102,10 @@ def _checked(path, key, value, spec):
         return f"{path}: {key} must be {WANT[want]}, not {_kind(value)}: {_shown(value)}"
 
     value = typed_fields((ModelConfig, TrainConfig), {spec.dest: value}, path, wrong_type)[spec.dest]
+    if isinstance(value, float) and not math.isfinite(value):  # TOML has inf and nan; no setting takes them
+        raise ConfigError(f"{path}: {key} must be a finite number, not {_shown(value)}"
+                          + ("; to train without a time limit, leave max-time out and set max-iters"
+                             if spec.dest == "max_time" and value > 0 else ""))
     if spec.choices and value not in spec.choices:
         close = difflib.get_close_matches(value, spec.choices, n=1) if isinstance(value, str) else []
         raise ConfigError(f"{path}: {key} must be one of {', '.join(spec.choices)}, not {_shown(value)}"

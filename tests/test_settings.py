@@ -2,6 +2,7 @@
 of each, budgets given in one layer lifting another's, a run started from another's settings, and config.toml
 read back as the same settings."""
 
+import re
 from dataclasses import fields
 from pathlib import Path
 
@@ -141,6 +142,20 @@ def test_a_config_file_value_outside_its_choices_is_refused_in_one_line(tmp_path
     write(tmp_path / "run.toml", "compile = true\n")
     with pytest.raises(ConfigError, match=r"^.*run.toml: compile must be one of auto, on, off, not true$"):
         read_config_file(tmp_path / "run.toml")
+
+
+@pytest.mark.parametrize("line, message", [
+    ("max-time = inf", "max-time must be a finite number, not inf; to train without a time limit, leave max-time "
+                       "out and set max-iters"),
+    ("max_time = nan", "max_time must be a finite number, not nan"),
+    ("learning-rate = -inf", "learning-rate must be a finite number, not -inf"),
+])
+def test_a_config_file_number_that_is_not_finite_names_the_file_and_the_key(tmp_path, line, message):
+    config = write(tmp_path / "run.toml", line + "\n")
+    with pytest.raises(ConfigError, match=f"^{re.escape(config)}: {re.escape(message)}$"):
+        read_config_file(config)
+    r = CliRunner().invoke(train_cli, ["--config", config, "--device", "cpu"])
+    assert r.exit_code == 1 and r.stderr.strip().splitlines() == [f"error: {config}: {message}"], r.stderr
 
 
 def other_value(spec):
