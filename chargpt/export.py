@@ -15,17 +15,23 @@ cannot compute (the encoder-decoder, post-LN, a scaled embedding shared with the
 
 Before the folder appears, transformers loads it back and its logits are compared with chargpt's on a full context
 of ids, and the tokenizer must give every character chargpt's id: an export that would not behave as the run does
-is never written. The folder is written under a temporary name beside --to and renamed into place.
+is never written. The folder is written under a temporary name beside --to (.NAME.export<pid>.XXXXXXXX) and renamed
+into place; into an existing folder (--force over an earlier export, say a clone of its Hub repository) only the
+export's six files are put, each atomically, and every other file and folder there is left as it is. Ctrl-C and
+SIGTERM remove the temporary folder; a later export to the same --to removes those of killed processes.
 
 transformers and tokenizers are an optional extra (pip install -e ".[export]"), imported only here, so no other
 command pays for importing them.
 """
 
 import contextlib
+import errno
 import json
 import math
 import os
+import re
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -35,10 +41,11 @@ from safetensors import SafetensorError
 from . import __version__
 from .checkpoint import load_model, read_meta
 from .config import EXPORT_FORMATS, ExportSettings, SampleSettings, describe_model, run_val_split
-from .errors import ChargptError, ConfigError
+from .errors import ChargptError, ConfigError, Interrupted
 from .flags import param
 from .pairs import END, SEP
-from .rundir import resolve
+from .platforms import STOP_SIGNALS, pid_alive, replace
+from .rundir import remove_stale_temps, resolve
 
 # nn.Linear keeps (out, in); GPT-2's Conv1D keeps (in, out): these four are transposed on the way out
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -49,6 +56,9 @@ PROBE_SEED = 0  # the ids the export-time check feeds both models
 LOGITS_TOLERANCE = 1e-4
 FILES = ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
          "README.md")  # what an export folder holds
+# what an export turns into Stopped while it writes: SIGTERM, and Ctrl-Break on Windows (Ctrl-C raises
+# KeyboardInterrupt already)
+TERM_SIGNALS = tuple(s for s in STOP_SIGNALS if s != signal.SIGINT)
 
 
 def require_libraries():
@@ -218,18 +228,38 @@ Notes: {"; ".join(notes)}.
 # --- writing the folder -----------------------------------------------------------------------------------------
 def check_target(target, checkpoint, force):
     """--to must be a new or empty folder, or with --force an earlier export (never the run being exported, nor
-    a folder of other files)."""
-    if target.exists() and not target.is_dir():
+    a folder of other files). A link to a folder is written through; a path inside a file is refused as such."""
+    try:
+        _check_target(target, checkpoint, force)
+    except OSError as e:  # a folder on the way that cannot be read
+        raise ChargptError(f"--to {target}: {e.strerror or e}; choose another --to") from None
+
+
+def _check_target(target, checkpoint, force):
+    if target.is_symlink() and not target.exists():
+        raise ChargptError(f"--to {target} is a symbolic link to {os.readlink(target)}, which does not exist; create "
+                           f"that folder, or choose another --to")
+    if not target.exists():
+        above = next(p for p in target.parents if p.exists())  # a relative --to ends in ".", which exists
+        if not above.is_dir():
+            raise ChargptError(f"--to {target}: {above} is a file, not a folder; choose a --to that is not inside a "
+                               f"file")
+        return
+    if not target.is_dir():
         raise ChargptError(f"--to {target} is a file, not a folder; choose a folder name")
-    if target.is_dir() and any(target.iterdir()) and not force:
+    if any(target.iterdir()) and not force:
         raise ChargptError(f"--to {target} exists and is not empty; choose a new folder, or pass --force to "
                            f"replace it")
-    if target.is_dir() and Path(checkpoint).resolve().is_relative_to(target.resolve()):
+    if Path(checkpoint).resolve().is_relative_to(target.resolve()):
         raise ChargptError(f"--to {target} holds the checkpoint being exported; choose another folder")
     marks = ("config.json", "model.safetensors", "tokenizer.json")  # what every export writes; a config.json alone
-    if target.is_dir() and any(target.iterdir()) and not all((target / m).is_file() for m in marks):  # is not one
+    if any(target.iterdir()) and not all((target / m).is_file() for m in marks):  # is not one
         raise ChargptError(f"--to {target} is not an earlier export (it lacks {', '.join(marks)}), and --force "
                            f"replaces only those; choose a new folder")
+    folders = [name for name in FILES if (target / name).is_dir()]
+    if folders:
+        raise ChargptError(f"--to {target} has a folder {folders[0]}, where the export writes a file; choose "
+                           f"another --to")
 
 
 @contextlib.contextmanager
@@ -256,7 +286,10 @@ def write_hf(model, vocab, meta, folder, name):
     hf.load_state_dict(gpt2_tensors(model, want), strict=True)
     hf.generation_config = transformers.GenerationConfig(**generation_settings(model.config, task, end_id))
     hf.save_pretrained(folder)  # model.safetensors (the default since transformers 4.35), config.json
-    character_tokenizer(vocab, tokenizers).save(str(folder / "tokenizer.json"))
+    try:
+        character_tokenizer(vocab, tokenizers).save(str(folder / "tokenizer.json"))
+    except Exception as e:  # tokenizers reports a failed write as a bare Exception: "No space left on device (os
+        raise OSError(str(e)) from None  # error 28)"
     (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(model.config), indent=2) + "\n")
     card = model_card(meta, model, name, transformers.__version__)
     (folder / "README.md").write_text(card, encoding="utf-8")
@@ -285,10 +318,73 @@ def verify(folder, model, vocab):
     return diff
 
 
+class Stopped(BaseException):
+    """SIGTERM (or Ctrl-Break) during an export, raised by its handler: a BaseException, as Ctrl-C's
+    KeyboardInterrupt is, so that nothing on the way catches it and the temporary folder is removed. `done`: it came
+    while the files were being renamed into place, which finished first."""
+
+    def __init__(self, signum, done=False):
+        super().__init__(signum)
+        self.signum, self.done = signum, done
+
+
+def _raise_stopped(signum, frame):
+    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def handling(signals, handler):
+    """`handler` for `signals` within the block, the old handlers after. Only the main thread can set them; in
+    another they stay as they are."""
+    old = {}
+    with contextlib.suppress(ValueError):  # not the main thread
+        for sig in signals:
+            old[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, was in old.items():
+            signal.signal(sig, signal.SIG_DFL if was is None else was)  # None: set outside Python, e.g. by default
+
+
+@contextlib.contextmanager
+def locked(folder):
+    """An exclusive lock on `folder` itself (flock on the folder: nothing is created in it; it dies with its
+    process), or the one-line error that another export holds it. Where there is no flock (Windows) or the
+    filesystem refuses it, no lock."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ChargptError(f"--to {folder} is being written by another export; wait for it to finish, or "
+                               f"choose another --to") from None
+        except OSError:  # no locks on this filesystem
+            pass
+        yield
+    finally:
+        os.close(fd)
+
+
 def _dir_mode():
     mask = os.umask(0)
     os.umask(mask)
     return 0o777 & ~mask
+
+
+def _fsync(path):
+    """Flush a file, or a folder's entries, to disk (a folder that cannot be opened or flushed is let be)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _sync_folder(folder):
@@ -296,50 +392,113 @@ def _sync_folder(folder):
     for p in folder.iterdir():
         with open(p, "rb+") as f:
             os.fsync(f.fileno())
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
+    _fsync(folder)
+
+
+def remove_stale_exports(target):
+    """Delete the temporary folders (.NAME.export<pid>.XXXXXXXX) of exports to target whose process is gone: killed
+    with -9, or a power loss. Those of running processes, this one included, are left alone."""
+    named = re.compile(rf"\.{re.escape(target.name)}\.export(\d{{1,9}})\.[^.]+")
+    for p in target.parent.iterdir():
+        m = named.fullmatch(p.name)
+        if m and int(m[1]) != os.getpid() and not pid_alive(int(m[1])) and p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def make_folders(folder, created):
+    """mkdir -p `folder`, appending each folder it makes to `created`, outermost first."""
+    for p in reversed([p for p in (folder, *folder.parents) if not p.exists()]):
         try:
-            os.fsync(fd)
+            p.mkdir()
+        except FileExistsError:  # made meanwhile by someone else: not ours to remove
+            continue
+        created.append(p)
+
+
+def claim(tmp, target):
+    """Rename the finished folder `tmp` to the new folder `target`. A rename onto a folder that is not empty fails:
+    of two exports racing for one new --to, the second fails here and changes nothing."""
+    try:
+        os.rename(tmp, target)
+    except OSError:
+        if not os.path.lexists(target):
+            raise
+        raise ChargptError(f"--to {target} was created by another program while this export ran (another export to "
+                           f"it?); nothing was changed there; choose another --to, or pass --force to replace it") \
+            from None
+
+
+def put_files(tmp, target, recheck):
+    """Write the finished export's files (in `tmp`) over those of the existing folder `target`: each is copied to a
+    temporary name in target (with our pid) and flushed, then all are renamed over the old ones in one go, during
+    which signals wait. Every other file and folder of target stays as it is. A lock on target keeps two exports
+    from mixing their files; `recheck()` checks target again under it."""
+    parts = {name: target / f".{name}.tmp{os.getpid()}" for name in FILES}
+    caught = []
+    with locked(target):
+        recheck()
+        remove_stale_temps(target, tuple(f".{name}.tmp*" for name in FILES))  # of killed exports
+        try:
+            for name, part in parts.items():
+                shutil.copyfile(tmp / name, part)
+                _fsync(part)
+            with handling(STOP_SIGNALS, lambda signum, frame: caught.append(signum)):
+                for done, (name, part) in enumerate(parts.items()):
+                    try:
+                        replace(part, target / name)
+                    except OSError as e:
+                        if not done:
+                            raise
+                        raise ChargptError(f"could not write {target} ({e.strerror}) after {done} of the export's "
+                                           f"{len(FILES)} files were replaced; export again, or choose another --to") \
+                            from None
+            _fsync(target)
         finally:
-            os.close(fd)
+            for part in parts.values():
+                with contextlib.suppress(OSError):
+                    part.unlink(missing_ok=True)
+    if caught:
+        raise Stopped(caught[0], done=True)
 
 
-def _swap_in(tmp, target):
-    """Rename the finished folder `tmp` to `target`; an existing target (empty, or --force) is moved aside first
-    and deleted only once the new folder is in place (put back if the rename fails)."""
-    if not target.exists():
-        os.rename(tmp, target)
-        return
-    old = target.with_name(f".{target.name}.old{os.getpid()}")
-    os.rename(target, old)
+def write_error(target, e):
+    """The one line for an OSError (or safetensors' or tokenizers' error) while writing target."""
+    reason = getattr(e, "strerror", None) or str(e).splitlines()[0][:200]
+    full = getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or \
+        any(s in reason for s in ("No space left", "os error 28", "Disk quota", "StorageFull"))
+    fix = "free disk space or choose another --to" if full else "choose another --to"
+    return f"could not write {target} ({reason}); nothing was changed there; {fix}"
+
+
+def write_folder(target, fill, recheck=lambda: None):
+    """`fill(folder)` writes a temporary folder beside target (.NAME.export<pid>.XXXXXXXX), which is flushed to disk
+    and then becomes target: renamed to it if target is new, or its files put into target (put_files) if target
+    is a folder already; -> what fill returned. On any failure, Ctrl-C and SIGTERM included, the temporary folder
+    and the folders made for it are removed and target is as it was; a failed write (disk full, no permission) is a
+    one-line error. Leftovers of killed exports to target are removed first."""
+    existed = os.path.lexists(target)
+    tmp, created, done = None, [], False
     try:
-        os.rename(tmp, target)
-    except BaseException:
-        os.rename(old, target)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def write_folder(target, fill):
-    """`fill(folder)` writes a temporary folder beside target, which is flushed to disk and renamed to target;
-    -> what fill returned. On any failure, Ctrl-C included, the temporary folder is removed and target is as it
-    was; a failed write (disk full, no permission) is a one-line error."""
-    tmp = None
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.export", dir=target.parent))
+        make_folders(target.parent, created)
+        remove_stale_exports(target)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.export{os.getpid()}.", dir=target.parent))
         os.chmod(tmp, _dir_mode())  # mkdtemp makes it private; an export is meant to be shared
         result = fill(tmp)
         _sync_folder(tmp)
-        _swap_in(tmp, target)
+        if existed:
+            put_files(tmp, target, recheck)
+        else:
+            claim(tmp, target)
+        done = True
         return result
     except (OSError, SafetensorError) as e:
-        reason = getattr(e, "strerror", None) or str(e).splitlines()[0][:200]
-        raise ChargptError(f"could not write {target} ({reason}); nothing was changed there; free disk space or "
-                           f"choose another --to") from None
+        raise ChargptError(write_error(target, e)) from None
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+        for folder in reversed(created if not done else []):
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only an empty one
 
 
 def export(checkpoint, to=None, format="hf", force=False, log=print):
@@ -362,8 +521,13 @@ def export(checkpoint, to=None, format="hf", force=False, log=print):
         write_hf(model, vocab, meta, folder, target.name)
         return verify(folder, model, vocab)
 
-    with quiet(transformers):
-        diff = write_folder(target, fill)
+    with quiet(transformers), handling(TERM_SIGNALS, _raise_stopped):
+        try:
+            diff = write_folder(target, fill, lambda: check_target(target, path, settings.force))
+        except Stopped as e:
+            what = f"after the export was written to {target}" if e.done else f"before the export was written; " \
+                                                                              f"{target} was not changed"
+            raise Interrupted(f"{signal.Signals(e.signum).name}: stopped {what}", e.signum) from None
     log(f"exported {path} ({describe_model(model.config)}, {len(vocab)} characters) to {target}; transformers "
         f"reproduces its logits (largest difference {diff:.1g})")
     return target

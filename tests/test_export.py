@@ -7,16 +7,20 @@ classes and no custom code. All in float32 on the CPU.
 
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
-from helpers import ROOT, run_chargpt
+from helpers import ROOT, assert_one_line_error, invoke, run_chargpt, snapshot
 from safetensors import safe_open
 
 import chargpt.export as export_module
 from chargpt.checkpoint import read_meta, save_model
+from chargpt.cli import export_cli
 from chargpt.config import ModelConfig
 from chargpt.engine import Generator
 from chargpt.errors import ChargptError
@@ -170,16 +174,50 @@ def test_cli_errors_are_one_line_and_leave_folders_alone(tmp_path):
     assert r.returncode == 1 and r.stderr == "error: --to is required: the folder to write the export to\n"
 
 
+def hidden(*folders):
+    """The hidden entries of folders: what an export must never leave behind."""
+    return sorted(str(p) for folder in folders for p in folder.iterdir() if p.name.startswith("."))
+
+
+@torch.no_grad()
+def assert_computes(folder, model):
+    hf = AutoModelForCausalLM.from_pretrained(folder).eval()
+    ids = torch.randint(len(VOCAB), (2, 32), generator=torch.Generator().manual_seed(1))  # (B, T)
+    assert (hf(ids).logits - model(ids)[0]).abs().max().item() <= 1e-5
+
+
 def test_force_replaces_an_earlier_export(tmp_path):
     first = exported(tmp_path, random_model(seed=1))
-    (first / "stale.txt").write_text("from before")
     ckpt = tmp_path / "second.safetensors"
-    save_model(ckpt, random_model(seed=2), VOCAB, {"task": "text"})
+    second = random_model(seed=2)
+    save_model(ckpt, second, VOCAB, {"task": "text"})
     with pytest.raises(ChargptError, match="not empty"):
         export(ckpt, first, log=lambda m: None)
     export(ckpt, first, force=True, log=lambda m: None)
-    assert not (first / "stale.txt").exists() and (first / "model.safetensors").is_file()
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    assert {p.name for p in first.iterdir()} == set(FILES) and hidden(tmp_path) == []
+    assert_computes(first, second)
+
+
+def test_force_writes_only_the_exports_files(tmp_path):
+    """A clone of a Hub repository that holds an earlier export: --force rewrites the export's six files and leaves
+    the repository's own files and folders (.git, notes, evaluations) as they were."""
+    repo = exported(tmp_path, random_model(seed=1))
+    (repo / ".git" / "objects").mkdir(parents=True)
+    (repo / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (repo / ".gitattributes").write_text("*.safetensors filter=lfs diff=lfs merge=lfs -text\n")
+    (repo / "NOTES.md").write_text("what I tried")
+    (repo / "eval").mkdir()
+    (repo / "eval" / "scores.json").write_text('{"bpc": 2.1}')
+    theirs = {k: v for k, v in snapshot(repo).items() if k not in FILES}
+    ckpt = tmp_path / "second.safetensors"
+    second = random_model(seed=2)
+    save_model(ckpt, second, VOCAB, {"task": "text"})
+    r = invoke(export_cli, ["--checkpoint", ckpt, "--to", repo, "--force"])
+    assert r.exit_code == 0, r.output
+    assert {k: v for k, v in snapshot(repo).items() if k not in FILES} == theirs
+    assert set(snapshot(repo)) == set(theirs) | set(FILES)
+    assert_computes(repo, second)
+    assert hidden(tmp_path) == [] and hidden(repo) == [str(repo / ".git"), str(repo / ".gitattributes")]
 
 
 def test_a_failed_write_changes_nothing(tmp_path, monkeypatch):
@@ -196,6 +234,191 @@ def test_a_failed_write_changes_nothing(tmp_path, monkeypatch):
         export(tmp_path / "hf.safetensors", first, force=True, log=lambda m: None)
     assert {p.name: p.read_bytes() for p in first.iterdir()} == before
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+class FullDiskTokenizer:
+    """The tokenizer, whose save fails as tokenizers reports a full disk: a bare Exception, after a partial write."""
+
+    def __init__(self, vocab, tokenizers):
+        self.real = CHARACTER_TOKENIZER(vocab, tokenizers)
+
+    def save(self, path, pretty=True):
+        with open(path, "w") as f:
+            f.write(self.real.to_str()[:10])
+        raise Exception("No space left on device (os error 28)")
+
+
+CHARACTER_TOKENIZER = export_module.character_tokenizer
+
+
+@pytest.mark.parametrize("force", [False, True], ids=["new-folder", "force"])
+def test_disk_full_while_writing_the_tokenizer_is_one_line(tmp_path, monkeypatch, force):
+    first = exported(tmp_path, random_model(seed=1))
+    target = first if force else tmp_path / "new" / "hf"
+    before = snapshot(tmp_path)
+    monkeypatch.setattr(export_module, "character_tokenizer", FullDiskTokenizer)
+    r = invoke(export_cli, ["--checkpoint", tmp_path / "hf.safetensors", "--to", target, *["--force"] * force])
+    assert_one_line_error(r, rf"could not write {target}.*No space left on device.*free disk space or choose "
+                             rf"another --to")
+    assert snapshot(tmp_path) == before  # the earlier export as it was; no folder made, nothing hidden left
+
+
+def test_to_a_symlink_writes_into_the_folder_it_points_to(tmp_path):
+    real = exported(tmp_path, random_model(seed=1), name="real")
+    (real / "NOTES.md").write_text("mine")
+    link = tmp_path / "link"
+    link.symlink_to(real, target_is_directory=True)
+    second = random_model(seed=2)
+    save_model(tmp_path / "second.safetensors", second, VOCAB, {"task": "text"})
+    r = invoke(export_cli, ["--checkpoint", tmp_path / "second.safetensors", "--to", link, "--force"])
+    assert r.exit_code == 0, r.output
+    assert link.is_symlink() and link.resolve() == real.resolve() and (real / "NOTES.md").read_text() == "mine"
+    assert_computes(real, second)
+    assert hidden(tmp_path) == [] and hidden(real) == []
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere", target_is_directory=True)
+    r = invoke(export_cli, ["--checkpoint", tmp_path / "second.safetensors", "--to", dangling])
+    assert_one_line_error(r, r"--to .*dangling is a symbolic link to .*nowhere, which does not exist")
+    assert dangling.is_symlink() and not (tmp_path / "nowhere").exists() and hidden(tmp_path) == []
+
+
+def test_two_exports_racing_to_one_new_folder(tmp_path, monkeypatch):
+    """Both are written and checked before either claims --to: one wins, the other fails and changes nothing. (The
+    two threads load and check their models one after the other: transformers' loading is not thread-safe.)"""
+    models = {f"m{i}": random_model(seed=i) for i in (1, 2)}
+    for name, model in models.items():
+        save_model(tmp_path / f"{name}.safetensors", model, VOCAB, {"task": "text"})
+    one_at_a_time, both_checked = threading.Lock(), threading.Barrier(2, timeout=60)
+    load_model, verify = export_module.load_model, export_module.verify
+
+    def load_in_turn(*args):
+        one_at_a_time.acquire()
+        return load_model(*args)
+
+    def verify_then_wait(*args):
+        try:
+            return verify(*args)
+        finally:
+            one_at_a_time.release()
+            both_checked.wait()
+
+    monkeypatch.setattr(export_module, "load_model", load_in_turn)
+    monkeypatch.setattr(export_module, "verify", verify_then_wait)
+    target, results = tmp_path / "out", {}
+
+    def run(name):
+        try:
+            results[name] = export(tmp_path / f"{name}.safetensors", target, log=lambda m: None)
+        except ChargptError as e:
+            results[name] = e
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in models]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    failed = [name for name, r in results.items() if isinstance(r, ChargptError)]
+    assert len(results) == 2 and len(failed) == 1, results
+    assert "was created by another" in str(results[failed[0]])
+    winner = next(name for name in models if name not in failed)
+    assert_computes(target, models[winner])
+    assert hidden(tmp_path) == [] and {p.name for p in target.iterdir()} == set(FILES)
+
+
+def test_force_into_a_folder_another_export_holds_is_refused(tmp_path):
+    """While one export holds the folder (it is renaming its files into place), another is refused in one line."""
+    fcntl = pytest.importorskip("fcntl")  # the folder lock is flock's: Linux and macOS
+    first = exported(tmp_path, random_model(seed=1))
+    before = snapshot(tmp_path)
+    fd = os.open(first, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        r = invoke(export_cli, ["--checkpoint", tmp_path / "hf.safetensors", "--to", first, "--force"])
+    finally:
+        os.close(fd)
+    assert_one_line_error(r, rf"--to {first} is being written by another export; wait for it to finish")
+    assert snapshot(tmp_path) == before
+
+
+def dead_pid():
+    p = subprocess.Popen([sys.executable, "-c", ""])
+    p.wait()
+    return p.pid
+
+
+@pytest.fixture
+def sigterm_ignored():
+    """SIGTERM does nothing unless something handles it (its default would end pytest): an export that did not
+    handle it would go on as if none came."""
+    old = signal.signal(signal.SIGTERM, lambda *a: None)
+    yield signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, old)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_during_the_export_leaves_nothing(tmp_path, monkeypatch, sigterm_ignored, signum):
+    """SIGTERM (what schedulers send) stops an export as Ctrl-C does: the partial folder is removed, --to is as it
+    was, and the command says so in one line with the signal's exit status."""
+    first = exported(tmp_path, random_model(seed=1))
+    before = snapshot(tmp_path)
+
+    def stopped_midway(folder, model, vocab):
+        assert (folder / "model.safetensors").is_file()  # written: there is something to clean up
+        signal.raise_signal(signum)
+        return 0.0
+
+    monkeypatch.setattr(export_module, "verify", stopped_midway)
+    r = invoke(export_cli, ["--checkpoint", tmp_path / "hf.safetensors", "--to", first, "--force"])
+    assert r.exit_code == 128 + signum and "Traceback" not in r.output, r.output
+    assert r.stderr.strip() == ("interrupted" if signum == signal.SIGINT else
+                                f"SIGTERM: stopped before the export was written; {first} was not changed")
+    assert snapshot(tmp_path) == before
+    assert signal.getsignal(signal.SIGTERM) is sigterm_ignored  # export's handler was there only while it ran
+
+
+def test_a_signal_while_the_files_are_renamed_waits_for_them(tmp_path, monkeypatch, sigterm_ignored):
+    """--force renames the six files into place one by one: a signal among them comes after the last, so the
+    folder holds one export, never a mix of two."""
+    first = exported(tmp_path, random_model(seed=1))
+    second = random_model(seed=2)
+    save_model(tmp_path / "second.safetensors", second, VOCAB, {"task": "text"})
+    replace = export_module.replace
+
+    def signalled_among_renames(src, dst):
+        if dst.name == "model.safetensors":
+            signal.raise_signal(signal.SIGTERM)
+        return replace(src, dst)
+
+    monkeypatch.setattr(export_module, "replace", signalled_among_renames)
+    r = invoke(export_cli, ["--checkpoint", tmp_path / "second.safetensors", "--to", first, "--force"])
+    assert r.exit_code == 143 and r.stderr == f"SIGTERM: stopped after the export was written to {first}\n"
+    assert_computes(first, second)
+    assert hidden(tmp_path) == [] and hidden(first) == []
+
+
+def test_an_export_removes_what_killed_exports_left(tmp_path):
+    first = exported(tmp_path, random_model(seed=1))
+    dead, alive = dead_pid(), os.getppid()
+    for pid in (dead, alive):
+        (tmp_path / f".hf.export{pid}.abcd1234").mkdir()
+        (tmp_path / f".hf.export{pid}.abcd1234" / "model.safetensors").write_bytes(b"partial")
+        (first / f".model.safetensors.tmp{pid}").write_bytes(b"partial")
+    (tmp_path / f".hf-2.export{dead}.abcd1234").mkdir()  # another --to's: not this export's to clean up
+    export(tmp_path / "hf.safetensors", first, force=True, log=lambda m: None)
+    assert hidden(tmp_path) == sorted(str(tmp_path / n) for n in (f".hf-2.export{dead}.abcd1234",
+                                                                   f".hf.export{alive}.abcd1234"))
+    assert hidden(first) == [str(first / f".model.safetensors.tmp{alive}")]
+
+
+def test_to_inside_a_file_says_so(tmp_path):
+    ckpt = tmp_path / "m.safetensors"
+    save_model(ckpt, random_model(), VOCAB, {"task": "text"})
+    (tmp_path / "notes.txt").write_text("mine")
+    for to in ("notes.txt/sub", "notes.txt/sub/deeper"):
+        r = invoke(export_cli, ["--checkpoint", ckpt, "--to", tmp_path / to])
+        assert_one_line_error(r, rf"--to {tmp_path / to}: {tmp_path / 'notes.txt'} is a file, not a folder")
+        assert "disk space" not in r.stderr
+    assert (tmp_path / "notes.txt").read_text() == "mine" and hidden(tmp_path) == []
 
 
 def test_missing_transformers_is_one_line(tmp_path, monkeypatch):
