@@ -368,8 +368,8 @@ class ExportSettings:
     format: str = opt("hf", "hf: a Hugging Face transformers folder (GPT2LMHeadModel, tokenizer.json, "
                             "generation_config.json, README.md model card) that AutoModelForCausalLM.from_pretrained "
                             "loads without custom code", choices=EXPORT_FORMATS)
-    force: bool = opt(False, "replace a --to folder that is not empty (the new folder is written and checked in full "
-                             "first, then swapped in)")
+    force: bool = opt(False, "write into a --to folder that is not empty: the export's own files (written and checked "
+                             "in full first) replace an earlier export's; every other file stays")
 
 
 def run_val_split(train_config):

@@ -26,8 +26,9 @@ class CheckpointError(ChargptError):
 
 
 class Interrupted(ChargptError):
-    """Training stopped by SIGINT/SIGTERM after saving; `signum` gives the conventional exit status, `out_dir` the
-    run saved (the CLI says how to resume it) and `distributed` whether it ran under torchrun."""
+    """A command stopped by SIGINT/SIGTERM, having saved (training) or changed nothing (an export); `signum` gives the
+    conventional exit status, `out_dir` the run saved (the CLI says how to resume it) and `distributed` whether it
+    ran under torchrun."""
 
     def __init__(self, message, signum, out_dir=None, distributed=False):
         super().__init__(message)

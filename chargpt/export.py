@@ -44,7 +44,7 @@ from .config import EXPORT_FORMATS, ExportSettings, SampleSettings, describe_mod
 from .errors import ChargptError, ConfigError, Interrupted
 from .flags import param
 from .pairs import END, SEP
-from .platforms import STOP_SIGNALS, pid_alive, replace
+from .platforms import STOP_SIGNALS, lock_folder, pid_alive, replace
 from .rundir import remove_stale_temps, resolve
 
 # nn.Linear keeps (out, in); GPT-2's Conv1D keeps (in, out): these four are transposed on the way out
@@ -349,26 +349,13 @@ def handling(signals, handler):
 
 @contextlib.contextmanager
 def locked(folder):
-    """An exclusive lock on `folder` itself (flock on the folder: nothing is created in it; it dies with its
-    process), or the one-line error that another export holds it. Where there is no flock (Windows) or the
-    filesystem refuses it, no lock."""
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+    """An exclusive lock on `folder` while the export writes into it, or the one-line error that another export
+    holds it (platforms.lock_folder: none where the system or the filesystem has no such lock)."""
+    with lock_folder(folder) as held:
+        if not held:
             raise ChargptError(f"--to {folder} is being written by another export; wait for it to finish, or "
-                               f"choose another --to") from None
-        except OSError:  # no locks on this filesystem
-            pass
+                               f"choose another --to")
         yield
-    finally:
-        os.close(fd)
 
 
 def _dir_mode():

@@ -1,5 +1,6 @@
 """What differs between Linux, macOS and Windows, in one place: whether a process is alive, which signals stop a
-training, which names a folder may have, how a listening socket claims its port, and renaming over a file.
+training, which names a folder may have, how a listening socket claims its port, renaming over a file, and
+holding a folder for one process.
 
 Linux is where the test suite runs; macOS and Windows are supported by design (docs/contributing.md, Platforms):
 each function below is the portable form of something POSIX offers directly, so the rest of chargpt never asks
@@ -94,3 +95,28 @@ def replace(src, dst):
             return os.replace(src, dst)
         time.sleep(0.05)
     return os.replace(src, dst)
+
+
+# --- a folder held by one process ---------------------------------------------------------------------------------
+@contextlib.contextmanager
+def lock_folder(folder):
+    """Hold an exclusive lock on `folder` itself (flock on the folder: nothing is created in it; it dies with its
+    process) -> yields False if another process holds it, else True. Where there is no flock (Windows) or the
+    filesystem refuses locks, it yields True without a lock."""
+    try:
+        import fcntl
+    except ImportError:
+        yield True
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        held = True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            held = False
+        except OSError:  # no locks on this filesystem
+            pass
+        yield held
+    finally:
+        os.close(fd)
