@@ -46,7 +46,7 @@ def repl(gen, settings, seed, unknown, inp=None, out=None, err=None):
             err.write("\n(Ctrl-D or /quit exits)\n")
             continue
         except textio.TooLarge as e:  # this line only: the rest of it is skipped, unless it never ends
-            _skip_rest(inp, number)
+            _skip_rest(inp, e)
             err.write(f"error: {e}\n")
             continue
         except ChargptError as e:  # not UTF-8: this line only
@@ -90,17 +90,17 @@ def _read(inp, number):
     return text.rstrip("\r\n")
 
 
-def _skip_rest(inp, number):
-    """Read and drop the rest of a too-long line, a chunk at a time, up to its line end or the end of input. A
-    line still going after SKIP_BYTES is not someone typing (/dev/zero): the session ends with an error."""
+def _skip_rest(inp, error):
+    """Read and drop the rest of a too-long line (its `error` said so), a chunk at a time, up to its line end or the
+    end of input. A line still going after SKIP_BYTES more is not someone typing (/dev/zero): the session ends."""
     skipped = 0
     while skipped < SKIP_BYTES:
         piece = inp.readline(SKIP_CHUNK)
         if not piece or piece.endswith(b"\n" if isinstance(piece, bytes) else "\n"):
             return
         skipped += len(piece)
-    raise textio.TooLarge(f"input line {number} goes on for more than {SKIP_BYTES >> 20} MiB without a line end "
-                          f"(is stdin the right file? /dev/zero never ends); the session ends")
+    raise textio.TooLarge(f"{error}; it has no end after {SKIP_BYTES >> 20} MiB more (is stdin the right file? "
+                          f"/dev/zero never ends), so the session ends")
 
 
 def _set(settings, word, arg):
