@@ -19,7 +19,7 @@ from .config import ModelConfig, describe_model
 from .data import run_val_split
 from .init_from import describe_lineage, read_lineage
 from .rundir import LATEST, METRICS, read_step_rows, resolve
-from .textio import escape  # also for the playground's Runs view (chargpt/web/runs.py)
+from .textio import escape
 
 PREVIEW_CHARS = 80
 WRAP = 110  # columns of the human format

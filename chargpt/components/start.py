@@ -61,7 +61,7 @@ class Origin:
     base: init_from.Base | None = None
     lineage: dict | None = None  # what checkpoints record of the run this one started from
 
-    def in_run_vocab(self, corpus):
+    def in_run_vocab(self, corpus, log):
         """The corpus in the vocabulary the run trains in: a run started from another trains in the base's
         vocabulary extended by the corpus's new characters (on --resume, the one its checkpoint holds), the
         corpus's ids remapped into it (chargpt/init_from.py)."""
@@ -73,7 +73,7 @@ class Origin:
             self.lineage = init_from.read_lineage(self.meta)
         else:
             return corpus
-        return init_from.in_vocab(corpus, vocab)
+        return init_from.in_vocab(corpus, vocab, log=log)
 
     def load_base(self, model):
         """A run started from another: its weights over the freshly built ones (new characters keep their fresh
@@ -192,7 +192,7 @@ def _build(settings, given, dist, device, log, claimed, extra_sinks):
     threads = configure_threads(cfg.threads, dist.local_world_size) if device.type == "cpu" else None
     corpus = encode(task, cfg, origin.model_kw["block_size"], dist, log)
     distinct = len(corpus.vocab)
-    corpus = origin.in_run_vocab(corpus)
+    corpus = origin.in_run_vocab(corpus, log)
     model_kw, sizing_lines = origin.model_kw, []
     if sizes:
         model_kw, cfg, sizing_lines = auto_size(settings, model_kw, cfg, task, corpus, device, dtype, dist)

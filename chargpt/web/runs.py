@@ -7,7 +7,8 @@ from pathlib import Path
 
 from ..errors import ChargptError
 from ..rundir import BEST, LATEST, LOSSES, METRICS, SAMPLES, lock_holder, read_step_rows
-from ..runinfo import escape, run_info
+from ..runinfo import run_info
+from ..textio import escape
 from .body import RequestError
 from .limits import MAX_METRIC_ROWS, MAX_RUNNING_POINTS, MAX_SAMPLE_ROWS, MAX_VOCAB_SENT, VOCAB_PREVIEW
 
