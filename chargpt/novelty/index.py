@@ -2,15 +2,17 @@
 (cache.py), and Novelty.score(text) -> Report against both splits, each span located by line (or pair).
 
 A plain text run's splits are its text's tail (or, with --val-split blocks, stretches of it); a pairs run's are
-sets of examples. Where a split is not one stretch of the corpus, its index keeps the positions of one suffix
-array of the whole corpus that fall inside it.
+sets of examples. A tail split's index is the suffix array of its stretch; a blocks split's, of its stretches,
+each sorted as if it ended the text (a span stops where its stretch ends: the validation stretch after a training
+one is not training text); a pairs split keeps the positions of one suffix array of the whole corpus that fall in
+its examples (a span never crosses an example's end marker, which no scored text contains).
 """
 
 from dataclasses import dataclass
 
 import numpy as np
 
-from .cache import cached, index_path
+from .cache import cached, check_line_ends, check_order, index_path, remove_stale
 from .report import Report, Span, SplitScore
 from .score import (
     DEFAULT_MIN_SPAN,
@@ -20,8 +22,9 @@ from .score import (
     matching_statistics,
     maximal_starts,
     spans_ending,
+    stops_of,
 )
-from .suffixarray import builder_note, index_dtype, suffix_array
+from .suffixarray import builder_note, index_dtype, stretch_suffix_array, suffix_array
 
 EXCERPT_CHARS = 80  # of a copied span shown from the corpus (with up to CONTEXT_CHARS before it)
 CONTEXT_CHARS = 20
@@ -32,11 +35,13 @@ MAX_SPANS = 1000  # spans listed per text (its share and longest count them all)
 class SplitIndex:
     """One split's suffix array over a run of corpus ids. `text` holds the split (plain text) or the whole
     corpus (pairs: the split's suffixes are a subset of its positions; a span never crosses an example's end
-    marker, which no scored text contains); `offset` is where text[0] is in the corpus."""
+    marker, which no scored text contains; --val-split blocks: `stretches`, the (starts, ends) of the split's
+    pieces of the corpus, where a span stops); `offset` is where text[0] is in the corpus."""
     name: str
     text: np.ndarray
     sa: np.ndarray
     offset: int = 0
+    stretches: tuple | None = None
 
 
 class Novelty:
@@ -58,7 +63,7 @@ class Novelty:
         return Report(text, min_span, self.unit, scores["train"], scores["val"])
 
     def _score_split(self, split, query, min_span):
-        starting, where = matching_statistics(split.text, split.sa, query)
+        starting, where = matching_statistics(split.text, split.sa, query, stretches=split.stretches)
         where = where + split.offset
         ends = np.arange(len(query)) + starting
         copied = covered(starting, min_span)
@@ -101,8 +106,9 @@ def index_corpus(corpus, val_fraction, log=print, split=None):
     ids = corpus.ids()
     pairs = hasattr(corpus, "n_pairs")
     ends_id = corpus.vocab.stoi.get(END if pairs else "\n")
+    remove_stale(corpus.cache_dir, corpus.key)
     line_ends = cached(index_path(corpus.cache_dir, corpus.key, "lines"), lambda: _positions_of(ids, ends_id), log,
-                       "line ends", bound=len(ids))
+                       "line ends", size=_count_of(ids, ends_id), bound=len(ids), check=check_line_ends(ids, ends_id))
     if pairs:
         return _index_pairs(corpus, ids, val_fraction, line_ends, log)
     if split is not None and split.how == "blocks":
@@ -122,8 +128,9 @@ def _index_tail(corpus, ids, val_fraction, line_ends, log):
             log(f"indexing the {len(text):,} {name} characters of {corpus.name} for novelty (once per corpus)"
                 + builder_note(corpus.vocab))
             return suffix_array(text)
+        stop = stops_of(len(text), None)
         sa = cached(index_path(corpus.cache_dir, corpus.key, f"sa-{name}-{n_train}"), build, log, f"{name} index",
-                    size=len(text), bound=len(text))
+                    size=len(text), bound=len(text), check=lambda sa, text=text, stop=stop: check_order(text, sa, stop))
         splits[name] = SplitIndex(name, text, sa, offset=lo)
     return Novelty(corpus.vocab, ids, splits, line_ends)
 
@@ -142,40 +149,53 @@ def _index_pairs(corpus, ids, val_fraction, line_ends, log):
         in_split[rows] = True
         example = np.searchsorted(line_ends, full, side="left")  # pair i holds positions up to its END
         return full[in_split[np.minimum(example, corpus.n_pairs - 1)]]
-    splits = {}
+    splits, stop = {}, stops_of(len(ids), None)
     for name, rows in (("train", train_rows), ("val", val_rows)):
         count = int(corpus.index()[rows, 1:].sum() + 2 * len(rows))  # positions of the split's examples
         sa = cached(index_path(corpus.cache_dir, corpus.key, f"sa-{name}-{tag}"), lambda rows=rows: part(rows), log,
-                    f"{name} index", size=count, bound=len(ids))
+                    f"{name} index", size=count, bound=len(ids),
+                    check=lambda sa: check_order(ids, sa, stop))
         splits[name] = SplitIndex(name, ids, sa)
     return Novelty(corpus.vocab, ids, splits, line_ends, unit="pair", ignore=(SEP, END))
 
 
 def _index_blocks(corpus, ids, split, line_ends, log):
-    """The --val-split blocks indexes: one suffix array of the whole corpus, kept per split to the positions in its
-    stretches (as for pairs). A span may run on across the line end where a stretch meets the next one (at most
-    one per block of SPLIT_CHARS): a rare slight overcount of the longest spans, for one array instead of two."""
-    tag = f"b{split.block_chars}-{split.size('val')}"  # names the split: its block length and validation size
-    whole = _whole_index(corpus, ids, log)
-
-    def part(segs):
-        full = whole()
-        inside = np.zeros(len(ids), bool)
-        for a, b in segs:
-            inside[a:b] = True
-        return full[inside[full]]
+    """The --val-split blocks indexes: per split, the suffix array of its stretches, each sorted as if it ended the
+    text (suffixarray.stretch_suffix_array), so that a span stops where its stretch ends: only training text is
+    copied from, never the validation stretch after it."""
+    tag = f"s{split.block_chars}-{split.size('val')}"  # names the split: its block length and validation size
     splits = {}
     for name in ("train", "val"):
         segs = getattr(split, name)
-        sa = cached(index_path(corpus.cache_dir, corpus.key, f"sa-{name}-{tag}"), lambda segs=segs: part(segs), log,
-                    f"{name} index", size=split.size(name), bound=len(ids))
-        splits[name] = SplitIndex(name, ids, sa)
+        stretches = (segs[:, 0].astype(np.int64), segs[:, 1].astype(np.int64))
+        stop = stops_of(len(ids), stretches)
+
+        def build(segs=segs, name=name):
+            log(f"indexing the {split.size(name):,} {name} characters of {corpus.name} for novelty (once per corpus)"
+                + builder_note(corpus.vocab))
+            return stretch_suffix_array(ids, segs)
+
+        def inside(positions, starts=stretches[0], stop=stop):
+            return (positions >= starts[0]) & (positions < stop(positions))
+        path = index_path(corpus.cache_dir, corpus.key, f"sa-{name}-{tag}")
+        _drop(index_path(corpus.cache_dir, corpus.key, f"sa-{name}-b{split.block_chars}-{split.size('val')}"))
+        sa = cached(path, build, log, f"{name} index", size=split.size(name), bound=len(ids),
+                    check=lambda sa, stop=stop, inside=inside: check_order(ids, sa, stop, inside))
+        splits[name] = SplitIndex(name, ids, sa, stretches=stretches)
     return Novelty(corpus.vocab, ids, splits, line_ends)
+
+
+def _drop(path):
+    """An index file of an older layout (blocks indexes before they stopped at stretch ends): no longer read."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def _whole_index(corpus, ids, log):
     """-> a function giving the suffix array of the whole corpus, built on the first call only: the splits that
-    keep their positions of it (pairs, blocks) share one build, and a split found in the cache needs none."""
+    keep their positions of it (pairs) share one build, and a split found in the cache needs none."""
     built = []
 
     def whole():
@@ -185,6 +205,13 @@ def _whole_index(corpus, ids, log):
             built.append(suffix_array(ids))
         return built[0]
     return whole
+
+
+def _count_of(ids, value, chunk=1 << 24):
+    """How many times `value` occurs in ids, in chunks (bounded memory): the length of its line-end list."""
+    if value is None:
+        return 0
+    return sum(int(np.count_nonzero(np.asarray(ids[i:i + chunk]) == value)) for i in range(0, len(ids), chunk))
 
 
 def _positions_of(ids, value, chunk=1 << 24):

@@ -1,7 +1,9 @@
 """Building the index: a suffix array, a run of character ids' positions sorted by the text that starts at each.
 
 libdivsufsort (the optional `novelty` extra, pip install -e ".[novelty]") builds it in C for vocabularies of at
-most 256 characters; numpy's prefix doubling builds it otherwise. Both give the same array (tested).
+most 256 characters; numpy's prefix doubling builds it otherwise. Both give the same array (tested). A split made
+of several stretches (--val-split blocks) gets the suffix array of its stretches, each ending like a text
+(stretch_suffix_array).
 """
 
 import numpy as np
@@ -39,6 +41,31 @@ def suffix_array(ids, builder="auto"):
         sa = pydivsufsort.divsufsort(np.ascontiguousarray(ids))
         return sa.astype(index_dtype(len(ids)), copy=False)
     return suffix_array_numpy(ids)
+
+
+def stretch_suffix_array(ids, segs, builder="auto"):
+    """The suffix array of the stretches `segs` ((k, 2) [start, end) offsets into ids) as if each ended the text:
+    the positions inside them, sorted by their text up to the end of their own stretch (one that reaches it first
+    sorts first, as at the end of a text). The --val-split blocks index: a match never runs on from one training
+    stretch into the validation text after it (score.matching_statistics, stretches=...).
+
+    Built as the suffix array of the stretches joined, each followed by a separator below every character
+    (ids + 1, and 0), whose k separators sort first and are dropped; the rest map back to positions of ids."""
+    segs = np.asarray(segs, dtype=np.int64).reshape(-1, 2)
+    dtype = index_dtype(len(ids))
+    lengths = segs[:, 1] - segs[:, 0]
+    k, total = len(segs), int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype)
+    top = max(int(np.max(ids[a:b])) for a, b in segs if b > a) + 1
+    joined = np.zeros(total + k, np.uint8 if top < 256 else np.uint16 if top < 65536 else np.int64)
+    heads = np.concatenate([[0], np.cumsum(lengths + 1)[:-1]])  # where each stretch starts in `joined`
+    for (a, b), h in zip(segs, heads):
+        joined[h:h + b - a] = np.asarray(ids[a:b]) + 1
+    sa = suffix_array(joined, builder)[k:]  # separators (0) sort before any character
+    del joined
+    shift = segs[:, 0] - heads
+    return (sa + shift[np.searchsorted(heads, sa, side="right") - 1]).astype(dtype)
 
 
 def index_dtype(n):
