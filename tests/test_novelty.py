@@ -4,18 +4,22 @@ splice shows its two sources, validation text is found in the validation split o
 corpus, and the JSON of `chargpt novelty`, `sample.py --novelty` and samples.jsonl."""
 
 import json
+import os
 import random
 import shutil
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from helpers import need, run_chargpt
+from helpers import need, run_chargpt, train_pairs, write_cipher
 
 import chargpt
 from chargpt import novelty
 from chargpt.cli import novelty_cli, sample_cli
-from chargpt.data import encode_corpus
+from chargpt.data import encode_corpus, split_of
 from chargpt.pairs import encode_pairs
 
 WORDS = ("time love night king lord death heaven blood sweet fair honour grace noble gentle heart hand eyes tongue "
@@ -102,6 +106,68 @@ def test_long_copied_stretches_are_followed_past_the_search_cap():
     big = rng.integers(0, 60, 100_000).astype(np.uint16)
     starting, _ = novelty.matching_statistics(big, novelty.suffix_array(big), big.astype(np.int64))  # not hours
     assert starting[0] == len(big) and starting[-1] == 1 and (np.diff(starting) == -1).all()
+
+
+def test_matching_statistics_stop_where_a_stretch_ends_against_brute_force():
+    """A split of several stretches (--val-split blocks): a match never runs on past the end of its stretch."""
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        n = int(rng.integers(2, 80))
+        ids = rng.integers(0, 3, n).astype(np.uint16)
+        bounds = [0, *sorted(set(rng.integers(1, n, 4).tolist())), n]
+        segs = np.array([(bounds[i], bounds[i + 1]) for i in range(0, len(bounds) - 1, 2)])
+        sa = novelty.stretch_suffix_array(ids, segs)
+        assert sorted(sa.tolist()) == [p for a, b in segs for p in range(a, b)]
+        query = rng.integers(-1, 3, int(rng.integers(1, 40)))
+        starting, where = novelty.matching_statistics(ids, sa, query, block=3, stretches=(segs[:, 0], segs[:, 1]))
+        for i in range(len(query)):
+            best = max(_common(query[i:], ids[p:b]) for a, b in segs for p in range(a, b))
+            assert starting[i] == best
+            if best:
+                assert any(a <= where[i] and where[i] + best <= b for a, b in segs)
+                assert ids[where[i]:where[i] + best].tolist() == query[i:i + best].tolist()
+    ids = rng.integers(0, 16, 3000).astype(np.uint16)  # past the search cap too: followed up to the stretch's end
+    segs = np.array([[0, 1000], [1500, 3000]])
+    sa = novelty.stretch_suffix_array(ids, segs)
+    query = ids[800:1200].astype(np.int64)  # runs on past 1000 in the corpus, but 1000-1500 is not in the split
+    for cap in (8, 10**9):
+        starting, where = novelty.matching_statistics(ids, sa, query, block=3, cap=cap, stretches=tuple(segs.T))
+        assert starting[:180].tolist() == list(range(200, 20, -1)) and where[0] == 800
+
+
+def test_absent_characters_and_followed_copies_cost_no_search(monkeypatch):
+    """A character the corpus lacks matches nothing without a binary search, and so does every position inside a
+    copied stretch already followed past the search cap (in a later group of positions): a long input of either
+    costs its length, not a search per character; the scores are those of searching every position."""
+    rng = np.random.default_rng(4)
+    ids = rng.integers(0, 16, 3000).astype(np.uint16)
+    sa = novelty.suffix_array(ids)
+    query = np.concatenate([np.full(5000, novelty.NO_MATCH), ids[:50], np.full(5000, novelty.NO_MATCH), ids[100:2900],
+                            rng.integers(0, 16, 300)])
+    full = novelty.matching_statistics(ids, sa, query, cap=64)
+    searched = []
+    search = novelty.score._search
+    monkeypatch.setattr(novelty.score, "_search", lambda text, sa, q, rows, *a: searched.append(len(rows)) or
+                        search(text, sa, q, rows, *a))
+    monkeypatch.setattr(novelty.score, "ROWS", 100)
+    grouped = novelty.matching_statistics(ids, sa, query, cap=64)
+    assert grouped[0].tolist() == full[0].tolist() and grouped[1].tolist() == full[1].tolist()
+    assert full[0][10_050] == 2800  # the copied stretch, followed from its first position
+    assert sum(searched) < 50 + 2 * 100 + 300 + 100  # not the 10,000 absent ones, not the 2,800 copied ones
+
+
+def test_the_text_scored_at_once_is_capped_and_the_cap_is_said(tmp_path):
+    """chargpt novelty reads at most MAX_INPUT_BYTES (1 MiB: about half a minute of scoring at worst on a 2-core
+    CPU; 16 MiB took minutes), from an argument, a file or stdin, and the error names the cap."""
+    assert novelty.MAX_INPUT_BYTES <= 1 << 20
+    big = tmp_path / "big.txt"
+    big.write_bytes(b"a" * (novelty.MAX_INPUT_BYTES + 1))
+    for text, path in (("a" * (novelty.MAX_INPUT_BYTES + 1), None), ("\u00e9" * (novelty.MAX_INPUT_BYTES // 2 + 1),
+                                                                        None), (None, big)):
+        with pytest.raises(chargpt.ChargptError, match=r"larger than 1 MiB, the most chargpt novelty scores at once"):
+            novelty.read_input(text, path)
+    big.write_bytes(b"a" * novelty.MAX_INPUT_BYTES)
+    assert len(novelty.read_input(None, big)) == novelty.MAX_INPUT_BYTES
 
 
 def _common(a, b):
@@ -193,6 +259,111 @@ def test_the_index_is_built_once_cached_and_memory_mapped(text_index, tmp_path, 
     np.save(path, damaged)
     index = novelty.index_corpus(corpus, 0.1, log=lambda *a: None)
     assert index.score(at_line(text, 3, 40)).train.copied_fraction == 1.0
+
+
+def test_a_shuffled_suffix_array_is_noticed_and_rebuilt(text_index, tmp_path):
+    """Damage that stays in range (every position of the text, once, out of order) is found by the order check
+    when the index loads: said in one line, rebuilt, and the score is right."""
+    text, _ = text_index
+    corpus = encode_corpus(str(tmp_path / "verse.txt"), cache_dir=tmp_path / "cache")
+    path = next((tmp_path / "cache").glob("*.sa-train-*.npy"))
+    shuffled = np.load(path)
+    np.random.default_rng(0).shuffle(shuffled)
+    np.save(path, shuffled)
+    said = []
+    index = novelty.index_corpus(corpus, 0.1, log=said.append)
+    assert index.score(at_line(text, 3, 40)).train.copied_fraction == 1.0
+    assert said[0] == f"the cached novelty train index {path} is damaged (its suffixes out of order); rebuilding it"
+    assert len(said) == 2 and said[1].startswith("indexing the")
+    said.clear()
+    novelty.index_corpus(corpus, 0.1, log=said.append)
+    assert said == []  # the rebuilt one is sound
+
+
+def test_a_swollen_lines_file_is_not_read_and_is_rebuilt(text_index, tmp_path, monkeypatch):
+    """A line-end list far longer than the corpus has lines (sparse, every entry 0: in range) is refused by its
+    size on disk, before any of it is read; the line numbers stay right."""
+    text, _ = text_index
+    corpus = encode_corpus(str(tmp_path / "verse.txt"), cache_dir=tmp_path / "cache")
+    path = next((tmp_path / "cache").glob("*.lines.v1.npy"))
+    swollen = np.lib.format.open_memmap(path, mode="w+", dtype=np.int32, shape=(1_000_000,))  # 4 MB of zeros
+    del swollen
+    load = np.load
+
+    def small_only(file, *a, **kw):
+        assert os.path.getsize(file) < 100_000, "a file far past what the corpus implies was read"
+        return load(file, *a, **kw)
+    monkeypatch.setattr(np, "load", small_only)
+    said = []
+    index = novelty.index_corpus(corpus, 0.1, log=said.append)
+    assert index.score(at_line(text, 30, 40)).train.longest.line == 30
+    assert said == [f"the cached novelty line ends {path} is damaged (4,000,128 bytes for 400 entries); rebuilding it"]
+    np.save(path, np.load(path)[:-1])  # one line end short: the corpus says how many there are
+    said.clear()
+    novelty.index_corpus(corpus, 0.1, log=said.append)
+    assert said == [f"the cached novelty line ends {path} is damaged (399 entries where the corpus has 400); "
+                    f"rebuilding it"]
+
+
+def test_index_temp_files_of_dead_processes_are_removed(text_index, tmp_path):
+    """A write cut short by kill -9 leaves `.<key>.sa-...npy.tmp<pid>`: the next indexing of that corpus removes
+    those of processes that are gone, and leaves a running one's alone."""
+    corpus = encode_corpus(str(tmp_path / "verse.txt"), cache_dir=tmp_path / "cache")
+    gone = subprocess.Popen([sys.executable, "-c", ""])
+    gone.wait()
+    stale = tmp_path / "cache" / f".{corpus.key}.sa-train-1.v1.npy.tmp{gone.pid}"
+    stale_lines = tmp_path / "cache" / f".{corpus.key}.lines.v1.npy.tmp{gone.pid}"
+    running = tmp_path / "cache" / f".{corpus.key}.sa-val-1.v1.npy.tmp{os.getppid()}"
+    for f in (stale, stale_lines, running):
+        f.write_bytes(b"\0" * 1000)
+    novelty.index_corpus(corpus, 0.1, log=lambda *a: None)
+    assert not stale.exists() and not stale_lines.exists() and running.exists()
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="POSIX signals")
+def test_sigterm_while_an_index_is_written_leaves_no_partial_file(tmp_path):
+    """SIGTERM (what kill and job schedulers send) in the middle of writing an index file stops the command as
+    Ctrl-C does: the hidden partial file is removed."""
+    corpus = tmp_path / "verse.txt"
+    corpus.write_text(verse(), encoding="utf-8")
+    encode_corpus(str(corpus), cache_dir=tmp_path / "cache")
+    script = ("import sys, time\nimport numpy as np\nfrom chargpt.data import encode_corpus\n"
+              "from chargpt import novelty\n"
+              "def slow(f, arr, allow_pickle=False):\n"
+              "    f.write(b'part of an index')\n    f.flush()\n    print('writing', flush=True)\n    time.sleep(60)\n"
+              "np.save = slow\n"
+              "novelty.index_corpus(encode_corpus(sys.argv[1], cache_dir=sys.argv[2]), 0.1, log=lambda m: None)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script, str(corpus), str(tmp_path / "cache")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "writing\n", proc.stderr.read()
+        assert list((tmp_path / "cache").glob(".*.npy.tmp*"))  # the partial file is there
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode != 0 and not list((tmp_path / "cache").glob(".*tmp*"))
+
+
+def test_blocks_split_spans_stop_where_a_training_stretch_ends(tmp_path):
+    """Under --val-split blocks, a match that starts in a training stretch stops where it ends: the validation
+    stretch after it is not counted as copied from training (it is from the validation text), and no span is
+    longer than a training stretch."""
+    text = verse()
+    path = tmp_path / "verse.txt"
+    path.write_text(text, encoding="utf-8")
+    corpus = encode_corpus(str(path), cache_dir=tmp_path / "cache")
+    split = split_of(corpus.ids(), corpus.vocab, 0.1, 16, "blocks")
+    index = novelty.index_corpus(corpus, 0.1, log=lambda *a: None, split=split)
+    a, b = (int(x) for x in split.val[0])  # the first validation stretch, with training text before it
+    report = index.score(text[a - 30:b])
+    assert report.train.starting[0] == 30 and report.train.longest.length == 30  # not b - a + 30
+    assert report.train.copied_fraction < 0.5  # the 30, and a chance phrase or two of the validation text
+    assert report.val.longest.length == b - a and report.val.longest.start == 30
+    whole = index.score(text).train
+    assert whole.longest.length == max(int(y - x) for x, y in split.train)
+    assert all(any(x <= s.offset and s.offset + s.length <= y for x, y in split.train) for s in whole.spans)
 
 
 def test_sentence_pairs_are_scored_per_split_and_located_by_pair(tmp_path):
@@ -349,6 +520,67 @@ def test_the_playground_api_marks_copied_segments(run):
     assert body["summary"].startswith("copied: 93% in spans of 20+")
     r = client.post("/api/novelty", json={"run": "run", "text": "x" * (MAX_NOVELTY_CHARS + 1)})
     assert r.status_code == 400 and "limit" in r.json()["error"]
+
+
+def _tiny_run(root, text, corpus_name):
+    """A tiny text run root/runs/r trained on `text`, written to root/<corpus_name>.txt (its corpus cache in
+    root/cache) -> the corpus path."""
+    corpus = root / f"{corpus_name}.txt"
+    corpus.write_text(text, encoding="utf-8")
+    chargpt.train(data=str(corpus), out_dir=str(root / "runs" / "r"), cache_dir=str(root / "cache"), max_iters=2,
+                  eval_interval=2, sample_chars=0, **TINY)
+    return corpus
+
+
+def test_the_playground_reloads_the_index_of_a_run_replaced_under_its_name(tmp_path):
+    """A run deleted and trained again under the same name on another text is scored against the new text (its
+    checkpoint changed on disk, and with it the corpus it records), as the model cache reloads its model."""
+    need("starlette")
+    from starlette.testclient import TestClient
+
+    from chargpt.web import server as serve
+    old, new = verse(seed=21), verse(seed=22)
+    _tiny_run(tmp_path, old, "old")
+    client = TestClient(serve.create_app(tmp_path / "runs", device="cpu"), base_url="http://127.0.0.1")
+    score = lambda text: client.post("/api/novelty", json={"run": "r", "text": text}).json()  # noqa: E731
+    assert score(at_line(old, 5, 60))["copied_fraction"] == 1.0
+    shutil.rmtree(tmp_path / "runs" / "r")
+    _tiny_run(tmp_path, new, "new")
+    assert score(at_line(new, 5, 60))["copied_fraction"] == 1.0
+    assert score(at_line(new, 5, 60))["longest_line"] == 5 and score(at_line(old, 5, 60))["copied_fraction"] == 0
+
+
+def test_the_playground_says_in_its_own_terms_that_a_run_s_text_is_gone(tmp_path):
+    """The web error for a run whose training text is neither where it was nor in the cache says so without the
+    server's paths or the command line's --data; chargpt novelty still names them."""
+    need("starlette")
+    from starlette.testclient import TestClient
+
+    from chargpt.web import server as serve
+    corpus = _tiny_run(tmp_path, verse(seed=23), "gone")
+    corpus.unlink()
+    shutil.rmtree(tmp_path / "cache")
+    client = TestClient(serve.create_app(tmp_path / "runs", device="cpu"), base_url="http://127.0.0.1")
+    r = client.post("/api/novelty", json={"run": "r", "text": "some text"})
+    error = r.json()["error"]
+    assert r.status_code == 422 and error.startswith("cannot mark copied text: the training text of the run 'r' is "
+                                                     "not on this server")
+    assert "--data" not in error and str(tmp_path) not in error and "/" not in error
+    done = invoke(novelty_cli, "--checkpoint", tmp_path / "runs" / "r", "some text")
+    assert done.exit_code == 1 and "pass --data FILE" in done.stderr and str(corpus) in done.stderr
+
+
+def test_sample_novelty_refuses_a_missing_prompt_before_any_index_work(tmp_path):
+    """sample.py --novelty on a pairs run without --prompt is refused before the index is built; with a prompt,
+    the index is built when the first sample is scored."""
+    train_pairs(write_cipher(tmp_path / "cipher.tsv", n=300), tmp_path / "run", steps=2, cache_dir=tmp_path / "cache")
+    done = invoke(sample_cli, "--checkpoint", tmp_path / "run", "--novelty", "--device", "cpu")
+    assert done.exit_code == 1 and "give --prompt some text" in done.stderr
+    assert "indexing" not in done.stderr and not list((tmp_path / "cache").glob("*.sa-*.npy"))
+    done = invoke(sample_cli, "--checkpoint", tmp_path / "run", "--novelty", "--prompt", "abcd", "--device", "cpu",
+                  "--seed", "1")
+    assert done.exit_code == 0 and "indexing" in done.stderr and "copied: " in done.stderr, done.stderr
+    assert len(list((tmp_path / "cache").glob("*.sa-*.npy"))) == 2
 
 
 def test_the_benchmark_runs_on_small_sizes():

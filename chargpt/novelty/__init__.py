@@ -10,9 +10,10 @@ trained on (and, apart, against its validation split: copying that is no memoris
 
 The index, per split, is a suffix array: the split's positions sorted by the text that starts there. It is
 built once per corpus and split, and cached beside the encoded corpus (chargpt.data) as numpy .npy files,
-written atomically and read back memory-mapped (cache.py). A text of m characters is scored by m binary searches
-(log2 n steps each) that touch O(m log n) pages of those maps, so a 100M-character corpus costs page cache, not
-its size in RAM. Building it costs more, once: up to tens of bytes per character.
+written atomically, checked and read back memory-mapped (cache.py). A text of m characters is scored by m binary
+searches (log2 n steps each) that touch O(m log n) pages of those maps, so a 100M-character corpus costs page
+cache, not its size in RAM; a character the corpus lacks costs no search, nor does a position inside a copied
+stretch already followed past the search cap. Building it costs more, once: up to tens of bytes per character.
 
 Scores ("matching statistics", Chang & Lawler 1994): starting[i] is the length of the longest prefix of
 text[i:] that occurs verbatim in the split; ending[j] is the longest copied span that ends at j. A character
@@ -31,7 +32,7 @@ The modules, each importable on its own:
 from .cache import INDEX_VERSION
 from .index import CONTEXT_CHARS, EXCERPT_CHARS, MAX_SPANS, Novelty, SplitIndex, index_corpus
 from .report import Report, Span, SplitScore, format_report, format_summary, segments
-from .runs import for_meta, for_run, run_corpus
+from .runs import CorpusMissing, corpus_identity, for_meta, for_run, index_run, run_corpus
 from .samples import MAX_INPUT_BYTES, check_options, read_input, sample_records, sample_scorer, scored_line
 from .score import (
                     BLOCK,
@@ -47,11 +48,11 @@ from .score import (
                     maximal_starts,
                     spans_ending,
 )
-from .suffixarray import suffix_array, suffix_array_numpy
+from .suffixarray import stretch_suffix_array, suffix_array, suffix_array_numpy
 
-__all__ = ["BLOCK", "CONTEXT_CHARS", "DEFAULT_MIN_SPAN", "EXCERPT_CHARS", "INDEX_VERSION", "MAX_INPUT_BYTES",
-           "MAX_SPANS", "NO_MATCH", "PAST_END", "ROWS", "SEARCH_CAP", "Novelty", "Report", "Span", "SplitIndex",
-           "SplitScore", "check_min_span", "check_options", "covered", "extend_capped", "for_meta", "for_run",
-           "format_report", "format_summary", "index_corpus", "matching_statistics", "maximal_starts", "read_input",
-           "run_corpus", "sample_records", "sample_scorer", "scored_line", "segments", "spans_ending",
-           "suffix_array", "suffix_array_numpy"]
+__all__ = ["BLOCK", "CONTEXT_CHARS", "CorpusMissing", "DEFAULT_MIN_SPAN", "EXCERPT_CHARS", "INDEX_VERSION",
+           "MAX_INPUT_BYTES", "MAX_SPANS", "NO_MATCH", "PAST_END", "ROWS", "SEARCH_CAP", "Novelty", "Report", "Span",
+           "SplitIndex", "SplitScore", "check_min_span", "check_options", "corpus_identity", "covered",
+           "extend_capped", "for_meta", "for_run", "format_report", "format_summary", "index_corpus", "index_run",
+           "matching_statistics", "maximal_starts", "read_input", "run_corpus", "sample_records", "sample_scorer",
+           "scored_line", "segments", "spans_ending", "stretch_suffix_array", "suffix_array", "suffix_array_numpy"]

@@ -9,6 +9,15 @@ from ..errors import DataError
 from .index import index_corpus
 
 
+class CorpusMissing(DataError):
+    """The text a run trained on is not to be found (or what is found is another text). The message is the
+    command line's (it names the paths and --data); `web` says the same for the playground, without them."""
+
+    def __init__(self, message, web):
+        super().__init__(message)
+        self.web = web
+
+
 def run_corpus(meta, data=None, cache_dir=None, run="the run", log=print):
     """A checkpoint's metadata -> its encoded corpus (chargpt.data.EncodedCorpus or EncodedPairs), found by the
     corpus cache key the run recorded, else re-encoded from the path it trained on; `data` replaces that path
@@ -26,16 +35,19 @@ def run_corpus(meta, data=None, cache_dir=None, run="the run", log=print):
         if corpus is not None:
             return _same_vocab(corpus, meta, run)
     if data is None and path is not None and not Path(path).expanduser().exists():
-        raise DataError(f"the training text of {run} is gone ({path} does not exist and its encoding is not in the "
-                        f"cache {cache}); pass --data FILE with the same corpus (checked by its hash)")
+        raise CorpusMissing(f"the training text of {run} is gone ({path} does not exist and its encoding is not in "
+                            f"the cache {cache}); pass --data FILE with the same corpus (checked by its hash)",
+                            "is not on this server (the file it trained on was moved or deleted, and so was its "
+                            "cached copy)")
     if task == "pairs":
         _, key, _ = corpus_pairs.pair_stream(path, tc.get("target_data"), encoding, errors)
     else:
         key = corpus_data.corpus_key(corpus_data.corpus_sources(path, encoding)[1], encoding, errors)
     if recorded and key != recorded:
         where = path if path is not None else "the built-in corpus of this Python"
-        raise DataError(f"{where} is not the corpus {run} was trained on (its hash differs); pass --data FILE with "
-                        f"the text it trained on")
+        raise CorpusMissing(f"{where} is not the corpus {run} was trained on (its hash differs); pass --data FILE "
+                            f"with the text it trained on", "is not on this server (the file it trained on has "
+                            "changed since, and its cached copy is gone)")
     if task == "pairs":
         corpus = corpus_pairs.encode_pairs(path, tc.get("target_data"), encoding, errors, cache, log=log)
     else:
@@ -50,8 +62,9 @@ def _same_vocab(corpus, meta, run):
     from ..init_from import read_lineage
     within = read_lineage(meta) is not None and all(c in meta["vocab"].stoi for c in corpus.vocab.chars)
     if corpus.vocab != meta["vocab"] and not within:
-        raise DataError(f"the corpus found for {run} has a different vocabulary ({len(corpus.vocab):,} characters "
-                        f"against its {len(meta['vocab']):,}): not the text it trained on; pass --data FILE with it")
+        raise CorpusMissing(f"the corpus found for {run} has a different vocabulary ({len(corpus.vocab):,} "
+                            f"characters against its {len(meta['vocab']):,}): not the text it trained on; pass --data "
+                            f"FILE with it", "is not on this server (the text found for it is another one)")
     return corpus
 
 
@@ -65,7 +78,11 @@ def for_run(checkpoint, data=None, cache_dir=None, log=print):
 
 def for_meta(meta, run="the run", data=None, cache_dir=None, log=print):
     """A checkpoint's metadata (checkpoint.read_meta, Generator.meta) -> Novelty over the text it trained on."""
-    corpus = run_corpus(meta, data, cache_dir, run=run, log=log)
+    return index_run(meta, run_corpus(meta, data, cache_dir, run=run, log=log), log)
+
+
+def index_run(meta, corpus, log=print):
+    """Novelty over `corpus` (run_corpus) as the run with metadata `meta` split it."""
     tc = meta.get("train_config") or {}
     fraction, split = tc.get("val_fraction", 0.1), None
     if tc.get("task", "text") == "text":  # the split the run trained with (runs from before --val-split: the tail)
@@ -73,3 +90,12 @@ def for_meta(meta, run="the run", data=None, cache_dir=None, log=print):
         split = split_of(corpus.ids(), corpus.vocab, fraction, meta["model_config"].block_size, run_val_split(tc))
     return index_corpus(corpus, fraction, log=log, split=split)
 
+
+def corpus_identity(meta):
+    """What decides a run's novelty index (its corpus and split), from its metadata: two checkpoints with the same
+    identity share one index (the playground reloads an index when a run's checkpoint changes and this does)."""
+    tc = meta.get("train_config") or {}
+    model = meta.get("model_config")
+    keys = ("task", "data", "target_data", "encoding", "encoding_errors", "cache_dir", "val_fraction")
+    return (meta.get("corpus_key"), tuple(str(tc.get(k)) for k in keys), str(run_val_split(tc)),
+            getattr(model, "block_size", None))

@@ -3,10 +3,14 @@ JSON record, and the text `chargpt novelty` scores (an argument, a file or stdin
 
 from .. import textio
 from ..errors import ChargptError
-from .runs import for_meta
+from .runs import index_run, run_corpus
 from .score import DEFAULT_MIN_SPAN, check_min_span
 
-MAX_INPUT_BYTES = 1 << 24  # text scored by `chargpt novelty` (16 MiB; its JSON lists two numbers per character)
+# Text scored by `chargpt novelty` at once: 1 MiB. Scoring costs a binary search per character, more for copied
+# text (up to SEARCH_CAP characters compared); measured on a 2-core CPU against a 1M-character corpus, a MiB of new
+# text took about 9 s, a MiB of 1,500-character copied passages with new text between them about 17 s (the worst
+# case found), and a 16 MiB input minutes.
+MAX_INPUT_BYTES = 1 << 20
 
 
 def check_options(wanted, min_span, data, interactive):
@@ -22,11 +26,19 @@ def check_options(wanted, min_span, data, interactive):
 
 def sample_scorer(meta, run, min_span=None, data=None, log=print):
     """A function text -> Report against the training text of the run with metadata `meta` (named `run` in
-    errors). Its index is built or loaded now, so that a missing corpus fails before any sampling."""
+    errors). The corpus is found now, so that a missing one fails before any sampling; its index is built or
+    loaded when the first sample is scored, so that whatever refuses the prompt or a setting (a pairs run without
+    a prompt) does so before any index work."""
     min_span = DEFAULT_MIN_SPAN if min_span is None else min_span
     check_min_span(min_span)
-    index = for_meta(meta, run, data, log=log)
-    return lambda text: index.score(text, min_span)
+    corpus = run_corpus(meta, data, run=run, log=log)
+    index = []
+
+    def score(text):
+        if not index:
+            index.append(index_run(meta, corpus, log))
+        return index[0].score(text, min_span)
+    return score
 
 
 def scored_line(report, i, n):
@@ -55,8 +67,19 @@ def read_input(text, input_path):
     exactly one of them."""
     if (text is None) == (input_path is None):
         raise ChargptError("give the text to score as an argument or with --input FILE ('-': stdin), one of them")
+    what = "the text" if text is not None else "stdin (--input -)" if input_path == "-" else f"--input {input_path}"
     if text is not None:
+        if len(text) > MAX_INPUT_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_INPUT_BYTES:
+            raise _too_large(what)
         return text
-    data = textio.read_stdin(MAX_INPUT_BYTES, "stdin (--input -)") if input_path == "-" else \
-        textio.read_file(input_path, "--input", MAX_INPUT_BYTES)
-    return textio.decode_utf8(data, "stdin (--input -)" if input_path == "-" else f"--input {input_path}")
+    try:
+        data = textio.read_stdin(MAX_INPUT_BYTES, what) if input_path == "-" else \
+            textio.read_file(input_path, "--input", MAX_INPUT_BYTES)
+    except textio.TooLarge:
+        raise _too_large(what) from None
+    return textio.decode_utf8(data, what)
+
+
+def _too_large(what):
+    return ChargptError(f"{what} is larger than {MAX_INPUT_BYTES >> 20} MiB, the most chargpt novelty scores at once "
+                        f"(a MiB takes up to about half a minute on a 2-core CPU); score it in parts of 1 MiB or less")

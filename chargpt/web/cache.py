@@ -57,15 +57,36 @@ class Busy:
 
 
 class NoveltyIndexes:
-    """The novelty index (chargpt.novelty) of each run asked about, by run directory: built or loaded once, in a
-    worker thread (the first build of a large corpus takes a while), one at a time."""
+    """The novelty index (chargpt.novelty) of each run asked about, by run directory: built or loaded in a worker
+    thread (the first build of a large corpus takes a while), one at a time. As with Models, a checkpoint that
+    changed on disk (its mtime or size) is read again: a run still training keeps its index, a run replaced
+    under the same name (another corpus or split: novelty.corpus_identity) gets its own."""
 
     def __init__(self):
-        self.loaded, self.lock = {}, threading.Lock()
+        self.loaded, self.lock = {}, threading.Lock()  # run directory -> (stamp, identity, Novelty)
 
     def get(self, path):
-        from ..novelty import for_run
+        from ..checkpoint import read_meta
+        from ..novelty import CorpusMissing, corpus_identity, for_meta
+        name = path.parent.name
+        try:
+            stat = path.stat()
+        except OSError:
+            raise RequestError(404, f"the run {name!r} was removed; GET /api/runs lists them") from None
+        stamp = (stat.st_mtime_ns, stat.st_size)
         with self.lock:
-            if path.parent not in self.loaded:
-                self.loaded[path.parent] = for_run(path, log=lambda m: print(m, file=sys.stderr))
-            return self.loaded[path.parent]
+            seen = self.loaded.get(path.parent)
+            if seen is not None and seen[0] == stamp:
+                return seen[2]
+            meta, _ = read_meta(path)
+            identity = corpus_identity(meta)
+            if seen is not None and seen[1] == identity:  # a new save of the same run: the same text and split
+                index = seen[2]
+            else:
+                try:
+                    index = for_meta(meta, name, log=lambda m: print(m, file=sys.stderr))
+                except CorpusMissing as e:  # the server's paths and the CLI's --data mean nothing to a web user
+                    raise RequestError(422, f"cannot mark copied text: the training text of the run {name!r} "
+                                            f"{e.web}") from None
+            self.loaded[path.parent] = (stamp, identity, index)
+            return index

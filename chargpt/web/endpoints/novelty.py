@@ -1,7 +1,8 @@
 """Copied text: how much of a text (a sample from Write) occurs verbatim in the run's training text.
 
   POST /api/novelty  {run, text, min_span} -> copied_fraction, longest, longest_line, summary (one line), and
-                     `segments` to shade [{start, end, line, excerpt, context}] (character offsets); chargpt.novelty
+                     `segments` to shade [{start, end, line, excerpt, context}] (character offsets); chargpt.novelty.
+                     422 when the run's training text is not on the server (web/cache.py NoveltyIndexes)
 """
 
 from starlette.concurrency import run_in_threadpool
