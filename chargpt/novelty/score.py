@@ -62,7 +62,7 @@ def matching_statistics(text, sa, query, block=BLOCK, cap=SEARCH_CAP, stretches=
     text, sa, padded = np.asarray(text), np.asarray(sa), _padded(q, block)  # a memmap as a plain view: faster
     stop = stops_of(len(text), stretches)
     chain = Chain()
-    first, size = 0, FIRST_ROWS
+    first, size = 0, min(ROWS, FIRST_ROWS)
     while first < m:  # positions are independent: a long text goes in groups, in bounded memory
         skip = min(m, max(first, chain.end - cap))  # inside the stretch followed last: no search needed
         chain.inherit(starting, where, first, skip)
@@ -74,7 +74,7 @@ def matching_statistics(text, sa, query, block=BLOCK, cap=SEARCH_CAP, stretches=
         extend_capped(text, q, starting, where, cap, block, stop, chain, skip, last)
         # groups grow while nothing is copied at length; after a copied stretch, small again: the next one may
         # start soon (the next training stretch), and a group searches all its positions, even those inside it
-        size = FIRST_ROWS if chain.start >= skip else min(ROWS, 2 * size)
+        size = min(ROWS, FIRST_ROWS) if chain.start >= skip else min(ROWS, 2 * size)
         first = last
     return starting, where
 
