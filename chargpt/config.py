@@ -237,6 +237,9 @@ class TrainConfig:
                                "samples.jsonl in the run directory, to watch the model learn (0: off)")
     sample_prompt: str | None = opt(None, "text the samples during and after training start from [default: a "
                                           "newline, as sample.py]")
+    verbose: bool = opt(False, "show every start-up line here (where each setting came from, the device and numerics, "
+                               "the batch, the split, the evaluation cadence); they are always in the run's "
+                               "train.log")
     curves: bool = opt(True, "draw the loss curves into curves.png in the run directory when training ends (with "
                              "matplotlib installed; --no-curves for many short runs, where each costs a moment)")
     eval_pairs: int = opt(100, "with --task pairs: validation pairs translated greedily at each evaluation, for "
@@ -336,6 +339,27 @@ class SampleSettings:
                                     "in (0, 1] (1: off) [default: off]")
     stop: tuple = opt((), "stop a sample when it writes this string (not included); \\n and \\t mean newline and "
                           "tab, so --stop '\\n\\n' stops at a blank line; repeatable [default: none]", multiple=True)
+    # Constraints and scores (chargpt/constraints.py, chargpt/forms.py): masks on the logits, forced characters.
+    min_p: float | None = opt(None, "drop characters less likely than p times the most likely one, in [0, 1] (after "
+                                    "--top-k and --top-p; 0: off) [default: off]")
+    repetition_penalty: float | None = opt(None, "divide the (positive) logit of every character already in the text, "
+                                                 "prompt included, by F (multiply a negative one), as transformers' "
+                                                 "repetition_penalty; 1: off [default: off]")
+    no_repeat_ngram: int | None = opt(None, "never write an N-character sequence that is already in the text, prompt "
+                                            "included, as transformers' no_repeat_ngram_size (0: off) [default: off]")
+    ban: str | None = opt(None, "never write these characters (--ban eE: a lipogram without e; \\n is a line "
+                                "break) [default: none]")
+    allow: str | None = opt(None, "write only these characters (a form's fixed ones must be among them) "
+                                  "[default: all]")
+    form: str | None = opt(None, "the shape the sample must take: a pattern (_ one letter or ideograph, * a free span "
+                                 "until the next fixed text, at most 100 characters; \\_ \\* \\\\ \\n escapes; "
+                                 "anything else is written as given) or a named form (--forms lists them) "
+                                 "[default: none]")
+    acrostic: str | None = opt(None, "start successive lines with these characters (lines of the --form; without "
+                                     "one, the lines the model writes: the sample ends with the last) [default: none]")
+    best_of: int | None = opt(None, "write N samples (one batch), drop those that copy the training text (a span of "
+                                    "--min-span or more) or repeat a better one, and keep the best --num-samples by "
+                                    "the model's own mean log-probability per character [default: off]")
 
     def __post_init__(self):
         # a lone string would otherwise be read as one stop string per character
@@ -354,6 +378,18 @@ class SampleSettings:
             raise ConfigError(f"{param('max_new_tokens')} must be >= 0, got {self.max_new_tokens}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ConfigError(f"{param('stop')} needs a non-empty string")
+        if self.min_p is not None and not 0 <= self.min_p <= 1:
+            raise ConfigError(f"{param('min_p')} must be in [0, 1] (0 disables it), got {self.min_p}")
+        if self.repetition_penalty is not None and not self.repetition_penalty > 0:
+            raise ConfigError(f"{param('repetition_penalty')} must be > 0 (1 disables it; above 1 repeats less), got "
+                              f"{self.repetition_penalty}")
+        if self.no_repeat_ngram is not None and self.no_repeat_ngram < 0:
+            raise ConfigError(f"{param('no_repeat_ngram')} must be >= 0 (0 disables it), got {self.no_repeat_ngram}")
+        if self.best_of is not None and self.best_of < 1:
+            raise ConfigError(f"{param('best_of')} must be >= 1, got {self.best_of}")
+        if self.form:
+            from .forms import parse
+            parse(self.form)  # the pattern's own syntax; what the vocabulary allows is checked at decoding
         return self
 
 

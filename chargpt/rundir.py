@@ -21,7 +21,9 @@ import contextlib
 import json
 import math
 import os
+import re
 import socket
+import time
 import warnings
 from pathlib import Path
 
@@ -38,6 +40,7 @@ OWNER = ".owner"  # beside the lock, not in it: on Windows a locked file cannot 
 CLAIM_WAIT = 0.3  # seconds a claim retries a held lock: rides over lock_holder()'s brief probes
 CONFIG, SAMPLES = "config.toml", "samples.jsonl"
 LOSSES = "train_loss.jsonl"  # the running training loss, every few steps: the dense curve between evaluations
+LOG = "train.log"  # every line a run said, its start-up in full, over all its sessions
 RUN_FILES = (STATE, LATEST, BEST)
 DEFAULT_ROOT = Path("checkpoints")
 
@@ -232,13 +235,32 @@ def lock_holder(directory):
 
 
 # --- writing files ----------------------------------------------------------------------------------------
+# A temporary file's name ends in .tmp<pid>-<host>: the writer's process id and machine. A cache folder or a run
+# directory on a shared filesystem is written by several machines (under torchrun each machine's first process
+# encodes the corpus), and a pid means something only on the machine it came from; so the sweep of dead writers'
+# leftovers (remove_stale_temps) judges only this machine's files by their pid. Another machine's temporary file is
+# left alone unless it has not been written to for FOREIGN_TEMP_AGE, far longer than any write takes.
+FOREIGN_TEMP_AGE = 24 * 3600  # seconds
+
+
+def host_tag():
+    """This machine's name as it goes into temporary file names: letters, digits and '-' only (no '.', so the
+    name's last '.tmp' is always the one before the pid), at most 40 characters."""
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:40] or "host"
+
+
+def temp_suffix():
+    """'.tmp<pid>-<host>': what a temporary file's name ends in (see above)."""
+    return f".tmp{os.getpid()}-{host_tag()}"
+
+
 def write_atomic(path, write):
-    """`write(tmp)` fills a temporary file next to path (named with our pid, so a later cleanup can tell a
-    dead writer's leftovers from a live one's); then it is flushed to disk and renamed over path, and the
+    """`write(tmp)` fills a temporary file next to path (named with our pid and host, so a later cleanup can tell
+    a dead writer's leftovers from a live one's); then it is flushed to disk and renamed over path, and the
     rename itself is flushed. On any failure, including Ctrl-C, the temporary file is removed and the
     exception goes on; path is untouched."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp = path.with_name(f".{path.name}{temp_suffix()}")
     try:
         write(tmp)
         os.chmod(tmp, _file_mode())  # some writers (safetensors) create files 0600; a run is meant to be shared
@@ -278,14 +300,29 @@ def _file_mode():
 
 def remove_stale_temps(directory, patterns=(".*.tmp*", ".tmp??????")):
     """Delete temporary files left behind by writes whose process was killed (kill -9, power loss): ours end in
-    the writer's pid (files of processes still running are left alone); `.tmpXXXXXX` ones are made by
-    safetensors itself, which writes through a temporary file of its own."""
+    the writer's pid and host (this machine's files of processes still running are left alone, and other
+    machines' files unless untouched for FOREIGN_TEMP_AGE); those named before hosts were added end in the pid
+    alone and are judged as this machine's; `.tmpXXXXXX` ones are made by safetensors itself, which writes
+    through a temporary file of its own."""
+    here = host_tag()
     for p in (p for pattern in patterns for p in Path(directory).glob(pattern)):
-        pid = p.name.rsplit(".tmp", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and pid_alive(int(pid)):
+        if _temp_in_use(p, p.name.rsplit(".tmp", 1)[-1], here):
             continue
         with contextlib.suppress(OSError):
             p.unlink()
+
+
+def _temp_in_use(path, tail, here):
+    """Whether the temporary file `path`, whose name ends in .tmp<tail>, may still be being written."""
+    pid, _, host = tail.partition("-")
+    if not pid.isdigit():
+        return False  # safetensors' own, or not ours
+    if host and host != here:  # another machine's: its pid says nothing here
+        try:
+            return time.time() - path.stat().st_mtime < FOREIGN_TEMP_AGE
+        except OSError:
+            return True
+    return int(pid) != os.getpid() and pid_alive(int(pid))
 
 
 # --- metrics.jsonl ----------------------------------------------------------------------------------------

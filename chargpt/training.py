@@ -19,7 +19,7 @@ from contextlib import nullcontext
 import torch
 from tqdm import tqdm
 
-from .components.describe import start_lines
+from .components.describe import brief_lines, start_lines
 from .components.interrupt import Aborted, SignalFlag, StopRequested
 from .components.progress import Progress
 from .components.samples import NoveltyScorer, Samples
@@ -270,8 +270,12 @@ def train(log=tqdm.write, sinks=(), **overrides):
     try:
         run = start_run(overrides, log=log, sinks=sinks)
         try:
-            for line in start_lines(run):
-                run.log(line)
+            full = start_lines(run)
+            for line in full:
+                run.log(line, show=run.cfg.verbose)  # all of them in train.log
+            if not run.cfg.verbose and run.dist.is_main:
+                for line in brief_lines(run, full):
+                    log(line)
         except BaseException:
             run.release()
             raise
@@ -282,7 +286,7 @@ def train(log=tqdm.write, sinks=(), **overrides):
                 f"({summary['eval_fraction']:.0%} of it evaluating), best val loss {summary['best_val_loss']:.4f}; "
                 f"run saved in {run.out_dir}")
         if run.cfg.sample_chars and run.dist.is_main:
-            log(closing_sample(run))
+            run.log(closing_sample(run))
         return summary
     finally:
         if run is not None and run.dist.enabled and torch.distributed.is_initialized():

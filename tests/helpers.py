@@ -67,21 +67,21 @@ def invoke(cli, args):
 # Flags for a training run that finishes in a second or two on one CPU thread.
 TINY_FLAGS = ["--device", "cpu", "--n-layer", "1", "--n-head", "2", "--n-embd", "16", "--block-size", "16",
               "--batch-size", "4", "--eval-iters", "2", "--dropout", "0", "--threads", "1", "--sample-chars", "0",
-              "--dtype", "float32", "--no-curves"]
+              "--dtype", "float32", "--no-curves", "--verbose"]  # every start-up line: tests read them
 
 # chargpt.train keyword arguments for a training run of well under a second on one CPU thread: two steps,
 # evaluated after each, no curves drawn.
 TINY_API_KW = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
                    threads=1, sample_chars=0, dtype="float32", warmup_iters=0, max_iters=2, eval_interval=1,
-                   curves=False)
+                   curves=False, verbose=True)
 
 # chargpt.train keyword arguments for the tiny model on the CPU, with no length set: the test says how long it runs.
 TINY_RUN_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2,
-                   dropout=0.0, threads=1, sample_chars=0, dtype="float32", warmup_iters=0)
+                   dropout=0.0, threads=1, sample_chars=0, dtype="float32", warmup_iters=0, verbose=True)
 
 # chargpt.train keyword arguments for the runs the playground serves (train_tiny).
 TINY_WEB_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2,
-                   dropout=0.0, threads=1, sample_chars=0, dtype="float32", curves=False)
+                   dropout=0.0, threads=1, sample_chars=0, dtype="float32", curves=False, verbose=True)
 
 # The corpus train_tiny trains on.
 CORPUS_TEXT = "".join(f"To be, or not to be: that is the question {i}.\nROMEO: O, she doth teach the torches.\n"

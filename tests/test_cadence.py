@@ -14,7 +14,7 @@ from chargpt.config import TrainConfig
 from chargpt.rundir import LOSSES, METRICS
 
 TINY_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
-               threads=1, sample_chars=0, dtype="float32", curves=False)
+               threads=1, sample_chars=0, dtype="float32", curves=False, verbose=True)
 
 
 def test_a_time_budget_evaluates_every_twentieth_of_it_unless_an_interval_was_chosen():

@@ -231,7 +231,7 @@ def test_a_model_that_cannot_fit_is_refused_before_building(tmp_path, corpus):
 # --- a signal during a long evaluation, or during pairs scoring ---------------------------------------------------
 def test_a_signal_during_evaluation_stops_it_at_once(tmp_path, corpus):
     proc = start_training(tmp_path, "--eval-iters", "1000000", "--max-iters", "10")  # minutes of evaluation
-    wait_for(lambda: "run dir:" in (tmp_path / "stderr.txt").read_text(), proc, tmp_path)
+    wait_for(lambda: "budget: " in (tmp_path / "stderr.txt").read_text(), proc, tmp_path)  # the last start-up lines
     time.sleep(1.0)  # well inside the first evaluation
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)

@@ -19,11 +19,11 @@ LAYERS = [
     ["errors", "platforms", "loss", "tang", "flags", "components.interrupt", "novelty.report", "web.limits",
      "web.middleware"],
     # 1: settings' vocabulary, files and devices
-    ["config", "rundir", "runtime", "textio", "schedules", "tokenizer", "flat", "corpora", "novelty.score",
+    ["config", "rundir", "runtime", "textio", "schedules", "tokenizer", "flat", "corpora", "forms", "novelty.score",
      "novelty.suffixarray", "novelty.cache"],
     # 2: models, data and checkpoints
     ["model", "optim", "quantize", "sampling", "data", "pairs", "checkpoint", "sizing", "inside", "settings",
-     "helptext", "init_from", "translate"],
+     "helptext", "init_from", "translate", "constraints"],
     # 3: what uses a model: sampling engine, evaluation, novelty, run information, and training's parts
     ["engine", "evaluate", "runinfo", "plot", "export", "novelty", "novelty.*", "components", "components.*",
      "tasks"],

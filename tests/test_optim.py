@@ -22,7 +22,7 @@ from chargpt.runtime import pick_compile, pick_dtype
 from chargpt.tokenizer import Vocab
 
 TINY_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
-               threads=1, sample_chars=0, dtype="float32", warmup_iters=0)
+               threads=1, sample_chars=0, dtype="float32", warmup_iters=0, verbose=True)
 CPU = torch.device("cpu")
 
 

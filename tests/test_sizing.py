@@ -99,7 +99,7 @@ def corpus(tmp_path):
 
 def run_log(**kw):
     lines = []
-    summary = train(log=lines.append, sample_chars=0, curves=False, threads=1, **kw)
+    summary = train(log=lines.append, sample_chars=0, curves=False, threads=1, verbose=True, **kw)
     return summary, lines
 
 

@@ -19,7 +19,7 @@ from chargpt.rundir import BEST, LATEST, STATE
 from chargpt.tokenizer import Vocab
 
 TINY_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
-               threads=1, sample_chars=0, dtype="float32", curves=False)
+               threads=1, sample_chars=0, dtype="float32", curves=False, verbose=True)
 
 
 def drifting_text(lines=4000):

@@ -67,3 +67,22 @@ def test_a_start_that_fails_after_claiming_leaves_no_lock_and_no_folder(tmp_path
     with pytest.raises(chargpt.ConfigError, match="sample_prompt has characters the corpus does not"):
         start_run({**TINY_KW, "data": str(corpus), "out_dir": "new/run", "sample_prompt": "\u00e9"}, log=quiet)
     assert not (tmp_path / "new").exists()
+
+
+def test_the_start_up_reads_in_a_few_short_lines_and_the_run_keeps_them_all(tmp_path, corpus):
+    """By default a person sees the corpus, the model and why, the budget and where the run goes (and any warning);
+    every line, the start-up in full included, is in the run's train.log; --verbose shows them all."""
+    said = []
+    brief = {**{k: v for k, v in TINY_KW.items() if k != "dtype"}, "warmup_iters": 0}  # the device's numerics
+    chargpt.train(data=str(corpus), out_dir="run", max_iters=2, eval_interval=2, log=said.append, **brief)
+    start = said[:said.index(next(line for line in said if line.startswith("step ")))]
+    assert [line.split(":")[0] for line in start] == ["corpus", "model", "budget", "run"]
+    assert all(len(line) < 160 for line in start), start
+    assert start[3] == "run: run (every start-up line is in run/train.log; --verbose shows them here)"
+    log = (tmp_path / "run" / "train.log").read_text(encoding="utf-8").splitlines()
+    assert [line for line in log if line.startswith(("device: ", "numerics: ", "global batch: ", "validation: "))]
+    assert any(line.startswith("step      2: ") for line in log) and log[-1].startswith("done: ")
+    said.clear()
+    chargpt.train(data=str(corpus), out_dir="verbose", max_iters=2, eval_interval=2, log=said.append, verbose=True,
+                  **brief)
+    assert any(line.startswith("numerics: ") for line in said) and not any(line.startswith("run: ") for line in said)

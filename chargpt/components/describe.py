@@ -1,14 +1,19 @@
-"""What a training run says when it starts: start_lines(run), a pure function of the Run that start_run built.
+"""What a training run says when it starts: pure functions of the Run that start_run built.
 
-The lines, in order: the corpus, the device and numerics, where each setting came from (and what --preset auto
-chose), the model, the batch and the run directory, which text validates, the budget and the evaluation cadence,
-then notes (what a --resume or --init-from changed).
+start_lines(run), in full, in order: the corpus, the device and numerics, where each setting came from (and what
+--preset auto chose), the model, the batch and the run directory, which text validates, the budget and the
+evaluation cadence, then notes (what a --resume or --init-from changed). They always go to the run's train.log,
+and to the terminal with --verbose.
+
+brief_lines(run), what the terminal shows by default: the corpus, the model and why it is that size, the budget,
+where the run goes; then every warning and note of the full lines, which are never left out.
 """
 
 from .. import init_from
 from ..config import describe_model
 from ..flags import param
 from ..optim import describe_numerics
+from ..rundir import LOG
 from ..schedules import describe_budget, seconds
 from ..settings import HARDWARE
 from .validate import EVALS_PER_BUDGET
@@ -26,18 +31,8 @@ def start_lines(run):
     if cfg.optimizer == "muon":
         lines.append(f"optimizer: Muon (lr {cfg.muon_lr:g}, momentum {cfg.muon_momentum:g}) for the block matrices, "
                      f"AdamW (lr {cfg.learning_rate:g}) for the rest; {cfg.lr_schedule} schedule")
-    model = f"model: {describe_model(mcfg)}, {run.model.num_params() / 1e6:.2f}M parameters"
-    notes = list(origin.notes)
-    if origin.base is not None:
-        lines.append(f"starting from {init_from.describe_lineage(origin.lineage)}; {model}; fresh optimizer and "
-                     f"schedule")
-    elif origin.meta is None:
-        lines.append(model)
-    else:
-        s = run.state
-        best = f"best val loss {s.best_val:.4f}" if s.best_val < float("inf") else "not evaluated yet"
-        lines.append(f"resuming {run.out_dir} at step {s.step} ({best}); {model}")
-        notes += changes_since(origin.meta, run.hardware(), cfg, mcfg)
+    lines.append(model_line(run))
+    notes = notes_of(run)
     global_batch = cfg.batch_size * cfg.grad_accum * dist.world_size
     lines.append(f"global batch: {cfg.batch_size} x {cfg.grad_accum} accum x {dist.world_size} proc = {global_batch} "
                  f"{task.describe_examples(mcfg)} = {run.chars_per_step:,.0f} chars/step; run dir: {run.out_dir}")
@@ -60,6 +55,39 @@ def start_lines(run):
         lines.append(f"evaluating every {run.eval_period:.3g} s of training (1/{EVALS_PER_BUDGET} of --max-time); "
                      f"--eval-interval N to evaluate every N steps instead")
     return lines + notes
+
+
+def model_line(run):
+    """The model, and where its weights start: fresh, another run's (--init-from), or this run's (--resume)."""
+    origin, s = run.origin, run.state
+    model = f"model: {describe_model(run.mcfg)}, {run.model.num_params() / 1e6:.2f}M parameters"
+    if origin.base is not None:
+        return f"starting from {init_from.describe_lineage(origin.lineage)}; {model}; fresh optimizer and schedule"
+    if origin.meta is None:
+        return model
+    best = f"best val loss {s.best_val:.4f}" if s.best_val < float("inf") else "not evaluated yet"
+    return f"resuming {run.out_dir} at step {s.step} ({best}); {model}"
+
+
+def notes_of(run):
+    """What a --resume or --init-from changed, and a resumed run's hardware and dropout changes."""
+    notes = list(run.origin.notes)
+    if run.origin.meta is not None:
+        notes += changes_since(run.origin.meta, run.hardware(), run.cfg, run.mcfg)
+    return notes
+
+
+def brief_lines(run, full=None):
+    """The start-up a person reads (module docstring); the rest is in train.log and with --verbose. full: the
+    start_lines already made (they read the corpus once)."""
+    cfg, full = run.cfg, full if full is not None else start_lines(run)
+    why = (" (sized by --preset auto for this corpus, budget and machine)" if run.sizing_lines and cfg.preset == "auto"
+           else f" (--preset {cfg.preset})" if run.origin.meta is None and run.origin.base is None else "")
+    budget = [line for line in full if line.startswith("budget: ")]
+    log = run.out_dir / LOG
+    lines = [full[0], model_line(run) + why, *budget,
+             f"run: {run.out_dir} (every start-up line is in {log}; --verbose shows them here)"]
+    return lines + [line for line in full if line.startswith("warning: ")] + notes_of(run)
 
 
 def changes_since(meta, now, cfg, mcfg):

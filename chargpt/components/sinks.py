@@ -15,7 +15,7 @@ one slows training, so one that talks to a network should queue and return.
 from typing import Protocol
 
 from .. import rundir
-from ..rundir import LOSSES, METRICS, SAMPLES
+from ..rundir import LOG, LOSSES, METRICS, SAMPLES
 
 
 class Sink(Protocol):
@@ -63,3 +63,26 @@ class Sinks:
 def make_sinks(out_dir, is_main, extra=()):
     """The sinks of a run: its own files, then `extra` (objects with write and close), on rank 0; none elsewhere."""
     return Sinks([RunFiles(out_dir), *extra] if is_main else [])
+
+
+class LogFile:
+    """The run's own log, train.log in its directory: every line the run says (the start-up in full, whatever the
+    terminal showed), appended over all its sessions. Lines wait in memory until the run directory holds a saved
+    run, so a start that fails, or a run killed before its first save, leaves no file behind."""
+
+    def __init__(self, out_dir, enabled=True):
+        self.out_dir, self.enabled, self.pending, self.ready = out_dir, enabled, [], False
+
+    def line(self, text):
+        if not self.enabled:
+            return
+        self.pending.append(text)
+        if not self.ready and (self.out_dir is None or not rundir.holds_run(self.out_dir)):
+            return
+        self.ready = True
+        try:
+            with open(self.out_dir / LOG, "a", encoding="utf-8", errors="backslashreplace") as f:
+                f.write("".join(line + "\n" for line in self.pending))
+        except OSError:  # a log line is not worth stopping a training for; the run's state is saved elsewhere
+            self.enabled = False
+        self.pending = []

@@ -30,6 +30,7 @@ from ..runtime import (
     Dist,
     broadcast_str,
     configure_threads,
+    ddp,
     device_memory,
     enable_fast_math,
     init_distributed,
@@ -42,7 +43,7 @@ from ..settings import FLAGS, HARDWARE, Settings, init_settings, new_run_setting
 from ..tasks import make_task
 from ..tokenizer import describe_chars
 from .checkpointer import Checkpointer, restore
-from .sinks import make_sinks
+from .sinks import LogFile, make_sinks
 from .state import RunState, resumed_state
 from .validate import eval_period, eval_steps
 
@@ -134,7 +135,8 @@ class Run:
     eval_steps: int | None = None  # with eval_period: also every this many steps (a step cap may end the run first)
     checkpointer: Checkpointer = None
     sinks: object = None  # sinks.Sinks
-    log: object = print  # writes a line on rank 0 only
+    log: object = print  # log(line, show=True): a line shown on rank 0 and kept in the run's train.log
+    logfile: LogFile = None
     run_dir: rundir.RunDir | None = None  # rank 0's lock on out_dir, until release()
 
     def hardware(self):
@@ -164,21 +166,28 @@ def start_run(overrides, log=print, sinks=()) -> Run:
     dist = init_distributed(given.get("device", "auto"))
     device = pick_device(given.get("device", "auto"))
     claimed = []  # rank 0's RunDir, once claimed
+    logfile = LogFile(None, enabled=dist.is_main)  # the run's train.log, once the run directory is known
 
-    def say(message):
+    def say(message, show=True):
+        """A line of the run's log: shown (on rank 0, by `log`) unless show=False, and kept in train.log."""
         if dist.is_main:
-            log(message)
+            if show:
+                log(message)
+            logfile.line(message)
 
     try:
-        return _build(settings, given, dist, device, say, claimed, sinks)
+        run = _build(settings, given, dist, device, say, claimed, sinks, logfile)
+        run.logfile = logfile
+        return run
     except BaseException:
         if claimed:
             claimed[0].release()  # a failed start leaves no lock and no empty run directory behind
         raise
 
 
-def _build(settings, given, dist, device, log, claimed, extra_sinks):
+def _build(settings, given, dist, device, log, claimed, extra_sinks, logfile):
     out_dir = claim_run_dir(given, dist, claimed)
+    logfile.out_dir = out_dir
     origin = origin_of(given, settings, device.type, out_dir)
     cfg = origin.cfg
     sizes = cfg.preset == "auto" and origin.meta is None and origin.base is None  # --preset auto sizes this run
@@ -338,9 +347,7 @@ def wrap(run: Run):
     run.compiled, run.compile_reason = pick_compile(run.cfg.compile, run.device)
     run.train_model = torch.compile(run.model) if run.compiled else run.model
     if run.dist.enabled:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        ids = [run.device.index] if run.device.type == "cuda" else None
-        run.train_model = DDP(run.train_model, device_ids=ids)
+        run.train_model = ddp(run.train_model, run.device)  # one graph when compiled; its options are rules
     # every sync_every steps the host reads whether to stop (a sync: free on a CPU, a stall on a GPU)
     run.sync_every = 1 if run.device.type == "cpu" or run.cfg.skip_nonfinite else GPU_SYNC_EVERY
     run.copies = low_precision_copies(run.model, run.optimizer, run.device, run.dtype,
