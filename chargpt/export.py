@@ -143,15 +143,23 @@ def tokenizer_config(cfg):
             "model_max_length": cfg.block_size}
 
 
+def default_new_tokens(cfg):
+    """Characters a generation writes when the caller names no length: half the context, so that a prompt of up to
+    the other half fits (GPT-2 in transformers cannot slide its window past block_size positions as chargpt does)."""
+    return max(1, cfg.block_size // 2)
+
+
 def generation_settings(cfg, task, end_id=None):
     """GenerationConfig keyword arguments: chargpt's sampling defaults (config.SampleSettings) for a text run;
-    greedy translation up to the end marker (as chargpt translate) for a pairs run. GPT-2 in transformers cannot
-    slide its window past block_size positions as chargpt does, so a generation is capped at block_size in all."""
+    greedy translation up to the end marker (as chargpt translate) for a pairs run. The length is max_new_tokens
+    (default_new_tokens), never max_length: transformers 5 warns that both are set whenever a caller passes
+    max_new_tokens (as pipeline users do) to a model whose generation config holds a max_length, and lets
+    max_new_tokens win anyway."""
     if task == "pairs":
-        return dict(do_sample=False, eos_token_id=end_id, max_length=cfg.block_size)
+        return dict(do_sample=False, eos_token_id=end_id, max_new_tokens=default_new_tokens(cfg))
     s = SampleSettings()
     return dict(do_sample=s.temperature > 0, temperature=s.temperature, top_k=s.top_k or 0,  # 0: off (its default
-                top_p=s.top_p or 1.0, max_length=cfg.block_size)  # is 50)
+                top_p=s.top_p or 1.0, max_new_tokens=default_new_tokens(cfg))  # is 50)
 
 
 # --- the model card ---------------------------------------------------------------------------------------------
@@ -175,8 +183,9 @@ def model_card(meta, model, name, transformers_version):
         if isinstance(loss, (int, float)) else "not measured"
     notes = [f"characters outside the {len(vocab)} it knows become {vocab.replacement()!r} (chargpt's "
              f"`--unknown replace`)",
-             f"transformers' GPT-2 reads at most {cfg.block_size} positions (prompt + generated); chargpt itself "
-             f"slides its window to write longer texts"]
+             f"transformers' GPT-2 reads at most {cfg.block_size} positions (prompt + generated; pass "
+             f"`max_new_tokens` to choose the length, {default_new_tokens(cfg)} by default); chargpt itself slides its "
+             f"window to write longer texts"]
     if cfg.pos_emb == "sinusoidal":
         notes.append("its sinusoidal positions are stored as the fixed `wpe` table (fine-tuning would train them)")
     if cfg.emb_scale:
@@ -189,8 +198,8 @@ def model_card(meta, model, name, transformers_version):
     else:
         prompt = next(p for p in ("ROMEO:", "The", "\n", vocab.chars[0]) if all(c in vocab.stoi for c in p))
         usage = (f"ids = tok({prompt!r}, return_tensors=\"pt\").input_ids\n"
-                 f"out = model.generate(ids)  # samples at temperature 0.8, as chargpt does, up to {cfg.block_size} "
-                 f"characters in all\nprint(tok.decode(out[0]))")
+                 f"out = model.generate(ids)  # samples at temperature 0.8, as chargpt does, "
+                 f"{default_new_tokens(cfg)} new characters\nprint(tok.decode(out[0]))")
         what = "writes text in the style of its corpus"
     steps = meta.get("step", 0)
     return f"""---
@@ -358,10 +367,20 @@ def locked(folder):
         yield
 
 
-def _dir_mode():
+def _plain_mode(full):
+    """The permissions a plain mkdir (full 0o777) or open() (0o666) would give: `full` less the umask."""
     mask = os.umask(0)
     os.umask(mask)
-    return 0o777 & ~mask
+    return full & ~mask
+
+
+def _share(folder):
+    """Give `folder` and its files the permissions of plain mkdir and open(): mkdtemp makes the folder private, and
+    safetensors writes model.safetensors 0600, which would leave a shared export unreadable to others."""
+    os.chmod(folder, _plain_mode(0o777))
+    for p in folder.iterdir():
+        if p.is_file() and not p.is_symlink():
+            os.chmod(p, _plain_mode(0o666))
 
 
 def _fsync(path):
@@ -469,8 +488,8 @@ def write_folder(target, fill, recheck=lambda: None):
         make_folders(target.parent, created)
         remove_stale_exports(target)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.export{os.getpid()}.", dir=target.parent))
-        os.chmod(tmp, _dir_mode())  # mkdtemp makes it private; an export is meant to be shared
         result = fill(tmp)
+        _share(tmp)  # an export is meant to be shared: readable as the user's other files are
         _sync_folder(tmp)
         if existed:
             put_files(tmp, target, recheck)

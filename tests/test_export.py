@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import warnings
 
 import pytest
 import torch
@@ -104,6 +105,43 @@ def test_greedy_generation_continues_as_chargpt(tmp_path):
     assert piped[0]["generated_text"] == prompt + ours[:10]  # decoded with skip_special_tokens: nothing dropped
 
 
+def test_pipeline_with_max_new_tokens_says_nothing_about_lengths(tmp_path, capfd):
+    """generation_config.json holds max_new_tokens, not max_length: a pipeline given max_new_tokens (as in
+    transformers' examples) used to warn that both were set. Without a length, half the context is written."""
+    folder = exported(tmp_path, random_model(block_size=64))
+    gen = json.loads((folder / "generation_config.json").read_text())
+    assert gen["max_new_tokens"] == 32 and "max_length" not in gen
+    transformers.logging.set_verbosity_warning()  # as a user sees it (tests may have quietened it)
+    capfd.readouterr()
+    pipe = pipeline("text-generation", model=str(folder))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        asked = pipe("To be", max_new_tokens=10)[0]["generated_text"]
+        default = pipe("To be")[0]["generated_text"]
+    said = capfd.readouterr().err + "".join(str(w.message) for w in caught)
+    assert "seem to have been set" not in said and "max_length" not in said, said
+    assert len(asked) == len("To be") + 10 and len(default) == len("To be") + 32
+
+
+def test_exported_and_run_files_are_readable_as_plain_files_are(tmp_path, tiny_run):
+    """safetensors writes 0600 files; an export (meant for sharing) and a run's files get what open() would give."""
+    old = os.umask(0o027)
+    try:
+        folder = exported(tmp_path, random_model())
+        run = tmp_path / "run"
+        import chargpt
+        chargpt.train(data=str(tiny_run.parent / "corpus.txt"), out_dir=str(run), max_iters=2, eval_interval=1,
+                      device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=1,
+                      threads=1, sample_chars=0, dtype="float32", log=lambda *a: None)
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in folder.iterdir()}
+    assert modes == {name: 0o640 for name in FILES} and folder.stat().st_mode & 0o777 == 0o750
+    files = {p.name: p.stat().st_mode & 0o777 for p in run.iterdir() if p.is_file()}
+    assert {"best.safetensors", "latest.safetensors", "metrics.jsonl"} <= set(files)
+    assert files == {name: 0o640 for name in files}
+
+
 def test_tokenizer_round_trips_with_chargpts_ids(tmp_path):
     folder = exported(tmp_path, random_model())
     tok = AutoTokenizer.from_pretrained(folder)
@@ -131,7 +169,7 @@ def test_export_command_writes_a_model_card(tiny_run, tmp_path):
     assert 'AutoModelForCausalLM.from_pretrained("tiny-hf")' in card and "AutoTokenizer.from_pretrained" in card
     gen = json.loads((target / "generation_config.json").read_text())
     assert gen["do_sample"] is True and gen["temperature"] == 0.8 and gen["top_k"] == 0 and gen["top_p"] == 1.0
-    assert gen["max_length"] == 16  # GPT-2 in transformers cannot go past its positions
+    assert gen["max_new_tokens"] == 8 and "max_length" not in gen  # half the context: a prompt fits in the rest
     assert not [p for p in target.parent.iterdir() if p.name.startswith(".")]  # no temporary folder left
 
 
