@@ -17,9 +17,13 @@ against 65 in the same run, with the step's peak memory; the fused head + loss o
 logits). The machine's kind (CUDA, CPU with or without native bf16) decides which rows apply.
 """
 
+import contextlib
 import copy
+import os
 import platform
+import re
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import fields
@@ -77,6 +81,32 @@ def _forced():
     """' (CHARGPT_CPU_BF16=0)' when the switch, not the hardware, decided which kind this CPU counts as."""
     forced = cpu_bf16_override()
     return "" if forced is None else f" ({CPU_BF16_ENV}={int(forced)})"
+
+
+# what torch.profiler's C++ side (libkineto) writes to file descriptor 2 at every start and stop
+# ("USDT:... profiler_start", "STAGE:... Completed Stage: Warm Up"), whatever KINETO_LOG_LEVEL says
+KINETO_CHATTER = re.compile(r"(USDT|STAGE):\d{4}-\d\d-\d\d [\d:]+ \d+:\d+ \w+\.cpp:\d+\] [^\n]*\n?")
+
+
+@contextlib.contextmanager
+def profiler_quiet():
+    """Run a torch.profiler block without its C++ start and stop lines on stderr: file descriptor 2 goes to a
+    temporary file for the block, and everything else written there (a warning, an error) is passed on after it."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            rest = KINETO_CHATTER.sub("", caught.read().decode("utf-8", "replace"))  # also inside a progress bar
+            if rest:
+                sys.stderr.write(rest)
+                sys.stderr.flush()
 
 
 def matmul_peak(device, dtype, sizes=None, seconds=0.5):
@@ -171,9 +201,17 @@ def shapes_for(args):
 
 # --- the speed parts -------------------------------------------------------------------------------------------
 def peak_rows(device, quick):
-    peaks = {dt: matmul_peak(device, dt, **(dict(sizes=(64,), seconds=0.02) if quick else {}))
-             for dt in dtypes_for(device)}
+    """-> ({dtype: GFLOP/s}, lines). --quick measures no peak (a tiny matmul for a few milliseconds says nothing of
+    the machine's, and an MFU against it was nonsense such as 5123%): no figure, and no MFU."""
+    if quick:
+        return {}, ["matmul peak: not measured with --quick (so no MFU either)", ""]
+    peaks = {dt: matmul_peak(device, dt) for dt in dtypes_for(device)}
     return peaks, [f"matmul peak {name_of(dt)}: {p:.0f} GFLOP/s" for dt, p in peaks.items()] + [""]
+
+
+def mfu(flops, seconds, peak):
+    """Model FLOPs utilisation as a table cell: "-" without a measured peak."""
+    return f"{flops / seconds / 1e9 / peak:.0%}" if peak else "-"
 
 
 def train_rows(parts, device, peaks, args):
@@ -187,7 +225,7 @@ def train_rows(parts, device, peaks, args):
         flops, chars = flops_per_step(cfg, batch), batch * cfg.block_size
         base, _ = time_train_step(cfg, batch, device, torch.float32, "manual", "for-loop", **step_kw)
         rows.append(f"| {name} | float32 | manual | AdamW for-loop | {base * 1e3:.1f} | {chars / base:,.0f} | "
-                    f"{flops / base / 1e9 / peaks[torch.float32]:.0%} | 1.00x (baseline) |")
+                    f"{mfu(flops, base, peaks.get(torch.float32))} | 1.00x (baseline) |")
         if "train" not in parts:
             continue
         for dt in dtypes_for(device):  # the kernels --attention auto chooses from, each with AdamW; then Muon
@@ -196,7 +234,7 @@ def train_rows(parts, device, peaks, args):
                 label = {"fused": "AdamW fused, per tensor", "flat": "AdamW fused, flat",
                          "muon": "Muon + AdamW, flat"}[optimizer]
                 rows.append(f"| {name} | {name_of(dt)} | {attention} | {label} | {t * 1e3:.1f} | {chars / t:,.0f} | "
-                            f"{flops / t / 1e9 / peaks[dt]:.0%} | {base / t:.2f}x |")
+                            f"{mfu(flops, t, peaks.get(dt))} | {base / t:.2f}x |")
     return rows + [""]
 
 
@@ -350,7 +388,8 @@ def step_peak(step, device):
         step()
         sync(device)
         return torch.cuda.max_memory_allocated(device) - base
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+    with profiler_quiet(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                                  profile_memory=True) as prof:
         step()
     now = peak = 0
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
@@ -478,7 +517,7 @@ def profiled_run(args, device, recipe, iters, schedule=None):
         activities = [torch.profiler.ProfilerActivity.CPU]
         if device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        with torch.profiler.profile(activities=activities, schedule=schedule) as prof:
+        with profiler_quiet(), torch.profiler.profile(activities=activities, schedule=schedule) as prof:
             trainer.profiler = prof if schedule is not None else None
             trainer.train()
     return prof, trainer
