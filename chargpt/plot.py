@@ -155,9 +155,21 @@ def plot_runs(runs, out_png, unit="nats"):
     return out
 
 
+def curves_note():
+    """What training's start-up says when it will draw no curves.png because matplotlib is missing (once, with the
+    install line); None when it is installed."""
+    try:
+        _require_matplotlib()
+    except ChargptError:
+        return ('note: no curves.png will be drawn (matplotlib is not installed): pip install -e ".[plots]" to have '
+                'it, or --no-curves to say nothing; chargpt serve shows the curves without it')
+    return None
+
+
 def maybe_write_curves(run_dir, log=print):
-    """At the end of training: run_dir/curves.png when matplotlib is installed (silently nothing otherwise). A
-    picture that cannot be drawn is a warning, never a failed run. -> the path written, or None."""
+    """At the end of training: run_dir/curves.png when matplotlib is installed (nothing otherwise: the start-up said
+    so, curves_note). A picture that cannot be drawn is a warning, never a failed run. -> the path written, or
+    None."""
     try:
         _require_matplotlib()
     except ChargptError:

@@ -133,3 +133,29 @@ def test_curves_are_titled_with_run_corpus_and_model_and_show_the_running_loss(t
     other = tmp_path / "other"
     write_metrics(other, rows([(4.0, 4.1)]))
     assert title_of([tiny_run, other]) == "2 runs"
+
+
+def test_training_without_matplotlib_says_so_once_at_start(corpus, monkeypatch):
+    """No curves.png without matplotlib: the start-up says it in one note, with the install line (in the lines a
+    person reads by default too), rather than nothing."""
+    from chargpt.components.describe import brief_lines, start_lines
+    from chargpt.components.start import start_run
+    kw = dict(data=str(corpus), device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4,
+              eval_iters=1, threads=1, dtype="float32", sample_chars=0, max_iters=2)
+
+    def notes(**extra):
+        run = start_run({**kw, "out_dir": f"run{len(extra)}", **extra}, log=lambda m: None)
+        try:
+            full = start_lines(run)
+            return [line for line in full if "curves.png" in line], \
+                [line for line in brief_lines(run, full) if "curves.png" in line]
+        finally:
+            run.release()
+
+    if HAVE_MPL:
+        assert notes() == ([], [])  # installed: nothing to say
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import fails as if not installed
+    full, brief = notes()
+    assert len(full) == 1 and full == brief and full[0].startswith("note: no curves.png will be drawn")
+    assert 'pip install -e ".[plots]"' in full[0] and "--no-curves" in full[0]
+    assert notes(curves=False) == ([], [])  # --no-curves: none asked for, nothing to say

@@ -13,6 +13,7 @@ from .. import init_from
 from ..config import describe_model
 from ..flags import param
 from ..optim import describe_numerics
+from ..plot import curves_note
 from ..rundir import LOG
 from ..schedules import describe_budget, seconds
 from ..settings import HARDWARE
@@ -54,6 +55,8 @@ def start_lines(run):
     elif run.eval_period:
         lines.append(f"evaluating every {run.eval_period:.3g} s of training (1/{EVALS_PER_BUDGET} of --max-time); "
                      f"--eval-interval N to evaluate every N steps instead")
+    if cfg.curves and dist.is_main and (note := curves_note()):  # without matplotlib: said once, not silence
+        lines.append(note)
     return lines + notes
 
 
@@ -87,7 +90,7 @@ def brief_lines(run, full=None):
     log = run.out_dir / LOG
     lines = [full[0], model_line(run) + why, *budget,
              f"run: {run.out_dir} (every start-up line is in {log}; --verbose shows them here)"]
-    return lines + [line for line in full if line.startswith("warning: ")] + notes_of(run)
+    return lines + [line for line in full if line.startswith(("warning: ", "note: "))] + notes_of(run)
 
 
 def changes_since(meta, now, cfg, mcfg):
