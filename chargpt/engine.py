@@ -5,14 +5,22 @@
     print(gen.generate("ROMEO:", max_new_tokens=200, temperature=0.8, seed=1)[0])
 
 It sits above the pure parts, as nanochat's engine.py and gpt-fast's generate.py do: chargpt/sampling.py
-(next-character choice, the decode loop, stop strings) and chargpt/translate.py (the searches and scores).
+(next-character choice, the decode loop, stop strings), chargpt/constraints.py and chargpt/forms.py (what a sample
+may write, and its scores) and chargpt/translate.py (the searches and scores).
+
+    gen.generate("", form="五言绝句", acrostic="春夏秋冬", seed=1)      # forms, acrostics, --ban, --allow, ...
+    for s in gen.samples("The ", best_of=8, num_samples=2):          # scored: constraints.Sample
+        print(s.logprob, s.text)
 """
+
+import sys
 
 import torch
 
+from . import constraints
 from .checkpoint import load_model, unwrap
 from .config import SampleSettings, check_sample_options
-from .errors import ChargptError
+from .errors import ChargptError, ConfigError
 from .flags import param
 from .model import CharGPT
 from .pairs import END, SEP
@@ -29,10 +37,13 @@ class Generator:
     A model trained on sentence pairs (task 'pairs', either architecture) answers a prompt with its translation:
     the prompt is the source, and the text written is the target alone (see stream)."""
 
-    def __init__(self, model, vocab, device, dtype=torch.float32, meta=None, compile="auto", quantized=False):
+    def __init__(self, model, vocab, device, dtype=torch.float32, meta=None, compile="auto", quantized=False,
+                 log=None):
         # decode with the plain module: no DDP sync, no recompiles per length
         self.model, self.vocab, self.device, self.dtype = unwrap(model).eval(), vocab, torch.device(device), dtype
         self.meta = meta or {}
+        self.log = log or (lambda message: print(message, file=sys.stderr))  # notes (best-of without its corpus)
+        self.novelty = None  # the run's novelty index for best-of: found on first use (False: not to be found)
         self.task = self.meta.get("task", "text")
         self.precision = str(dtype).removeprefix("torch.")  # what the model computes in, in words (load says more)
         self.compile, self.quantized = compile, quantized  # --compile auto|on|off; torch's dynamic int8 modules?
@@ -85,13 +96,27 @@ class Generator:
 
     def stream(self, prompt="", *, max_new_tokens=SampleSettings.max_new_tokens,
                temperature=SampleSettings.temperature, top_k=None, top_p=None, stop=(), num_samples=1, seed=None,
-               unknown="error", use_cache=True):
+               unknown="error", use_cache=True, min_p=None, repetition_penalty=None, no_repeat_ngram=None, ban=None,
+               allow=None, form=None, acrostic=None, best_of=None, min_span=None, copies=None):
         """Yield (sample index, text) pieces as they are decoded; the options are sample.py's flags. All
         samples decode together in one batch, so `seed` with the same `num_samples` reproduces them. For a
-        pairs model the prompt is a source and the pieces are its translation (see _stream_pairs)."""
-        settings = SampleSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                                  stop=stop).validate()
+        pairs model the prompt is a source and the pieces are its translation (see _stream_pairs).
+        Constraints (ban, allow, form, acrostic, repetition_penalty, no_repeat_ngram: chargpt/constraints.py) mask
+        the logits; best_of=N decodes N samples and yields the best num_samples, each as one piece once all are
+        ranked (copies: see Decoding). decoding() and samples() also give each sample's scores."""
+        options = {k: v for k, v in locals().items() if k not in ("self", "prompt")}
+        yield from self.decoding(prompt, **options)
+
+    def decoding(self, prompt="", *, num_samples=1, seed=None, unknown="error", use_cache=True, min_span=None,
+                 copies=None, score=False, **settings):
+        """A Decoding: iterate it for (sample index, piece) as stream() does; once it ends, its .samples hold each
+        sample's text and scores (constraints.Sample). settings: SampleSettings' fields; score=True scores the
+        samples even without a constraint (the plain decode path does not)."""
+        settings = SampleSettings(**settings).validate()
         check_sample_options(num_samples, seed)
+        if settings.best_of is not None and settings.best_of < num_samples:
+            raise ConfigError(f"{param('best_of')} ({settings.best_of}) must be at least {param('num_samples')} "
+                              f"({num_samples}): best-of keeps the best num_samples of best_of samples")
         prompt_seen = self.prompt_text(prompt, unknown)
         generator = torch.Generator()  # its own RNG: sampling never touches torch's global one
         if seed is None:
@@ -99,15 +124,59 @@ class Generator:
         else:
             generator.manual_seed(seed)
         if self.task == "pairs":
-            yield from self._stream_pairs(prompt_seen, settings, num_samples, generator, use_cache)
-            return
-        ids = self.vocab.encode(prompt_seen or self.start_text())
-        ctx = torch.tensor([ids] * num_samples, dtype=torch.long, device=self.device)  # (B, T)
-        filters = [StopFilter(prompt_seen, settings.stop) for _ in range(num_samples)]
-        runner = self.decode_runner(settings.max_new_tokens * num_samples)[0] if use_cache else None
-        steps = decode(self.model, ctx, settings, generator, use_cache=use_cache, dtype=self.dtype, runner=runner)
-        yield from through_filters(filters, ([(i, self.vocab.chars[c]) for i, c in enumerate(nxt.tolist())]
-                                              for nxt in steps))
+            if constraints.given(vars(settings)) or settings.min_p:
+                raise ConfigError("this model translates (it was trained on sentence pairs); forms, acrostics, banned "
+                                  "and allowed characters, min-p, the repetition controls and best-of are for text "
+                                  "models")
+            pieces = self._stream_pairs(prompt_seen, settings, num_samples, generator, use_cache)
+            return Decoding(pieces, rows=num_samples)
+        context = prompt_seen or self.start_text()
+        rules = constraints.plan(settings, self.vocab, context, score=score)
+        rows = settings.best_of or num_samples
+        ids = self.vocab.encode(context)
+        ctx = torch.tensor([ids] * rows, dtype=torch.long, device=self.device)  # (B, T)
+        steer = rules.steer(ids, rows, settings.max_new_tokens, self.device) if rules else None
+        runner = self.decode_runner(settings.max_new_tokens * rows)[0] if use_cache else None
+        steps = decode(self.model, ctx, settings, generator, use_cache=use_cache, dtype=self.dtype, runner=runner,
+                       steer=steer)
+        filters = [StopFilter(prompt_seen, settings.stop) for _ in range(rows)]
+        pieces = through_filters(filters, self._chosen(steps, steer))
+        if settings.best_of:
+            if copies is None:
+                copies = self.copy_check(min_span)
+            return Decoding(pieces, steer, rows, best_of=(settings.best_of, num_samples, copies or None))
+        return Decoding(pieces, steer, rows)
+
+    def _chosen(self, steps, steer):
+        """Each step's ids -> [(sample index, character)], and (index, None) for a sample whose form ended."""
+        for nxt in steps:
+            chosen = [(i, self.vocab.chars[c]) for i, c in enumerate(nxt.tolist())]
+            yield chosen + [(i, None) for i in steer.ended_now] if steer is not None else chosen
+
+    def samples(self, prompt="", **options):
+        """-> a constraints.Sample (text and scores) per sample, scored even without a constraint; the options are
+        stream()'s."""
+        decoding = self.decoding(prompt, score=True, **options)
+        for _ in decoding:
+            pass
+        return decoding.samples
+
+    def copy_check(self, min_span=None, data=None, run="the run"):
+        """For best-of: a function text -> novelty Report against the run's training text (data: where it is now,
+        if it moved; checked by its hash), or None where that text is not to be found (said once, through
+        self.log)."""
+        from .novelty import DEFAULT_MIN_SPAN, CorpusMissing, check_min_span, for_meta
+        min_span = DEFAULT_MIN_SPAN if min_span is None else min_span
+        check_min_span(min_span)
+        if self.novelty is None:
+            try:
+                if not self.meta.get("train_config"):
+                    raise CorpusMissing("this model has no record of its training text", "")
+                self.novelty = for_meta(self.meta, run, data, log=self.log)
+            except CorpusMissing as e:
+                self.log(f"best-of ranks without dropping copies of the training text: {e}")
+                self.novelty = False
+        return (lambda text: self.novelty.score(text, min_span)) if self.novelty else None
 
     def _stream_pairs(self, source, settings, num_samples, generator, use_cache):
         """A pairs model continues `source SEP` (or encodes the source) and stops at the end marker: the pieces are
@@ -138,6 +207,40 @@ class Generator:
         for i, piece in self.stream(prompt, **options):
             out[i] += piece
         return out
+
+
+class Decoding:
+    """One call's samples as they are decoded (Generator.decoding). Iterate it for (sample index, text piece); when
+    it has ended, `samples` holds a constraints.Sample per sample (text and scores). With best_of = (N, keep,
+    copies) the N samples are decoded first, ranked (constraints.rank: copies(text) -> a novelty Report, or None for
+    no copy check), and the best `keep` yielded, each as one piece."""
+
+    def __init__(self, pieces, steer=None, rows=0, best_of=None):
+        self.steer, self.rows, self.best_of, self.samples = steer, rows, best_of, None
+        self._pieces = self._ranked(pieces) if best_of else self._kept(pieces)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self._pieces)
+
+    def _kept(self, pieces):
+        texts = [""] * self.rows
+        for i, piece in pieces:
+            if self.rows:
+                texts[i] += piece
+            yield i, piece
+        self.samples = constraints.samples_of(texts, *(self.steer.scores() if self.steer else (None, None)))
+
+    def _ranked(self, pieces):
+        for _ in self._kept(pieces):
+            pass
+        n, keep, copies = self.best_of
+        self.samples = constraints.rank(self.samples, keep, copies)
+        for k, s in enumerate(self.samples):
+            if s.text:
+                yield k, s.text
 
 
 def load(path, device="auto", dtype="auto", quantize=None, compile="auto"):

@@ -10,6 +10,9 @@ block_size by default) and decoding goes on; one prefill every block_size/4 char
 one position per character. Within block_size total characters (prompt + generated), cached decoding gives
 exactly the characters of the uncached reference (a full forward over the last block_size characters every
 step), which is kept for tests and benchmarks. Past that point the two condition on different windows.
+
+Constraints (--ban, --form, --repetition-penalty, ...: chargpt/constraints.py) reach the loop as one `steer` object
+that changes the logits before each choice and records the choice after it; without one the loop is unchanged.
 """
 
 
@@ -19,9 +22,11 @@ from .model import KVCache
 from .runtime import autocast
 
 
-def sample_next(logits, generator, temperature=1.0, top_k=None, top_p=None):
+def sample_next(logits, generator, temperature=1.0, top_k=None, top_p=None, min_p=None):
     """logits (B, V) -> next ids (B,). Temperature 0 is argmax; top_k is clamped to V (0 or None: off); top_p
-    keeps the smallest set of most likely characters whose probability reaches top_p (applied after top_k).
+    keeps the smallest set of most likely characters whose probability reaches top_p (applied after top_k); min_p
+    then drops the characters less likely than min_p times the most likely one (transformers' MinPLogitsWarper;
+    0 or None: off). Characters at -inf (a constraint's mask) are never picked.
     Randomness comes only from `generator` (a CPU torch.Generator): one uniform number per row, mapped
     through the cumulative distribution, so the same seed gives the same draws on any device (the text is
     the same wherever the logits are)."""
@@ -37,6 +42,8 @@ def sample_next(logits, generator, temperature=1.0, top_k=None, top_p=None):
         sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
         drop = (sorted_p.cumsum(dim=-1) - sorted_p) >= top_p  # mass before this one already reached top_p
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
+    if min_p:
+        probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
     u = torch.rand(probs.size(0), 1, generator=generator).to(probs.device)  # (B, 1), in [0, 1)
     cdf = probs.cumsum(dim=-1)
     cdf = cdf / cdf[:, -1:]  # ends at exactly 1 > u, so a zero-probability character is never picked
@@ -63,12 +70,15 @@ class StepRunner:
 
 
 @torch.no_grad()
-def decode(model, ctx, settings, generator, use_cache=True, keep=None, dtype=torch.float32, runner=None):
+def decode(model, ctx, settings, generator, use_cache=True, keep=None, dtype=torch.float32, runner=None,
+           steer=None):
     """Yield the next ids (B,) one step at a time, continuing ctx (B, T) ids.
 
     use_cache=False is the reference: a full forward over the last block_size characters every step.
     keep: characters the cache is rebuilt from when the window is full [default: 3/4 of block_size].
-    runner: a StepRunner for the steps after each prefill (None: the model's forward, its shapes growing)."""
+    runner: a StepRunner for the steps after each prefill (None: the model's forward, its shapes growing).
+    steer: the constraints (constraints.Steer): steer.logits(logits) -> the logits to choose from, and
+    steer.chose(ids) after each choice (before it is yielded)."""
     if settings.max_new_tokens == 0:
         return
     block = model.config.block_size
@@ -84,8 +94,13 @@ def decode(model, ctx, settings, generator, use_cache=True, keep=None, dtype=tor
             return model(window, cache=cache)[0][:, -1, :]  # (B, V)
 
     logits = forward(seq[:, -block:])  # prefill (with a cache) or the first full forward
+    min_p = getattr(settings, "min_p", None)
     for step in range(settings.max_new_tokens):
-        nxt = sample_next(logits, generator, settings.temperature, settings.top_k, settings.top_p)  # (B,)
+        if steer is not None:
+            logits = steer.logits(logits)  # (B, V) float: masked, penalised
+        nxt = sample_next(logits, generator, settings.temperature, settings.top_k, settings.top_p, min_p)  # (B,)
+        if steer is not None:
+            steer.chose(nxt)
         yield nxt
         if step + 1 == settings.max_new_tokens:
             return
@@ -147,13 +162,20 @@ class StopFilter:
         out, self.pending = self.pending, ""
         return out
 
+    def end(self):
+        """The sample ends here (its form is complete): -> the text still held back."""
+        out = "" if self.done else self.flush()
+        self.done = True
+        return out
+
 
 def through_filters(filters, steps):
     """steps: per decoding step, the (sample index, characters) it produced -> (sample index, text) pieces, each
-    sample's cut at its first stop string; ends as soon as every sample has stopped."""
+    sample's cut at its first stop string; characters None end that sample there. Ends as soon as every sample has
+    stopped."""
     for chosen in steps:
         for i, chars in chosen:
-            piece = filters[i].feed(chars)
+            piece = filters[i].end() if chars is None else filters[i].feed(chars)
             if piece:
                 yield i, piece
         if all(f.done for f in filters):

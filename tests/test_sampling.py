@@ -6,10 +6,11 @@ import random
 
 import pytest
 import torch
-from helpers import MODEL_ALPHABET, MODEL_BLOCK, VOCAB, counter_gen, counter_model, random_model
+from helpers import MODEL_ALPHABET, MODEL_BLOCK, VOCAB, counter_gen, counter_model, need, random_model
 
 from chargpt import runtime
 from chargpt.config import SampleSettings
+from chargpt.constraints import NgramBan, plan, repetition_penalty
 from chargpt.engine import Generator
 from chargpt.errors import ChargptError, ConfigError
 from chargpt.model import KVCache
@@ -228,10 +229,12 @@ def test_api_exposes_every_decoding_flag_of_the_cli():
     from chargpt.cli import sample_cli
     cli_only = {"checkpoint_path", "prompt_file", "output", "as_json", "interactive", "device", "dtype", "quantize",
                 "compile_mode", "no_cache",  # load() takes device, dtype, quantize and compile
-                "novelty", "min_span", "novelty_data"}  # scoring a sample is chargpt.novelty's, not decoding
+                "novelty", "min_span", "novelty_data",  # scoring a sample is chargpt.novelty's, not decoding
+                "list_forms"}  # --forms lists the named forms (chargpt.forms.SHAPES)
     api = set(inspect.signature(Generator.stream).parameters)
     assert {p.name for p in sample_cli.params} - cli_only <= api
-    assert {"use_cache", "num_samples", "seed", "unknown", "stop"} <= api
+    assert {"use_cache", "num_samples", "seed", "unknown", "stop", "min_span", "copies"} <= api
+    assert {"ban", "allow", "form", "acrostic", "min_p", "repetition_penalty", "no_repeat_ngram", "best_of"} <= api
 
 
 @pytest.mark.parametrize("bad", [dict(temperature=-0.1), dict(temperature=float("nan")), dict(top_p=0.0),
@@ -306,3 +309,81 @@ def test_unknown_skip_and_replace():
     assert gen.unknown_warning("ab", "skip") == "" and gen.unknown_warning("aÉ", "error") == ""
     qgen = Generator(counter_model(29), Vocab("\n ?abcdefghijklmnopqrstuvwxyz"), "cpu")
     assert qgen.prompt_text("aÉ", "replace") == "a?"
+
+
+# --- constraints: the repetition controls as transformers defines them, min-p, and nothing when none is given ------
+def test_repetition_penalty_is_transformers_on_the_same_logits():
+    tf = need("transformers")
+    g = torch.Generator().manual_seed(0)
+    for penalty in (0.7, 1.3, 2.0):
+        ids, scores = torch.randint(12, (3, 9), generator=g), 3 * torch.randn(3, 12, generator=g)
+        seen = torch.zeros(3, 12, dtype=torch.bool).scatter(1, ids, True)
+        want = tf.RepetitionPenaltyLogitsProcessor(penalty)(ids, scores.clone())
+        assert torch.equal(repetition_penalty(scores, seen, penalty), want)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_the_ngram_ban_is_transformers_no_repeat_ngram_at_every_step(n):
+    """Kept up to date one character at a time, it bans what NoRepeatNGramLogitsProcessor bans given the whole
+    text (a shared prompt, then each row's own characters)."""
+    tf = need("transformers")
+    g = torch.Generator().manual_seed(n)
+    for prompt_len in (1, 2, 6):
+        text = torch.cat([torch.randint(5, (1, prompt_len), generator=g).expand(3, -1),
+                          torch.randint(5, (3, 30), generator=g)], dim=1)  # 5 characters: n-grams repeat
+        ban = NgramBan(n, text[0, :prompt_len].tolist(), 3)
+        for t in range(prompt_len, text.size(1)):
+            want = tf.NoRepeatNGramLogitsProcessor(n)(text[:, :t], torch.zeros(3, 5)) == float("-inf")
+            got = torch.zeros(3, 5, dtype=torch.bool)
+            rows, ids = ban.banned()
+            got[rows, ids] = True
+            assert torch.equal(got, want), (prompt_len, t)
+            ban.add(text[:, t].tolist())
+
+
+def test_decoding_with_the_repetition_controls_is_transformers_processors_then_sampling():
+    """The Generator's text = a plain loop: full forward, transformers' processors on the whole text so far (prompt
+    included), then sample_next from the same seed."""
+    tf = need("transformers")
+    gen, model = Generator(random_model(), VOCAB, "cpu"), random_model()
+    procs = tf.LogitsProcessorList([tf.RepetitionPenaltyLogitsProcessor(1.8), tf.NoRepeatNGramLogitsProcessor(2)])
+    for seed in range(3):
+        seq, rng = torch.tensor([VOCAB.encode("to be")] * 2), torch.Generator().manual_seed(seed)
+        for _ in range(MODEL_BLOCK - 5):
+            with torch.no_grad():
+                logits = model(seq[:, -MODEL_BLOCK:])[0][:, -1, :]
+            nxt = sample_next(procs(seq, logits), rng, 0.9, top_k=10)
+            seq = torch.cat([seq, nxt[:, None]], dim=1)
+        want = [VOCAB.decode(row[5:].tolist()) for row in seq]
+        kw = dict(max_new_tokens=MODEL_BLOCK - 5, temperature=0.9, top_k=10, repetition_penalty=1.8,
+                  no_repeat_ngram=2, num_samples=2, seed=seed)
+        assert gen.generate("to be", use_cache=False, **kw) == want
+        assert gen.generate("to be", **kw) == want  # the KV cache changes nothing within the context
+
+
+def test_min_p_keeps_what_transformers_min_p_keeps():
+    tf = need("transformers")
+    logits = 2 * torch.randn(4, 12, generator=torch.Generator().manual_seed(3))
+    for min_p, temperature in ((0.05, 1.0), (0.3, 0.7), (0.9, 1.5)):
+        keep = tf.MinPLogitsWarper(min_p)(None, logits / temperature) > float("-inf")
+        ids = sample_next(logits.repeat(500, 1), torch.Generator().manual_seed(0), temperature, min_p=min_p)
+        drawn = torch.zeros(4, 12, dtype=torch.bool)
+        drawn[torch.arange(4).repeat(500), ids] = True
+        assert torch.equal(drawn, keep)  # every kept character drawn at least once, no other
+    assert torch.equal(draws(min_p=0.0)[0], draws()[0])
+
+
+def test_without_a_constraint_nothing_changes_in_the_decode_loop():
+    """No rule and no scoring asked for: no Steer at all (the loop does what it did before constraints existed);
+    each control's off value counts as not given. The text is the plain loop's."""
+    off = dict(ban="", allow="", form="", acrostic="", repetition_penalty=1.0, no_repeat_ngram=0, min_p=0.0)
+    assert plan(SampleSettings(), VOCAB, "\n") is None and plan(SampleSettings(**off), VOCAB, "\n") is None
+    gen, model = Generator(random_model(), VOCAB, "cpu"), random_model()
+    kw = dict(max_new_tokens=2 * MODEL_BLOCK, temperature=1.0, top_k=6, num_samples=2, seed=4)
+    assert gen.generate("ab", **kw, **off) == gen.generate("ab", **kw)
+    seq, rng = torch.tensor([VOCAB.encode("ab")] * 2), torch.Generator().manual_seed(4)
+    for _ in range(2 * MODEL_BLOCK):
+        with torch.no_grad():
+            logits = model(seq[:, -MODEL_BLOCK:])[0][:, -1, :]
+        seq = torch.cat([seq, sample_next(logits, rng, 1.0, top_k=6)[:, None]], dim=1)
+    assert gen.generate("ab", use_cache=False, **kw) == [VOCAB.decode(row[2:].tolist()) for row in seq]
