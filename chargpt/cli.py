@@ -216,6 +216,7 @@ def _sample_settings(flags):
     """The SampleSettings flags given (None: not given) -> validated settings as a dict of Generator keywords."""
     given = {k: v for k, v in flags.items() if v is not None}
     given["stop"] = tuple(map(textio.unescape, flags.get("stop") or ()))
+    given.update({k: textio.unescape(given[k]) for k in ("ban", "allow") if k in given})  # --ban '\n'
     return asdict(SampleSettings(**given).validate())
 
 
@@ -252,16 +253,23 @@ def _sample_settings(flags):
                  "line per sample on stderr, or a `novelty` object in each --json record (chargpt novelty)"),
     MIN_SPAN,
     NOVELTY_DATA,
+    click.Option(["--forms", "list_forms"], is_flag=True, help="list the named forms --form takes, and exit"),
 ])
 def sample_cli(checkpoint_path, prompt, prompt_file, num_samples, seed, unknown, output, as_json, interactive,
-               device, dtype, quantize, compile_mode, no_cache, novelty, min_span, novelty_data, **flags):
+               device, dtype, quantize, compile_mode, no_cache, novelty, min_span, novelty_data, list_forms, **flags):
     """Write text in the style of a trained run. The text goes to stdout (with a separator line above each
-    sample when there are several); everything else goes to stderr."""
+    sample when there are several); everything else goes to stderr. Under a constraint (--form, --ban, ...) or
+    --best-of, each sample's scores follow on stderr (in --json, its `score`)."""
     def main():
+        from .constraints import given, write_scored
         from .engine import load
+        from .forms import shape_lines
         from .novelty import check_options, sample_records, sample_scorer, scored_line
         from .rundir import latest_run
+        if list_forms:
+            return click.echo("\n".join(shape_lines()))
         settings = _sample_settings(flags)
+        best_of = settings["best_of"]
         check_sample_options(num_samples, seed)
         if interactive:
             _check_interactive(prompt, prompt_file, output, as_json, num_samples)
@@ -269,12 +277,14 @@ def sample_cli(checkpoint_path, prompt, prompt_file, num_samples, seed, unknown,
         path = checkpoint_path or latest_run()
         gen = load(path, device=device, dtype=dtype, quantize=quantize, compile=compile_mode)
         click.echo(f"loaded {path} ({gen.describe()}) on {gen.device}, {gen.precision}", err=True)
-        runner, reason = gen.decode_runner(settings["max_new_tokens"] * num_samples)
+        runner, reason = gen.decode_runner(settings["max_new_tokens"] * (best_of or num_samples))
         if compile_mode != "auto" or runner is not None:  # said when it is not the usual
             click.echo(reason, err=True)
-        check_options(novelty, min_span, novelty_data, interactive)
+        check_options(novelty, None if best_of else min_span, None if best_of else novelty_data, interactive)
         # the index loads before any sample is written, so that a missing corpus fails first
         scorer = sample_scorer(gen.meta, str(path), min_span, novelty_data, log=_stderr) if novelty else None
+        gen.log = _stderr  # best-of without the training text says so, once
+        copies = gen.copy_check(min_span, novelty_data, str(path)) if best_of and not interactive else None
         textio.tolerant_stdout()
         if interactive:
             from .repl import repl
@@ -282,6 +292,9 @@ def sample_cli(checkpoint_path, prompt, prompt_file, num_samples, seed, unknown,
         text, warning = gen.prompt_text(text, unknown), gen.unknown_warning(text, unknown)  # 'error' raises here
         _warn(warning)
         use_seed = _seed(seed, shown=settings["temperature"] > 0)  # greedy text does not depend on the seed
+        if given(settings):
+            return write_scored(gen, text, num_samples, use_seed, settings, unknown, as_json, output, not no_cache,
+                                copies, scorer, _stderr)
         if not (as_json or output):
             texts = textio.stream_samples(gen, text, num_samples, use_seed, settings, unknown, sys.stdout,
                                           use_cache=not no_cache)
@@ -333,8 +346,8 @@ def bench_cli():
     JSON,
 ])
 def eval_cli(checkpoint_path, device, data, target_data, encoding, encoding_errors, stride, batch_size, as_json):
-    """Loss and bits per character of a checkpoint on any text (every character scored once, with a sliding
-    window). Characters the model never saw are counted and reported, not scored. A run trained on sentence pairs
+    """Loss, bits per character and bits per UTF-8 byte of a checkpoint on any text (every character scored once,
+    with a sliding window). Characters the model never saw are counted and reported, not scored. A run trained on sentence pairs
     scores pairs (--data PAIRS.tsv, or --data SOURCES --target-data TARGETS): each target given its source."""
     def run():
         from .evaluate import evaluate, format_result

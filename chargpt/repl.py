@@ -1,10 +1,12 @@
 """`sample.py --interactive`: load the model once, then answer prompt after prompt.
 
 Commands between prompts change the settings: /temp 0.5, /topk 40, /topp 0.9, /len 300, /seed 7, /show,
-/help, /quit. An empty line samples from the default start (a pairs model translates each line: for it, an empty
-line is an error that says so). Ctrl-C stops the current sample only (at the input prompt it just clears the line);
-Ctrl-D (end of input) exits. Text goes to stdout, everything else (the "> " prompt, messages) to stderr, so the
-samples can be piped or logged on their own.
+/help, /quit; and the constraints (chargpt/constraints.py): /form 五言绝句, /acrostic 春夏秋冬, /ban eE,
+/allow CHARS, /minp 0.05, /rep 1.3, /norepeat 4, /bestof 8 (a string command alone clears it). Under a constraint
+or best-of, each sample's scores follow it on stderr. An empty line samples from the default start (a pairs model
+translates each line: for it, an empty line is an error that says so). Ctrl-C stops the current sample only (at
+the input prompt it just clears the line); Ctrl-D (end of input) exits. Text goes to stdout, everything else (the
+"> " prompt, messages) to stderr, so the samples can be piped or logged on their own.
 """
 
 import itertools
@@ -13,16 +15,21 @@ import sys
 
 from . import textio
 from .config import SampleSettings, check_seed
+from .constraints import given, score_line
 from .errors import ChargptError
 
 HELP = ("commands: /temp T  /topk K (0: off)  /topp P (1: off)  /len N  /seed S  /show  /help  /quit; "
-        "anything else is a prompt")
+        "constraints: /form PATTERN|NAME  /acrostic CHARS  /ban CHARS  /allow CHARS (alone: off)  /minp P (0: off)  "
+        "/rep F (1: off)  /norepeat N (0: off)  /bestof N (1: off); anything else is a prompt")
 PAIRS_HELP = HELP.replace("anything else is a prompt", "anything else is a sentence to translate (one per line)")
 PAIRS_EMPTY = ("this model was trained on sentence pairs: type a source sentence, one per line, and it writes the "
                "translation")
 # command -> (setting, type, the value that turns it off)
 SETTERS = {"/temp": ("temperature", float, None), "/topk": ("top_k", int, 0), "/topp": ("top_p", float, 1.0),
-           "/len": ("max_new_tokens", int, None)}
+           "/len": ("max_new_tokens", int, None), "/minp": ("min_p", float, 0.0),
+           "/rep": ("repetition_penalty", float, 1.0), "/norepeat": ("no_repeat_ngram", int, 0),
+           "/bestof": ("best_of", int, 1), "/form": ("form", str, ""), "/acrostic": ("acrostic", str, ""),
+           "/ban": ("ban", textio.unescape, ""), "/allow": ("allow", textio.unescape, "")}
 SKIP_BYTES = 64 << 20  # the most skipped of one too-long input line before the input counts as endless
 SKIP_CHUNK = 1 << 20  # read at a time while skipping: memory stays bounded
 
@@ -123,9 +130,13 @@ def _set(settings, word, arg):
 def _answer(gen, line, settings, sample_seed, unknown, out, err):
     """Write the prompt and its continuation; a bad prompt (found before or while decoding) or Ctrl-C ends only this
     sample."""
+    scored = given(settings)
     try:
         prompt = gen.prompt_text(line, unknown)
-        pieces = gen.stream(prompt, seed=sample_seed, unknown=unknown, **settings)
+        if scored:  # its scores are written after it
+            pieces = gen.decoding(prompt, seed=sample_seed, unknown=unknown, **settings)
+        else:
+            pieces = gen.stream(prompt, seed=sample_seed, unknown=unknown, **settings)
         first = next(pieces, None)  # a pairs model checks its source here: nothing is written for a bad one
     except ChargptError as e:
         err.write(f"error: {e}\n")
@@ -148,3 +159,5 @@ def _answer(gen, line, settings, sample_seed, unknown, out, err):
         err.write(f"\nerror: {e}")
     out.write("\n")
     out.flush()
+    if scored and pieces.samples:
+        err.write(score_line(pieces.samples[0], 0, 1, settings.get("best_of")) + "\n")

@@ -290,3 +290,46 @@ def test_stop_understands_backslash_escapes():
     from chargpt.textio import unescape
     assert unescape(r"\n\n") == "\n\n" and unescape(r"a\tb") == "a\tb" and unescape(r"\\n") == "\\n"
     assert unescape("床前\\n") == "床前\n"  # non-ASCII text is left alone
+
+
+# --- constraints and best-of on the command line ----------------------------------------------------------------
+def test_forms_lists_the_named_forms_without_a_model():
+    r = cli("--forms", "--checkpoint", "nowhere")
+    assert r.exit_code == 0 and "五言绝句 (wujue" in r.stdout and len(r.stdout.splitlines()) == 4
+
+
+def test_a_constrained_sample_streams_and_reports_what_the_constraints_removed(ckpt):
+    r = cli("--checkpoint", ckpt, "--prompt", "xy", "--ban", "\\n", "--max-new-tokens", 4, *GREEDY)
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout == "xyz ab\n"  # after z the counter wants \n: banned, so the next (all equal) is ' '
+    assert re.search(r"^mean log-prob -\d+\.\d{3} nats/char; the constraints removed \d+\.\d{3} nats/char$",
+                     r.stderr, re.M)
+    r = cli("--checkpoint", ckpt, "--prompt", "ab", "--form", "__ _", "--json", "--num-samples", 2, *GREEDY)
+    records = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [rec["text"] for rec in records] == ["cd a"] * 2  # the space is written, the counter goes on from it
+    assert records[0]["settings"]["form"] == "__ _" and set(records[0]["score"]) == {"logprob", "chars", "removed"}
+    assert records[0]["score"]["chars"] == 4 and records[0]["score"]["removed"] > 1  # the counter wanted e, not ' '
+
+
+def test_best_of_prints_the_kept_samples_with_their_scores(ckpt, tmp_path):
+    r = cli("--checkpoint", ckpt, "--prompt", "ab", "--best-of", 3, "--num-samples", 2, "--max-new-tokens", 5,
+            "--temperature", 1.0, "--seed", 1, "--min-span", 4)
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.count("========== sample") == 2
+    assert "best-of ranks without dropping copies of the training text" in r.stderr  # a run saved by hand
+    assert re.search(r"^best 1 of 3 \(row \d\): mean log-prob", r.stderr, re.M)
+    r = cli("--checkpoint", ckpt, "--prompt", "ab", "--best-of", 3, "--json", "--max-new-tokens", 5, *GREEDY)
+    (rec,) = [json.loads(line) for line in r.stdout.splitlines()]
+    assert rec["score"]["best_of"] == 3 and rec["score"]["dropped"] is None and rec["text"] == "cdefg"
+    r = cli("--checkpoint", ckpt, "--best-of", 2, "--num-samples", 3)
+    assert_one_line_error(r.stderr, "--best-of (2) must be at least --num-samples (3)")
+    r = cli("--checkpoint", ckpt, "--form", "_é", "--max-new-tokens", 4)
+    assert r.stdout == "" and r.exit_code == 1
+    assert_one_line_error(r.stderr, "--form: the form's character 'é' (U+00E9) is not in this model's vocabulary")
+
+
+def test_repl_takes_the_constraints_and_reports_scores():
+    out, err = drive("/form __ _\nab\n/ban c\nab\n/ban\n/form\nab\n/bestof 2\nab\n/form *_\n", max_new_tokens=6)
+    assert out.splitlines() == ["abcd a", "abab a", "abcdefgh", "abcdefgh"]  # c banned: the first letter left
+    assert err.count("the constraints removed") == 2 and "form = None" in err and "ban = None" in err
+    assert "best 1 of 2" in err and "invalid value for /form" in err
