@@ -1,12 +1,16 @@
 """The one place that inspects the hardware: device, dtype, autocast, threads, distributed setup."""
 
 import contextlib
+import importlib.util
+import inspect
 import os
 import shutil
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 
+from . import platforms
 from .config import THREADS_PER_CPU
 from .errors import ConfigError
 from .flags import param
@@ -150,9 +154,9 @@ def pick_decode_dtype(name, device):
 
 # torch.compile: where it wins. Inductor fuses the chains of small elementwise kernels (LayerNorm, GELU, residual
 # adds, dtype casts) that dominate small models; on CUDA that removes launch overhead and wins clearly, so auto
-# compiles there. On CPU, eager mode is kept: compiling costs tens of seconds up front and needs a C++ compiler,
-# and no CPU measurement here has shown a win yet (`python -m chargpt.bench --only compile` measures it per shape and
-# dtype; change this rule when it does).
+# compiles there, wherever Triton (the GPU code generator behind it) can run. On CPU, eager mode is kept: compiling
+# costs tens of seconds up front and needs a C++ compiler, and no CPU measurement here has shown a win yet
+# (`python -m chargpt.bench --only compile` measures it per shape and dtype; change this rule when it does).
 def pick_compile(setting, device):
     """--compile auto|on|off -> (whether to compile, reason printed at start)."""
     if setting == "on":
@@ -161,8 +165,36 @@ def pick_compile(setting, device):
     if setting == "off":
         return False, "eager (--compile off)"
     if device.type == "cuda":
+        if platforms.WINDOWS:
+            return False, ("eager (--compile auto: not on Windows, where torch ships no Triton for torch.compile; "
+                           "--compile on if you installed one)")
+        missing = triton_missing(device)
+        if missing:
+            return False, f"eager (--compile auto: {missing})"
         return True, "torch.compile (--compile auto: it wins on CUDA)"
     return False, f"eager (--compile auto: torch.compile has not measured faster on {device.type.upper()})"
+
+
+TRITON_MIN_CAPABILITY = (7, 0)  # Triton's oldest NVIDIA GPU: Volta. A P100 (6.0) fails at its first compiled step
+
+
+def triton_missing(device):
+    """Why torch.compile cannot generate code for the CUDA GPU `device` (Triton does not run there, or is not
+    installed), in words; None when it can."""
+    if not torch.cuda.is_available():
+        return None  # nothing to ask: pick_device hands out a CUDA device only where there is one
+    capability = torch.cuda.get_device_capability(device)
+    if tuple(capability) < TRITON_MIN_CAPABILITY:
+        return (f"Triton, which torch.compile generates GPU code with, needs compute capability "
+                f"{'.'.join(map(str, TRITON_MIN_CAPABILITY))} or newer, and {torch.cuda.get_device_name(device)} has "
+                f"{capability[0]}.{capability[1]}")
+    if not triton_installed():
+        return "the triton package that torch.compile generates GPU code with is not installed"
+    return None
+
+
+def triton_installed():
+    return importlib.util.find_spec("triton") is not None
 
 
 # --compile auto for sampling compiles the decode step from this many new characters (all samples together) on a
@@ -200,11 +232,15 @@ def pick_decode_compile(setting, device, new_chars, quantized=False):
 
 
 def require_compiler(device, verb):
-    """--compile on: refuse a CPU run without the C++ compiler torch.compile's CPU backend needs."""
+    """--compile on: refuse a CPU run without the C++ compiler torch.compile's CPU backend needs, and a GPU where
+    Triton cannot run (it would fail at the first compiled step)."""
     if device.type == "cpu" and cpp_compiler() is None:
         raise ConfigError("--compile on: torch.compile turns CPU code into C++ and no C++ compiler was found (g++ "
                           "or clang++; on Windows MSVC's cl, from a Developer Command Prompt; or set CXX); "
                           f"install one, or {verb} with --compile off")
+    missing = triton_missing(device) if device.type == "cuda" else None
+    if missing:
+        raise ConfigError(f"--compile on: {missing}; {verb} with --compile off")
 
 
 def cpp_compiler():
@@ -248,12 +284,12 @@ def configure_threads(threads=None, local_world_size=1):
 
 def enable_fast_math(device):
     if device.type == "cuda":
-        # TF32 matmuls: several times faster on Ampere and newer, and precise enough for training
-        matmul = torch.backends.cuda.matmul
-        if hasattr(matmul, "fp32_precision"):  # torch >= 2.9 deprecates allow_tf32 in favour of this
-            matmul.fp32_precision = "tf32"
-        else:
-            matmul.allow_tf32 = True
+        # TF32 matmuls: several times faster on Ampere and newer, and precise enough for training. Set with the
+        # older API on purpose: after the newer one (matmul.fp32_precision = "tf32", torch >= 2.9), reading the older
+        # one (matmul.allow_tf32, torch.get_float32_matmul_precision()) raises RuntimeError for the rest of the
+        # process, and inductor's autotuning, flex attention and the caller's own code read it. Set this way, both
+        # read back (tests/test_gpu_paths.py); CPU matmuls are left alone.
+        torch.backends.cuda.matmul.allow_tf32 = True
 
 
 # Seeds of the random streams. Rank 0 uses the seeds a single process uses; each other rank shifts them by a
@@ -290,6 +326,15 @@ class Dist:
         return self.rank == 0
 
 
+# How long a collective waits for the slowest rank before the job fails, for NCCL and Gloo alike. NCCL's default is
+# 10 minutes (Gloo's, which the tests saw, 30), and ranks wait while rank 0 does long work alone: encoding a corpus
+# into the cache (the others at a barrier) and building the novelty index at the first --sample-every sample (the
+# others in the next all-reduce). Building that index takes 9-29 s per 100M characters (benchmarks/RESULTS.md), so
+# 30 minutes covers corpora of billions of characters; encoding (two passes over the text) has not been timed at that
+# scale. A rank that dies is noticed by torchrun at once; this only bounds how long a hung one holds the others.
+PROCESS_GROUP_TIMEOUT = timedelta(minutes=30)
+
+
 def init_distributed(device_name):
     """Read torchrun's environment and join the process group: NCCL for CUDA, Gloo for CPU. Each process
     takes the GPU numbered by its LOCAL_RANK (choose which GPUs with CUDA_VISIBLE_DEVICES)."""
@@ -323,10 +368,41 @@ def init_distributed(device_name):
         torch.cuda.set_device(d.device)
     if not dist.is_initialized():
         if use_cuda:
-            dist.init_process_group(backend="nccl", device_id=d.device)
+            dist.init_process_group(backend="nccl", device_id=d.device, timeout=PROCESS_GROUP_TIMEOUT)
         else:
-            dist.init_process_group(backend="gloo")
+            dist.init_process_group(backend="gloo", timeout=PROCESS_GROUP_TIMEOUT)
     return d
+
+
+class OneGraphDDP(torch.nn.parallel.DistributedDataParallel):
+    """DistributedDataParallel whose compiled module is traced as one graph.
+
+    Under DDP, torch.compile cuts the graph where DDP's gradient buckets end (torch/_dynamo/backends/distributed.py,
+    so that each bucket's all-reduce can start while the backward goes on), and it sizes a bucket by
+    param.untyped_storage().nbytes(). chargpt's parameters are views of one flat buffer (chargpt/flat.py), so every
+    parameter counts as the whole buffer, and the graph fell into about one piece per parameter: 40 at 6 x 384,
+    against 3 with separate parameters, each piece compiled on its own, no fusion across them. In one graph the
+    gradients are all-reduced after the backward instead of during it, which costs little at chargpt's sizes on
+    one machine (tens of MB of gradients over NVLink); across machines it is not yet measured (docs/gpu.md)."""
+
+    def forward(self, *args, **kwargs):
+        with torch._dynamo.config.patch(optimize_ddp=False):  # read when the module compiles, in its first call
+            return super().forward(*args, **kwargs)
+
+
+def ddp(model, device):
+    """The training step's model under DDP: `model` (compiled or not) in a OneGraphDDP. Two of DDP's options are
+    rules here, not tuning:
+    - no buffer sync before each forward: a model's only buffers are constants of its config (the sinusoidal
+      position table), the same on every rank, and DDP's default broadcasts them from rank 0 at every forward
+      (forward_sync_buffers=False since torch 2.13, which deprecates broadcast_buffers=False for it).
+    - gradient_as_bucket_view=False, always: the optimizer steps the flat gradient buffer (chargpt/flat.py), and
+      with it DDP would make each .grad a view of its own buckets from the second step on, leaving the flat buffer
+      at zero: the optimizer would step zeros (tests/test_gpu_paths.py shows it)."""
+    takes = inspect.signature(torch.nn.parallel.DistributedDataParallel).parameters
+    no_sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in takes else {"broadcast_buffers": False}
+    return OneGraphDDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+                       gradient_as_bucket_view=False, **no_sync)
 
 
 def broadcast_str(text, d: Dist):
