@@ -3,11 +3,11 @@
     chargpt.load("checkpoints/shakespeare", quantize="int8")       # python sample.py --quantize int8
     evaluate("checkpoints/shakespeare", "play.txt", quantize="int8")   # what int8 costs in loss
 
-Cached decoding at batch 1 reads every weight once per character, so on a CPU it is bound by memory traffic, not
-arithmetic. Halving the bytes per weight (bf16, where the CPU computes it natively) or quartering them (int8) is
-what makes it faster; on a CPU, autocast alone would not help, since it re-reads the fp32 weights to cast them
-on every call. So on a CPU, bf16 inference converts the weights themselves. On a GPU the model keeps fp32 weights
-and runs under bf16 autocast, as in training.
+Cached decoding at batch 1 reads every weight once per character, so it is bound by memory traffic and launches,
+not arithmetic. Halving the bytes per weight (bf16, where the device computes it natively) or quartering them (int8)
+is what makes it faster; autocast alone would not help: it casts every fp32 weight again at every step (its cast
+cache is cleared each time decoding leaves its context, once per character), reading and writing more bytes than
+fp32 decoding reads. So bf16 inference converts the weights themselves, once, on a CPU and a GPU alike.
 
 int8: every nn.Linear of the blocks and the head gets int8 weights, one scale per output channel; embeddings,
 LayerNorms and attention stay float32. It runs on CPUs only, in one of two ways, by the CPU:
@@ -134,8 +134,8 @@ def inference_model(model, device, dtype="auto", quantize=None):
         return auto_quantize(model.eval())
     if quantize == "int8":
         return quantize_int8(model), torch_dtype, reason
-    if device.type == "cpu" and torch_dtype == torch.bfloat16:
-        model = model.to(torch.bfloat16)  # the weights themselves: see the module docstring
+    if torch_dtype == torch.bfloat16:
+        model = model.to(torch.bfloat16)  # the weights themselves, once: see the module docstring
     return model, torch_dtype, reason
 
 
