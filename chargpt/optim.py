@@ -156,12 +156,22 @@ class Muon(torch.optim.Muon):
     def __init__(self, params, ns_dtype=torch.bfloat16, **kw):
         super().__init__(params, **kw)
         self.ns_dtype = ns_dtype
+        # fp16 loss scaling: GradScaler.step then hands this optimizer its scale and inf flag as tensors
+        # (self.grad_scale, self.found_inf) instead of reading the flag on the host (.item(): a GPU sync every step)
+        self._step_supports_amp_scaling = True
 
     @torch.no_grad()
     def step(self, closure=None):
+        grad_scale = getattr(self, "grad_scale", None)  # set by GradScaler.step: gradients are still scaled by it
+        found_inf = getattr(self, "found_inf", None)  # set by GradScaler.step: > 0 means skip this step
         for group in self.param_groups:
             params, grads, bufs = [], [], []
             self._init_group(group, params, grads, bufs)
+            if grad_scale is not None:
+                grads = [g / grad_scale for g in grads]
+            if found_inf is not None:
+                self._step_unless_inf(group, params, grads, bufs, found_inf == 0)
+                continue
             lr, decay, momentum = group["lr"], group["weight_decay"], group["momentum"]
             updates = []
             for grad, buf in zip(grads, bufs):
@@ -173,6 +183,21 @@ class Muon(torch.optim.Muon):
                 p.mul_(1 - lr * decay)
                 p.add_(update, alpha=-lr * math.sqrt(max(1, p.size(0) / p.size(1))))  # Keller's shape scaling
         return None
+
+    def _step_unless_inf(self, group, params, grads, bufs, finite):
+        """The step above, taken only where `finite` (a 0-dim bool tensor) holds, decided on the device: the
+        momentum and the weights keep their old values otherwise (torch.where, as fused AdamW skips)."""
+        lr, decay, momentum = group["lr"], group["weight_decay"], group["momentum"]
+        updates, new_bufs = [], []
+        for grad, buf in zip(grads, bufs):
+            new = buf.lerp(grad, 1 - momentum)
+            new_bufs.append(new)
+            updates.append(grad.lerp(new, momentum) if group["nesterov"] else new)
+        updates = orthogonalize_all(updates, group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype)
+        for p, buf, new, update in zip(params, bufs, new_bufs, updates):
+            buf.copy_(torch.where(finite, new, buf))
+            stepped = (p * (1 - lr * decay)).add_(update, alpha=-lr * math.sqrt(max(1, p.size(0) / p.size(1))))
+            p.copy_(torch.where(finite, stepped, p))
 
 
 def low_precision_copies(model, optimizer, device, dtype, wrapped):
