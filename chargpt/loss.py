@@ -86,18 +86,40 @@ def head_loss(hidden, weight, targets, bias=None, loss_mask=None, label_smoothin
         if keep.numel() < N:
             hidden, targets, w = hidden[keep], targets[keep], w[keep]  # indexing's backward puts 0 elsewhere
     M = hidden.size(0)
-    chunk = chunk or chunk_rows(M, V, device)
-    group = -(-(group or chunk_rows(M, V, device, GROUP_BYTES, dtype.itemsize)) // chunk) * chunk  # whole chunks
+    if loss_mask is not None and torch.compiler.is_compiling():
+        # Sentence pairs (the only callers with a mask) come in batches of varying length, and the loop's row counts
+        # are Python ints: traced, they would specialise the graph to each length, recompiling per length up to
+        # torch's limit (8) and then running the whole forward eagerly. So all rows are one chunk here (chunk None:
+        # no row count in Python), and the graph turns dynamic at the second length (tests/test_gpu_paths.py); its
+        # logits are whole, in memory at once, as on the plain path.
+        chunk = group = None
+    else:
+        chunk = chunk or chunk_rows(M, V, device)
+        group = -(-(group or chunk_rows(M, V, device, GROUP_BYTES, dtype.itemsize)) // chunk) * chunk  # whole chunks
     tensors = (hidden, weight) + (() if bias is None else (bias,))
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return LinearCrossEntropy.apply(hidden, weight, bias, targets, w, inv, label_smoothing, chunk, group, dtype)
     return chunked(hidden, weight, bias, targets, w, label_smoothing, chunk, group, dtype, (False,) * 3)[0] * inv
 
 
+def plan(n_rows, chunk, group):
+    """The loop's slices: [(a group's rows, its part of the group buffer, [(a chunk's rows, its part of the group
+    buffer), ...]), ...]. chunk None: all rows as one chunk, without a row count in Python (see head_loss)."""
+    if chunk is None:
+        return [(slice(None), slice(None), [(slice(None), slice(None))])]
+    out = []
+    for g0 in range(0, n_rows, group):
+        g1 = min(g0 + group, n_rows)
+        chunks = [(slice(a, min(a + chunk, g1)), slice(a - g0, min(a + chunk, g1) - g0)) for a in range(g0, g1, chunk)]
+        out.append((slice(g0, g1), slice(0, g1 - g0), chunks))
+    return out
+
+
 def chunked(hidden, weight, bias, targets, w, eps, chunk, group, dtype, grads):
     """The loop. -> (sum_i w_i * loss_i (float32 scalar), d hidden (N, C) float32, d weight (V, C) float32,
     d bias (V,) float32), the gradients of that sum (not yet divided by the count), each None unless `grads`
-    (three bools: hidden, weight, bias) asks for it. Matmuls in `dtype`, everything per element in float32."""
+    (three bools: hidden, weight, bias) asks for it. Matmuls in `dtype`, everything per element in float32.
+    chunk, group: rows per chunk and per group, or None for all rows in one."""
     N, C = hidden.shape
     V = weight.size(0)
     need_h, need_w, need_b = grads
@@ -110,13 +132,12 @@ def chunked(hidden, weight, bias, targets, w, eps, chunk, group, dtype, grads):
         dh = torch.empty(N, C, dtype=f32, device=dev) if need_h else None
         dW = torch.zeros(V, C, dtype=f32, device=dev) if need_w else None
         db = torch.zeros(V, dtype=f32, device=dev) if need_b and bias is not None else None
-        gbuf = torch.empty(min(group, N), V, dtype=dtype, device=dev) if need_g else None  # a group's d logits
-        for g0 in range(0, N, group):
-            rows = slice(g0, min(g0 + group, N))
-            for a in range(rows.start, rows.stop, chunk):
-                n = min(chunk, rows.stop - a)
-                h, t, wr = h_all[a:a + n], targets[a:a + n, None], w[a:a + n]  # (n, C), (n, 1), (n,)
-                out = gbuf[a - g0:a - g0 + n] if need_g and dtype == f32 else None  # float32: all in place there
+        buffer_rows = N if group is None else min(group, N)
+        gbuf = torch.empty(buffer_rows, V, dtype=dtype, device=dev) if need_g else None  # a group's d logits
+        for rows, in_group, chunks in plan(N, chunk, group):
+            for here, in_buf in chunks:
+                h, t, wr = h_all[here], targets[here][:, None], w[here]  # (n, C), (n, 1), (n,)
+                out = gbuf[in_buf] if need_g and dtype == f32 else None  # float32: all in place there
                 z = torch.mm(h, W.t(), out=out) if b is None else torch.addmm(b, h, W.t(), out=out)  # (n, V)
                 # the loss terms read z in its own dtype (exact values; sums accumulate in float32)
                 per = -(1.0 - eps) * z.gather(1, t).squeeze(1).float()  # (n,) -> each row's cross-entropy, below
@@ -136,14 +157,14 @@ def chunked(hidden, weight, bias, targets, w, eps, chunk, group, dtype, grads):
                 # straight into the group's buffer in the matmuls' dtype (one rounding, as the plain path's
                 # backward): the target's term goes into e first, e_t - (1 - eps) s_i, before the division by s_i
                 e.scatter_add_(1, t, ((eps - 1.0) * s)[:, None])
-                scale, dst = (wr / s)[:, None], gbuf[a - g0:a - g0 + n]  # (n, 1), (n, V)
+                scale, dst = (wr / s)[:, None], gbuf[in_buf]  # (n, 1), (n, V)
                 if eps:
                     torch.addcmul((wr * (-eps / V))[:, None], e, scale, out=dst)
                 else:
                     torch.mul(e, scale, out=dst)
                 if db is not None:
                     db += dst.sum(dim=0, dtype=f32)
-            gg = gbuf[:rows.stop - g0] if need_g else None  # (G, V)
+            gg = gbuf[in_group] if need_g else None  # (G, V)
             if need_h:
                 dh[rows] = gg @ W  # (G, C)
             if need_w:
