@@ -23,7 +23,7 @@ from tqdm import tqdm
 from .config import run_val_split  # noqa: F401 (the split of a run, for its users here)
 from .errors import ChargptError, DataError
 from .flags import param
-from .rundir import remove_stale_temps, write_text_atomic
+from .rundir import remove_stale_temps, temp_suffix, write_text_atomic
 from .tokenizer import MAX_CODEPOINT, Vocab, codepoints
 
 # Bounded memory: one chunk of text, its code points and its ids at a time (a few times the chunk size). 1 MB
@@ -277,8 +277,10 @@ def encode_corpus(data=None, encoding="utf-8", errors="strict", cache_dir=None, 
         raise DataError(f"corpus {data or name} decoded as {encoding}: {e}; pass {param('encoding')} with the "
                         f"file's real encoding") from None
 
-    # pass 2: the ids, written to a temporary file and renamed into place only when complete
-    tmp = ids_path.with_suffix(f".bin.tmp{os.getpid()}")
+    # pass 2: the ids, written to a temporary file and renamed into place only when complete. Under torchrun each
+    # machine's first process encodes, maybe into one shared cache folder: the name carries this machine's name
+    # beside the pid, so that no machine's sweep of dead writers' files removes another's file being written
+    tmp = ids_path.with_name(ids_path.name + temp_suffix())
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
         remove_dead_temps(cache_dir, key)
