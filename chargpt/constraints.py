@@ -112,7 +112,7 @@ def plan(settings, vocab, context, score=False):
         allowed &= ~_mask(vocab, s.ban)
     if not allowed.any():
         raise ConfigError(f"{param('ban')} and {param('allow')} leave no character this model knows")
-    program = forms.compile_form(s.form, s.acrostic, vocab, allowed, context, s.max_new_tokens)
+    program = forms.compile_form(s.form, s.acrostic, vocab, allowed, context)
     penalty = s.repetition_penalty if s.repetition_penalty != 1.0 else None
     return Rules(len(vocab), None if allowed.all() else allowed, penalty, s.no_repeat_ngram or None, program)
 

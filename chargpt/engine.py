@@ -132,6 +132,9 @@ class Generator:
             return Decoding(pieces, rows=num_samples)
         context = prompt_seen or self.start_text()
         rules = constraints.plan(settings, self.vocab, context, score=score)
+        if rules and rules.program and rules.program.need[0] > settings.max_new_tokens:
+            self.log(f"note: the form needs at least {rules.program.need[0]} characters; "
+                     f"{param('max_new_tokens', settings.max_new_tokens)} cuts it short")
         rows = settings.best_of or num_samples
         ids = self.vocab.encode(context)
         ctx = torch.tensor([ids] * rows, dtype=torch.long, device=self.device)  # (B, T)

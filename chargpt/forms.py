@@ -139,10 +139,11 @@ class Program:
     line_end_ids: frozenset
 
 
-def compile_form(form, acrostic, vocab, allowed, context, max_new_tokens):
+def compile_form(form, acrostic, vocab, allowed, context):
     """--form and --acrostic -> a Program for this vocabulary, or None for neither. `allowed` (V,) bool: what --ban
-    and --allow leave; `context`: the text before the sample (does it end a line?). Every way the vocabulary or the
-    length cannot satisfy the form is a one-line ConfigError here, before decoding."""
+    and --allow leave; `context`: the text before the sample (does it end a line?). Every way the vocabulary cannot
+    satisfy the form is a one-line ConfigError here, before decoding. (A --max-new-tokens shorter than the form cuts
+    it, as a stop string does: Program.need[0] says how long it is at least.)"""
     if not form and not acrostic:
         return None
     for c in acrostic or "":
@@ -177,9 +178,6 @@ def compile_form(form, acrostic, vocab, allowed, context, max_new_tokens):
     for e in range(len(elements) - 1, -1, -1):
         kind, ids_ = elements[e]
         need[e] = need[e + 1] + (len(ids_) if kind == "fixed" else 0 if kind == "free" else 1)
-    if max_new_tokens < need[0]:
-        raise ConfigError(f"the form needs at least {need[0]} characters, more than {param('max_new_tokens')} "
-                          f"{max_new_tokens}")
     fail = {e: _failure(ids_) for e, (kind, ids_) in enumerate(elements) if kind == "free" and ids_}
     return Program(elements, table, fixed_row, need, fail, frozenset(int(i) for i in ends.nonzero().flatten()))
 

@@ -174,7 +174,6 @@ def test_acrostic_lines_are_the_verses_of_a_couplet_line_or_the_pattern_lines():
     (dict(form="_ _", acrostic="É"), r"acrostic's character 'É'"),
     (dict(form="_ _", ban=" "), r"writes ' ', which ban or allow rules out"),
     (dict(form="_ _", allow="abc"), r"writes ' ', which ban or allow rules out"),
-    (dict(form="_____", max_new_tokens=4), r"needs at least 5 characters, more than max_new_tokens 4"),
     (dict(allow="É"), r"allow: none of its characters"),
     (dict(ban="\n abcdefghijklmnopqrstuvwxyz"), r"leave no character"),
     (dict(best_of=2, num_samples=3), r"best_of \(2\) must be at least num_samples \(3\)"),
@@ -204,6 +203,10 @@ def test_a_free_span_is_bounded_and_fits_the_length_asked_for():
     assert len(text) == forms.FREE_SPAN + 1 and text.endswith("qq") and "qq" not in text[:-2]
     assert gen.generate("a", form="*z", temperature=0, max_new_tokens=3) == ["bcz"]  # closed to fit 3 characters
     assert gen.generate("a", form="*e", temperature=0) == ["bcde"]  # the model wrote the closing part itself
+    said = []
+    gen.log = said.append  # a --max-new-tokens shorter than the form cuts it, as a stop string would, with a note
+    assert gen.generate("a", form="_*z_", temperature=0, max_new_tokens=2) == ["bz"]
+    assert said == ["note: the form needs at least 3 characters; max_new_tokens=2 cuts it short"]
 
 
 # --- what the constraints removed ---------------------------------------------------------------------------------
