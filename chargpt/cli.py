@@ -347,8 +347,9 @@ def bench_cli():
 ])
 def eval_cli(checkpoint_path, device, data, target_data, encoding, encoding_errors, stride, batch_size, as_json):
     """Loss, bits per character and bits per UTF-8 byte of a checkpoint on any text (every character scored once,
-    with a sliding window). Characters the model never saw are counted and reported, not scored. A run trained on sentence pairs
-    scores pairs (--data PAIRS.tsv, or --data SOURCES --target-data TARGETS): each target given its source."""
+    with a sliding window). Characters the model never saw are counted and reported, not scored. A run trained on
+    sentence pairs scores pairs (--data PAIRS.tsv, or --data SOURCES --target-data TARGETS): each target given its
+    source."""
     def run():
         from .evaluate import evaluate, format_result
         from .rundir import latest_run
@@ -480,8 +481,9 @@ def export_cli(checkpoint_path, to, format, force):
 @click.command("plot", context_settings=CONTEXT, params=[
     click.Argument(["runs"], nargs=-1),
     click.Option(["-o", "--output"], default="curves.png", show_default=True, help="PNG file to write"),
-    click.Option(["--unit"], type=click.Choice(["nats", "bpc"]), default="nats", show_default=True,
-                 help="loss in nats per character, or bits per character"),
+    click.Option(["--unit"], type=click.Choice(["nats", "bpc", "bpb"]), default="nats", show_default=True,
+                 help="loss in nats per character, bits per character, or bits per UTF-8 byte (bpb: compares "
+                      "runs across alphabets)"),
 ])
 def plot_cli(runs, output, unit):
     """Train (dashed) and validation (solid) loss against steps, one colour per run: RUNS are run directories

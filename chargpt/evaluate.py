@@ -1,7 +1,11 @@
-"""Score a checkpoint on any text: mean loss per character (nats) and bits per character.
+"""Score a checkpoint on any text: mean loss per character (nats), bits per character and bits per byte.
 
     chargpt eval --checkpoint checkpoints/shakespeare --data new_play.txt     # or, from Python:
     evaluate("checkpoints/shakespeare", "new_play.txt")                        # -> {"loss": 1.52, "bpc": 2.19, ...}
+
+Bits per character compare models of one alphabet only; bits per byte (the total in bits over the UTF-8 bytes of
+the characters scored, as nanochat reports it) compare any: an English letter is one byte, a Chinese character
+three, so a model of either is charged per byte of the text it predicts.
 
 Every character but the first is scored exactly once, as a target inside a window of at most block_size
 characters (sliding windows, as in Hugging Face's perplexity guide). Windows start every `stride` characters;
@@ -45,6 +49,30 @@ from .tokenizer import codepoints
 LOGITS_BUDGET = 1 << 24  # logits per forward pass (64 MB in float32): bounds memory for 10,000-character alphabets
 MAX_BATCH = 64  # windows per forward pass
 PROGRESS_MIN_CHARS = 200_000  # a progress bar only where scoring takes noticeable time
+
+
+BYTES_CHUNK = 1 << 24  # ids per step when adding up UTF-8 bytes (a memory-mapped corpus is read in pieces)
+
+
+def utf8_lengths(vocab):
+    """-> (V,) int64: the UTF-8 length of each character of the vocabulary, by id (1 to 4)."""
+    return np.array([len(c.encode("utf-8", "surrogatepass")) for c in vocab.chars], dtype=np.int64)
+
+
+def utf8_bytes(ids, lengths, known=None):
+    """Total UTF-8 bytes of the characters `ids` (1-D, memory-mapped is fine) where `known` (None: all) is True."""
+    if len(lengths) and (lengths == lengths[0]).all():  # a one-byte alphabet (ASCII): no pass over the text
+        return int(lengths[0]) * (len(ids) if known is None else int(np.count_nonzero(known)))
+    total = 0
+    for k in range(0, len(ids), BYTES_CHUNK):
+        b = lengths[np.asarray(ids[k:k + BYTES_CHUNK])]
+        total += int((b if known is None else b[np.asarray(known[k:k + BYTES_CHUNK])]).sum())
+    return total
+
+
+def bits_per_byte(nats, n_bytes):
+    """Total loss in nats over `n_bytes` UTF-8 bytes -> bits per byte (None without bytes)."""
+    return nats / math.log(2) / n_bytes if n_bytes else None
 
 
 def default_stride(block_size):
@@ -172,19 +200,22 @@ def evaluate(checkpoint, data=None, *, encoding="utf-8", encoding_errors="strict
     if sum(map(len, pieces)) < 2:
         raise DataError(f"{label} has {sum(map(len, pieces))} character(s); scoring needs at least 2 (each character "
                         f"is predicted from the ones before it)")
-    total = scored = 0
+    total = scored = n_bytes = 0
+    lengths = utf8_lengths(vocab)
     for ids, mask in zip(pieces, known):
         if len(ids) >= 2:
             nats, n = score_ids(model, ids, mask, stride, batch_size, torch_dtype, progress)
             total, scored = total + nats, scored + n
+            n_bytes += utf8_bytes(ids[1:], lengths, None if mask is None else mask[1:])  # the targets scored
     if scored == 0:
         raise DataError(f"none of the characters of {label} are in the model's vocabulary ({len(vocab)} "
                         f"characters), so nothing can be scored; evaluate a text in the corpus's alphabet")
     loss = total / scored
     return {"checkpoint": str(path), "data": label, "step": meta.get("step"), "characters": sum(map(len, pieces)),
             "scored": scored, "unknown": sum(unknown.values()), "unknown_chars": dict(unknown.most_common(10)),
-            "stand_in": vocab.replacement(), "loss": loss, "bpc": loss / math.log(2), "stride": stride,
-            "block_size": T, "device": str(device), "precision": _precision(torch_dtype, quantize)}
+            "stand_in": vocab.replacement(), "loss": loss, "bpc": loss / math.log(2),
+            "bpb": bits_per_byte(total, n_bytes), "bytes": n_bytes, "stride": stride, "block_size": T,
+            "device": str(device), "precision": _precision(torch_dtype, quantize)}
 
 
 def _precision(dtype, quantize):
@@ -290,7 +321,8 @@ def format_result(r):
     if r.get("task") == "pairs":
         return _format_pairs(r)
     lines = [f"{r['checkpoint']} (step {r['step']}) on {r['data']}:",
-             f"  loss {r['loss']:.4f} nats/char, {r['bpc']:.4f} bits/char over {r['scored']:,} characters",
+             f"  loss {r['loss']:.4f} nats/char, {r['bpc']:.4f} bits/char over {r['scored']:,} characters; "
+             f"{r['bpb']:.4f} bits/byte over their {r['bytes']:,} UTF-8 bytes (bits/byte compare across alphabets)",
              f"  windows of {r['block_size']} characters every {r['stride']} (--stride {r['stride']}): each character "
              f"after the first {r['block_size']} saw at least {r['block_size'] - r['stride']} characters of context"]
     if r["unknown"]:

@@ -1,6 +1,6 @@
 """Loss curves as pictures: metrics.jsonl rows -> a matplotlib figure -> PNG.
 
-    chargpt plot checkpoints/a checkpoints/b -o curves.png --unit bpc
+    chargpt plot checkpoints/a checkpoints/b -o curves.png --unit bpc     # or --unit bpb: bits per UTF-8 byte
     plot_runs(["checkpoints/a", "checkpoints/b"], "curves.png", unit="bpc")
 
 Validation loss (solid, with a dot per evaluation), train loss at the evaluations (dashed) and the running training
@@ -19,7 +19,8 @@ from . import rundir
 from .errors import ChargptError, DataError
 from .rundir import LOSSES, METRICS
 
-UNITS = {"nats": ("loss", "loss (nats per character)"), "bpc": ("bpc", "bits per character")}
+UNITS = {"nats": ("loss", "loss (nats per character)"), "bpc": ("bpc", "bits per character"),
+         "bpb": ("bpb", "bits per byte (UTF-8): compares alphabets")}
 CURVES = "curves.png"
 
 
@@ -53,14 +54,30 @@ def require_metrics(run):
 MAX_DRAWN = 1e100  # a loss past this (a diverged run, near float's end) is left out: matplotlib cannot scale to it
 
 
-def _value(row, split, unit):
-    """The row's loss for split ('train'/'val') in unit (rows without *_bpc are converted from nats); None for a
+def _value(row, split, unit, per_nat=None):
+    """The row's loss for split ('train'/'val') in unit (rows without *_bpc are converted from nats; rows without
+    *_bpb, such as the running loss's, by `per_nat`: bits per byte per nat of that split, else None); None for a
     loss that is missing, not a number, or too large to draw."""
     nats = row.get(f"{split}_loss")
     nats = nats if isinstance(nats, (int, float)) and not isinstance(nats, bool) else None
-    value = row.get(f"{split}_bpc", nats / math.log(2) if nats is not None else None) if unit == "bpc" else nats
+    if unit == "bpc":
+        value = row.get(f"{split}_bpc", nats / math.log(2) if nats is not None else None)
+    elif unit == "bpb":
+        value = row.get(f"{split}_bpb", nats * per_nat if nats is not None and per_nat is not None else None)
+    else:
+        value = nats
     drawable = isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) <= MAX_DRAWN
     return value if drawable else None
+
+
+def train_per_nat(rows):
+    """Bits per byte per nat of training loss, from the last evaluation that recorded both (the training split's
+    1 / (ln 2 x UTF-8 bytes per character)), for the running loss; None without one."""
+    for r in reversed(rows):
+        bpb, nats = _value(r, "train", "bpb"), _value(r, "train", "nats")
+        if bpb is not None and nats:
+            return bpb / nats
+    return None
 
 
 def read_running(run):
@@ -78,8 +95,9 @@ def figure(runs, unit="nats", running=None, title=None):
     ax = fig.add_subplot()
     for i, (label, rows) in enumerate(runs.items()):
         color = f"C{i % 10}"
-        dense = [(r["step"], _value(r, "train", unit)) for r in (running or {}).get(label, [])
-                 if _value(r, "train", unit) is not None]
+        per_nat = train_per_nat(rows)
+        dense = [(r["step"], _value(r, "train", unit, per_nat)) for r in (running or {}).get(label, [])
+                 if _value(r, "train", unit, per_nat) is not None]
         if dense:
             steps, values = zip(*dense)
             ax.plot(steps, values, "-", color=color, linewidth=0.7, alpha=0.45, label=f"{label} train (running)")
@@ -140,6 +158,11 @@ def plot_runs(runs, out_png, unit="nats"):
     if not Path(out_png).name or Path(out_png).is_dir():  # '', '.', a folder: with_name below needs a file name
         raise ChargptError(f"-o {str(out_png)!r} is not a file name; give the PNG file to write, as -o curves.png")
     data = {label: require_metrics(run) for label, run in zip(labels(runs), runs)}
+    if unit == "bpb":
+        for run, rows in zip(runs, data.values()):
+            if not any(_value(r, "val", "bpb") is not None for r in rows):
+                raise DataError(f"{run} recorded no bits per byte (runs trained before chargpt recorded it, and "
+                                f"sentence-pair runs); plot it with --unit bpc or nats")
     running = {label: read_running(run) for label, run in zip(labels(runs), runs)}
     fig = figure(data, unit, running, title_of(runs))
     out = Path(out_png)

@@ -34,6 +34,20 @@ def _metrics(run_dir):
     return read_step_rows(run_dir / METRICS)
 
 
+def _number(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def bpb_per_nat(rows):
+    """Bits per byte per nat of validation loss: val_bpb / val_loss of the run's last evaluation that recorded both
+    (1 / (ln 2 x the validation text's UTF-8 bytes per character), the same at every evaluation); None for runs
+    that recorded no bits per byte (pairs runs, runs from before it was recorded)."""
+    for r in reversed(rows):
+        if _number(r.get("val_bpb")) and _number(r.get("val_loss")) and r["val_loss"] > 0:
+            return r["val_bpb"] / r["val_loss"]
+    return None
+
+
 def run_info(path, preview=PREVIEW_CHARS):
     """A run directory (its best checkpoint for the model, its latest for progress) or one checkpoint file ->
     dict of facts about it (the first `preview` vocabulary characters, escaped). `chargpt info` prints it and the
@@ -57,6 +71,7 @@ def run_info(path, preview=PREVIEW_CHARS):
     per_step = round(per_step)
     best = latest.get("best_val_loss", meta.get("best_val_loss", meta.get("val_loss")))
     rows = _metrics(run_dir) if run_dir is not None else []
+    per_nat = bpb_per_nat(rows)
     files = sorted(run_dir.iterdir()) if run_dir is not None else [ckpt]
     return {
         "path": str(p), "checkpoint": str(ckpt), "format_version": _format_version(ckpt),
@@ -67,6 +82,7 @@ def run_info(path, preview=PREVIEW_CHARS):
         "closing_prompt": latest.get("closing_prompt") if isinstance(latest.get("closing_prompt"), str) else None,
         "corpus": latest.get("corpus"), "steps": step, "checkpoint_step": meta.get("step", 0),
         "best_val_loss": best, "best_val_bpc": best / math.log(2) if isinstance(best, (int, float)) else None,
+        "best_val_bpb": best * per_nat if per_nat is not None and _number(best) else None,  # UTF-8 bits per byte
         "training_time_s": state.get("elapsed"), "eval_time_s": state.get("eval_time"),
         "characters_seen": step * per_step if per_step else None, "characters_per_step": per_step or None,
         "processes": processes, "evaluations": len(rows), "saved_at": latest.get("saved_at"),
@@ -124,8 +140,9 @@ def format_info(info):
         n = info["processes"]
         procs = f"on {n} process{'' if n == 1 else 'es'}" if n else "one process assumed"
         training += f"; {info['characters_seen']:,} characters seen ({info['characters_per_step']:,} per step, {procs})"
+    bpb = f", {info['best_val_bpb']:.3f} bits/byte" if info.get("best_val_bpb") is not None else ""
     best = "none yet" if info["best_val_loss"] is None else \
-        f"{info['best_val_loss']:.4f} nats ({info['best_val_bpc']:.3f} bits/char)"
+        f"{info['best_val_loss']:.4f} nats ({info['best_val_bpc']:.3f} bits/char{bpb})"
     rows = [("run", info["path"]),
             ("checkpoint", f"{Path(info['checkpoint']).name} (step {info['checkpoint_step']:,}, "
                            f"checkpoint format {info['format_version']})"),

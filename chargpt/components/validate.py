@@ -10,11 +10,13 @@ never changes the training itself.
 """
 
 import math
+import weakref
 
 import torch
 
 from ..config import UNLIMITED, TrainConfig
 from ..errors import ChargptError
+from ..evaluate import utf8_bytes, utf8_lengths
 from ..runtime import autocast, stream_seed
 
 EVALS_PER_BUDGET = 20  # evaluations over a time budget (with the first and the last: about 21)
@@ -109,17 +111,50 @@ class Validator:
         self.last_eval_step, self.last_eval_at = step, elapsed
 
 
-def eval_record(step, losses, lr, elapsed, scores):
-    """The "eval" record (metrics.jsonl): losses in nats and bits per character."""
+_PER_BYTE = weakref.WeakKeyDictionary()  # a run's batches -> per_byte's answer, counted once
+
+
+def per_byte(run):
+    """{"train": b, "val": b}: the mean UTF-8 bytes of the characters each split of a text run holds (what its
+    evaluations score, from random windows of that split), counted once per run; {} for a pairs run (its loss
+    counts end markers, which are not text). Loss in bits over this is bits per byte, which unlike bits per
+    character compares runs across alphabets (an English letter is a byte, a Chinese character three)."""
+    batches = run.batches
+    if batches not in _PER_BYTE:
+        split = getattr(batches, "split", None)
+        out = {}
+        if split is not None and hasattr(batches, "ids"):
+            lengths = utf8_lengths(run.corpus.vocab)
+            for name in ("train", "val"):
+                pieces = split.pieces(batches.ids, name)
+                chars = sum(len(p) for p in pieces)
+                out[name] = sum(utf8_bytes(p, lengths) for p in pieces) / chars if chars else None
+        _PER_BYTE[batches] = out
+    return _PER_BYTE[batches]
+
+
+def _bpb(losses, bytes_per_char, split):
+    b = (bytes_per_char or {}).get(split)
+    return losses[split] / LN2 / b if b else None
+
+
+def eval_record(step, losses, lr, elapsed, scores, bytes_per_char=None):
+    """The "eval" record (metrics.jsonl): losses in nats, bits per character and, given the splits' UTF-8 bytes
+    per character (per_byte), bits per byte."""
+    bpb = {split: _bpb(losses, bytes_per_char, split) for split in ("train", "val")}
+    bpb = {f"{split}_bpb": round(v, 6) for split, v in bpb.items() if v is not None}
     return {"step": step, "train_loss": round(losses["train"], 6), "val_loss": round(losses["val"], 6),
-            "train_bpc": round(losses["train"] / LN2, 6), "val_bpc": round(losses["val"] / LN2, 6),
+            "train_bpc": round(losses["train"] / LN2, 6), "val_bpc": round(losses["val"] / LN2, 6), **bpb,
             "lr": lr, "elapsed_s": round(elapsed, 2), **scores}
 
 
-def eval_line(step, losses, improved, scores, n_pairs=0):
+def eval_line(step, losses, improved, scores, n_pairs=0, bytes_per_char=None):
     """The log line of an evaluation."""
-    return (f"step {step:>6}: train {losses['train']:.4f} nats ({losses['train'] / LN2:.3f} bpc), "
-            f"val {losses['val']:.4f} nats ({losses['val'] / LN2:.3f} bpc)" + (" *" if improved else "")
+    def units(split):
+        bpb = _bpb(losses, bytes_per_char, split)
+        return f"{losses[split] / LN2:.3f} bpc" + (f", {bpb:.3f} bpb" if bpb is not None else "")
+    return (f"step {step:>6}: train {losses['train']:.4f} nats ({units('train')}), "
+            f"val {losses['val']:.4f} nats ({units('val')})" + (" *" if improved else "")
             + (f"; exact match {scores['exact_match']:.1%}" if scores else "")
             + (f", chrF {scores['chrf']:.1f}" if scores.get("chrf") is not None else "")
             + (f" ({n_pairs} val pairs, greedy)" if scores else ""))

@@ -62,7 +62,8 @@ class Runs:
         m, best = info["model_config"], finite(info["best_val_loss"])
         return {**out, "corpus": str(info["corpus"] or run.name), "step": info["steps"],
                 "params": info["parameters"], "best_val_loss": best,
-                "best_bpc": best / math.log(2) if best is not None else None, "vocab_size": info["vocab_size"],
+                "best_bpc": best / math.log(2) if best is not None else None,
+                "best_bpb": finite(info["best_val_bpb"]), "vocab_size": info["vocab_size"],
                 "block_size": m["block_size"], "layers": m["n_layer"], "heads": m["n_head"], "width": m["n_embd"],
                 "task": info["task"], "arch": info["arch"], "info": info}
 
