@@ -98,7 +98,8 @@ UNKNOWN = click.Option(["--unknown"], default="error", show_default=True,
 DEVICE = click.Option(["--device"], default="auto", show_default=True, help="auto, cpu, cuda, cuda:N or mps")
 NO_CACHE = click.Option(["--no-cache"], is_flag=True, help="decode without the KV cache (the slow reference path)")
 MIN_SPAN = click.Option(["--min-span"], type=int, default=None, help="copied text is in spans of at least this many "
-                        "characters that occur verbatim in the training text; shorter ones are chance [default: 20]")
+                        "characters that occur verbatim in the training text; shorter ones are chance [default: 20, "
+                        "or 10 for an alphabet of 1,000 characters or more (Chinese)]")
 NOVELTY_DATA = click.Option(["--data", "novelty_data"], default=None, help="the run's training text, for --novelty "
                             "and chargpt novelty when the path it trained on has moved (checked to be the same corpus "
                             "by its hash)")
@@ -375,11 +376,11 @@ def novelty_cli(checkpoint_path, text, input_path, min_span, novelty_data, as_js
     def run():
         from . import novelty
         from .rundir import latest_run
-        span = novelty.DEFAULT_MIN_SPAN if min_span is None else min_span
-        novelty.check_min_span(span)
+        if min_span is not None:
+            novelty.check_min_span(min_span)
         body = novelty.read_input(text, input_path)
         index = novelty.for_run(checkpoint_path or latest_run(), novelty_data, log=_stderr)
-        report = index.score(body, span)
+        report = index.score(body, min_span)  # None: the default for the run's alphabet
         textio.tolerant_stdout()
         click.echo(json.dumps(report.to_json(), ensure_ascii=not textio.utf_stream(sys.stdout)) if as_json
                    else novelty.format_report(report))

@@ -168,9 +168,9 @@ class Generator:
         """For best-of: a function text -> novelty Report against the run's training text (data: where it is now,
         if it moved; checked by its hash), or None where that text is not to be found (said once, through
         self.log)."""
-        from .novelty import DEFAULT_MIN_SPAN, CorpusMissing, check_min_span, for_meta
-        min_span = DEFAULT_MIN_SPAN if min_span is None else min_span
-        check_min_span(min_span)
+        from .novelty import CorpusMissing, check_min_span, for_meta
+        if min_span is not None:  # None: the default for the run's alphabet (novelty.default_min_span)
+            check_min_span(min_span)
         if self.novelty is None:
             try:
                 if not self.meta.get("train_config"):

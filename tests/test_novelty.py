@@ -243,6 +243,27 @@ def test_cjk_text_is_indexed_by_characters(tmp_path):
     assert report.train.longest.excerpt == at_line(text, 101, 40)
 
 
+def test_the_default_min_span_follows_the_alphabet(tmp_path, text_index):
+    """20 for alphabetic scripts; 10 from 1,000 distinct characters (Chinese: a character is about a word, so a
+    recited 12-character Tang couplet is copied, not new), when no min_span is given (docs/novelty.md)."""
+    assert novelty.default_min_span(65) == novelty.default_min_span(999) == 20
+    assert novelty.default_min_span(1000) == novelty.default_min_span(9728) == 10
+    _, small = text_index
+    assert small.default_min_span == 20 and small.score("abc").min_span == 20
+    chars = [chr(c) for c in range(0x4E00, 0x4E00 + 1200)]
+    rng = random.Random(5)
+    text = "".join("".join(rng.choices(chars, k=5)) + "，" + "".join(rng.choices(chars, k=5)) + "。\n"
+                   for _ in range(800))
+    path = tmp_path / "tang.txt"
+    path.write_text(text, encoding="utf-8")
+    index = novelty.index_corpus(encode_corpus(str(path), cache_dir=tmp_path / "c"), 0.1, log=lambda *a: None)
+    assert len(index.vocab) >= 1000 and index.default_min_span == 10
+    couplet = text.splitlines()[3]  # 12 characters: copied at 10, new at 20
+    report = index.score(couplet)
+    assert report.min_span == 10 and report.train.copied_fraction == 1.0
+    assert index.score(couplet, min_span=20).train.copied_fraction == 0.0
+
+
 def test_the_index_is_built_once_cached_and_memory_mapped(text_index, tmp_path, monkeypatch):
     text, _ = text_index
     corpus = encode_corpus(str(tmp_path / "verse.txt"), cache_dir=tmp_path / "cache")
@@ -517,7 +538,10 @@ def test_the_playground_api_marks_copied_segments(run):
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["segments"] == [{"start": 3, "end": 43, "line": 20, "excerpt": at_line(text, 20, 40), "context": ""}]
-    assert body["summary"].startswith("copied: 93% in spans of 20+")
+    assert body["summary"].startswith("copied: 93% in spans of 20+") and body["min_span"] == 20  # the run's default
+    assert client.get("/api/runs").json()["runs"][0]["novelty_min_span"] == 20  # what the page offers by default
+    r = client.post("/api/novelty", json={"run": "run", "text": sample, "min_span": 41})  # the page's own choice
+    assert r.json()["min_span"] == 41 and r.json()["segments"] == []
     r = client.post("/api/novelty", json={"run": "run", "text": "x" * (MAX_NOVELTY_CHARS + 1)})
     assert r.status_code == 400 and "limit" in r.json()["error"]
 

@@ -43,6 +43,7 @@ from .score import (
                     SEARCH_CAP,
                     check_min_span,
                     covered,
+                    default_min_span,
                     extend_capped,
                     matching_statistics,
                     maximal_starts,
@@ -53,6 +54,7 @@ from .suffixarray import stretch_suffix_array, suffix_array, suffix_array_numpy
 __all__ = ["BLOCK", "CONTEXT_CHARS", "CorpusMissing", "DEFAULT_MIN_SPAN", "EXCERPT_CHARS", "INDEX_VERSION",
            "MAX_INPUT_BYTES", "MAX_SPANS", "NO_MATCH", "PAST_END", "ROWS", "SEARCH_CAP", "Novelty", "Report", "Span",
            "SplitIndex", "SplitScore", "check_min_span", "check_options", "corpus_identity", "covered",
-           "extend_capped", "for_meta", "for_run", "format_report", "format_summary", "index_corpus", "index_run",
+           "default_min_span", "extend_capped", "for_meta", "for_run", "format_report", "format_summary",
+           "index_corpus", "index_run",
            "matching_statistics", "maximal_starts", "read_input", "run_corpus", "sample_records", "sample_scorer",
            "scored_line", "segments", "spans_ending", "stretch_suffix_array", "suffix_array", "suffix_array_numpy"]

@@ -15,10 +15,10 @@ import numpy as np
 from .cache import cached, check_line_ends, check_order, index_path, remove_stale
 from .report import Report, Span, SplitScore
 from .score import (
-    DEFAULT_MIN_SPAN,
     NO_MATCH,
     check_min_span,
     covered,
+    default_min_span,
     matching_statistics,
     maximal_starts,
     spans_ending,
@@ -56,7 +56,13 @@ class Novelty:
         table = {c: i for c, i in self.vocab.stoi.items() if c not in self.ignore}
         return np.fromiter((table.get(c, NO_MATCH) for c in text), dtype=np.int64, count=len(text))
 
-    def score(self, text, min_span=DEFAULT_MIN_SPAN):
+    @property
+    def default_min_span(self):
+        """The min_span for this corpus's alphabet (score.default_min_span), used when none is given."""
+        return default_min_span(len(self.vocab) - len(self.ignore & set(self.vocab.chars)))
+
+    def score(self, text, min_span=None):
+        min_span = self.default_min_span if min_span is None else min_span
         check_min_span(min_span)
         query = self.encode(text)
         scores = {name: self._score_split(split, query, min_span) for name, split in self.splits.items()}

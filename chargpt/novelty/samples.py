@@ -4,7 +4,7 @@ JSON record, and the text `chargpt novelty` scores (an argument, a file or stdin
 from .. import textio
 from ..errors import ChargptError
 from .runs import index_run, run_corpus
-from .score import DEFAULT_MIN_SPAN, check_min_span
+from .score import check_min_span
 
 # Text scored by `chargpt novelty` at once: 1 MiB. Scoring costs a binary search per character, more for copied
 # text (up to SEARCH_CAP characters compared); measured on a 2-core CPU against a 1M-character corpus, a MiB of new
@@ -28,9 +28,9 @@ def sample_scorer(meta, run, min_span=None, data=None, log=print):
     """A function text -> Report against the training text of the run with metadata `meta` (named `run` in
     errors). The corpus is found now, so that a missing one fails before any sampling; its index is built or
     loaded when the first sample is scored, so that whatever refuses the prompt or a setting (a pairs run without
-    a prompt) does so before any index work."""
-    min_span = DEFAULT_MIN_SPAN if min_span is None else min_span
-    check_min_span(min_span)
+    a prompt) does so before any index work. min_span None: the default for the run's alphabet."""
+    if min_span is not None:
+        check_min_span(min_span)
     corpus = run_corpus(meta, data, run=run, log=log)
     index = []
 

@@ -22,6 +22,12 @@ from ..errors import ChargptError
 # in common spans of 12+, 9.5% in 16+, 1.5% in 20+ and 0.3% in 24+: at 20, new text scores about 0 and a copied
 # line of verse (30-40 characters) scores in full (docs/novelty.md).
 DEFAULT_MIN_SPAN = 20
+# A character of a large alphabet (Chinese, Japanese, Korean syllables) carries about a word: Tang poems are 6.5 bits
+# per character against 1.5-2 for English, so chance matches are a third as long, and a recited Tang couplet (12
+# characters with its punctuation) would pass for new at 20. From LARGE_ALPHABET distinct characters up, a run's
+# default is LARGE_ALPHABET_MIN_SPAN (docs/novelty.md: 8 to 10 there); alphabetic scripts stay well below it.
+LARGE_ALPHABET = 1000
+LARGE_ALPHABET_MIN_SPAN = 10
 BLOCK = 32  # characters compared per step of the vectorised searches, at most (FIRST_WIDTH, then doubling)
 FIRST_WIDTH = 4  # most comparisons differ within a few characters: the first step compares this many
 ROWS = 1 << 16  # text positions searched together, at most (their working arrays: ~BLOCK x 24 bytes each)
@@ -33,6 +39,12 @@ FIRST_ROWS = 1 << 10  # ... at first, and again after a copied stretch (matching
 SEARCH_CAP = 1024
 NO_MATCH = -1  # a text position that matches nothing: past its end, or a character the corpus does not have
 PAST_END = -2  # past the end of the corpus: below every character, so shorter suffixes sort first
+
+
+def default_min_span(alphabet):
+    """The min_span a run's text is scored with when none is given: from the size of its alphabet (its vocabulary's
+    characters), DEFAULT_MIN_SPAN, or LARGE_ALPHABET_MIN_SPAN for CJK-sized ones."""
+    return LARGE_ALPHABET_MIN_SPAN if alphabet >= LARGE_ALPHABET else DEFAULT_MIN_SPAN
 
 
 def check_min_span(min_span):

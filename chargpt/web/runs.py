@@ -59,13 +59,16 @@ class Runs:
             info = run_info(run, preview=preview)
         except ChargptError as e:
             return {**out, "error": str(e)}
+        from ..novelty.score import default_min_span
         m, best = info["model_config"], finite(info["best_val_loss"])
         return {**out, "corpus": str(info["corpus"] or run.name), "step": info["steps"],
                 "params": info["parameters"], "best_val_loss": best,
                 "best_bpc": best / math.log(2) if best is not None else None,
                 "best_bpb": finite(info["best_val_bpb"]), "vocab_size": info["vocab_size"],
                 "block_size": m["block_size"], "layers": m["n_layer"], "heads": m["n_head"], "width": m["n_embd"],
-                "task": info["task"], "arch": info["arch"], "info": info}
+                "task": info["task"], "arch": info["arch"],
+                "novelty_min_span": default_min_span(info["vocab_size"]),  # Mark copied text's default for it
+                "info": info}
 
     def details(self, name):
         run = self.find(name)

@@ -31,6 +31,7 @@ export function renderWriteMode() {
     document.body.dataset.mode = mode;
   }
   $("to-inside").hidden = Boolean(r && r.arch === "encoder-decoder");
+  $("min-span").placeholder = String((r && r.novelty_min_span) || 20);  // the run's default, from its alphabet
 }
 
 function writeSettings() {
@@ -139,10 +140,11 @@ async function markCopied(run, texts, nodes, stale = () => false) {
   // shade the spans of each sample that occur verbatim in the run's training text (chargpt.novelty), the line
   // they come from in each one's tooltip, and the share copied under the sample
   $("outputs").dataset.novelty = "checking";
+  const minSpan = numberOrNull("min-span") ?? Number($("min-span").placeholder);  // empty: the run's default
   for (let i = 0; i < texts.length; i++) {
     const box = nodes[i].box;
     let data;
-    try { data = await api("/api/novelty", {run, text: texts[i]}); } catch (err) {
+    try { data = await api("/api/novelty", {run, text: texts[i], min_span: minSpan}); } catch (err) {
       if (stale()) return;
       box.append(el("p", {class: "novelty status error", text: `copied text: ${err.message}`}));
       continue;
