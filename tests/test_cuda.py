@@ -1,14 +1,17 @@
-"""CUDA-only checks (skipped without a GPU; scripts/gpu_check.sh runs them): a compiled training step, checkpoints
-written on the GPU loading anywhere, and cached decoding giving the uncached reference's characters in fp32."""
+"""CUDA-only checks (skipped without a GPU; scripts/gpu_check.sh runs them): a compiled training step, TF32 readable
+after it, checkpoints written on the GPU loading anywhere, bf16 decoding with its weights converted once, and cached
+decoding giving the uncached reference's characters in fp32. Their CPU counterparts: tests/test_gpu_paths.py."""
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import chargpt
 from chargpt import rundir
 from chargpt.config import SampleSettings
 from chargpt.model import CharGPT
+from chargpt.quantize import inference_model
 from chargpt.sampling import decode
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -30,6 +33,8 @@ def test_compiled_training_step_learns_and_times_its_compilation(tmp_path, corpu
     assert any(line.startswith("torch.compile: the first step took") for line in logs), logs
     rows = chargpt.rundir.read_step_rows(tmp_path / "run" / chargpt.rundir.METRICS)
     assert rows[-1]["val_loss"] < rows[0]["val_loss"] - 0.5
+    # TF32 was switched on so that torch's older API still reads (the newer one would make it raise from now on)
+    assert torch.backends.cuda.matmul.allow_tf32 is True and torch.get_float32_matmul_precision() == "high"
 
 
 def test_checkpoints_written_on_the_gpu_resume_there_and_load_anywhere(tmp_path, corpus):
@@ -39,18 +44,46 @@ def test_checkpoints_written_on_the_gpu_resume_there_and_load_anywhere(tmp_path,
     state = load_file("run/" + rundir.STATE)
     assert all(t.device.type == "cpu" for t in state.values()) and "rng.cuda" in state
     on_gpu, on_cpu = chargpt.load("run", device="cuda"), chargpt.load("run", device="cpu", dtype="float32")
+    fp32_on_gpu = chargpt.load("run", device="cuda", dtype="float32")
     assert next(on_gpu.model.parameters()).is_cuda and on_gpu.dtype == torch.bfloat16  # native on Ampere and newer
-    for a, b in zip(on_gpu.model.state_dict().values(), on_cpu.model.state_dict().values()):
-        assert torch.equal(a.cpu(), b)
+    for a, b, c in zip(on_gpu.model.state_dict().values(), on_cpu.model.state_dict().values(),
+                       fp32_on_gpu.model.state_dict().values()):
+        assert torch.equal(c.cpu(), b) and torch.equal(a.cpu(), b.to(a.dtype))  # bf16: the weights converted once
     assert len(on_gpu.generate("To be", max_new_tokens=20, seed=1)[0]) == 20
     assert len(on_cpu.generate("To be", max_new_tokens=20, seed=1)[0]) == 20
 
 
+class WeightCasts(TorchDispatchMode):
+    """Counts float32 -> bf16 casts of matrices (the linear weights; activations are 3-D)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if (func is torch.ops.aten._to_copy.default and args[0].dim() == 2 and args[0].dtype == torch.float32
+                and kwargs.get("dtype") == torch.bfloat16):
+            self.count += 1
+        return func(*args, **kwargs)
+
+
+def test_bf16_decoding_casts_no_weight_per_character(tiny_config):
+    torch.manual_seed(0)
+    model, dtype, _ = inference_model(CharGPT(tiny_config).cuda().eval(), torch.device("cuda"), "bfloat16")
+    steps = decode(model, torch.tensor([[1, 2, 3]], device="cuda"), SampleSettings(max_new_tokens=8, temperature=0),
+                   torch.Generator(), dtype=dtype)
+    next(steps)
+    with WeightCasts() as casts:
+        for _ in range(5):
+            next(steps)
+    assert casts.count == 0
+
+
 def test_cached_decoding_gives_the_uncached_characters_in_fp32(tiny_config):
     matmul = torch.backends.cuda.matmul
-    before = getattr(matmul, "fp32_precision", None)
-    if before is not None:
-        matmul.fp32_precision = "ieee"  # training in this process may have switched fp32 matmuls to TF32
+    before = matmul.allow_tf32
+    matmul.allow_tf32 = False  # training in this process switched fp32 matmuls to TF32 (with this API, as chargpt)
     try:
         torch.manual_seed(0)
         model = CharGPT(tiny_config).cuda().eval()
@@ -59,5 +92,4 @@ def test_cached_decoding_gives_the_uncached_characters_in_fp32(tiny_config):
         runs = [torch.stack(list(decode(model, ctx, settings, torch.Generator(), use_cache=c))) for c in (True, False)]
         assert torch.equal(runs[0], runs[1])  # within the window: the same characters
     finally:
-        if before is not None:
-            matmul.fp32_precision = before
+        matmul.allow_tf32 = before
