@@ -25,7 +25,8 @@ IGNORE_INDEX = -100  # F.cross_entropy's default: targets equal to it count noth
 # From this vocabulary size up, "auto" fuses. Rough in-process ratios of the head + loss alone (N 2,048, C 128, a
 # busy 2-core CPU; python -m chargpt.bench --only vocab is the measurement): the fused path level at 256
 # characters, ahead from about 512 and far ahead at 10,000; at 65 the logits are tiny. 1,024 leaves a margin, and
-# English (65) keeps today's path exactly.
+# English (65) keeps today's path exactly. On a GPU it is not yet measured: scripts/gpu_check.sh's fused_loss part
+# times both paths at 2,000 and 10,000 characters.
 FUSED_MIN_VOCAB = 1024
 # Two sizes, both in rows of logits. A chunk is where the softmax is computed: CHUNK_BYTES of float32 logits, on a
 # CPU small enough to stay in the (L2/L3) cache from the matmul through the softmax to its gradient. A group is what
