@@ -391,8 +391,8 @@ class OneGraphDDP(torch.nn.parallel.DistributedDataParallel):
 
 
 def ddp(model, device):
-    """The training step's model under DDP: `model` (compiled or not) in a OneGraphDDP. Two of DDP's options are
-    rules here, not tuning:
+    """The training step's model under DDP: `model` in a DistributedDataParallel, a OneGraphDDP if it is compiled.
+    Two of DDP's options are rules here, not tuning:
     - no buffer sync before each forward: a model's only buffers are constants of its config (the sinusoidal
       position table), the same on every rank, and DDP's default broadcasts them from rank 0 at every forward
       (forward_sync_buffers=False since torch 2.13, which deprecates broadcast_buffers=False for it).
@@ -401,8 +401,10 @@ def ddp(model, device):
       at zero: the optimizer would step zeros (tests/test_gpu_paths.py shows it)."""
     takes = inspect.signature(torch.nn.parallel.DistributedDataParallel).parameters
     no_sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in takes else {"broadcast_buffers": False}
-    return OneGraphDDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-                       gradient_as_bucket_view=False, **no_sync)
+    compiled = hasattr(model, "_orig_mod")  # torch.compile's wrapper
+    kind = OneGraphDDP if compiled else torch.nn.parallel.DistributedDataParallel
+    return kind(model, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=False,
+                **no_sync)
 
 
 def broadcast_str(text, d: Dist):
