@@ -1,8 +1,9 @@
 """The playground in a real browser: headless Chromium (Debian's `chromium`, driven by Playwright) against a
 server on a free localhost port with a tiny run trained here. It writes with a fixed seed and checks the text
 against the library, stops a generation, shows unknown characters, draws the inside view (surprise shading,
-a causal attention map), the runs view (curves that follow a run still training) and the copied text of a sample
-(chargpt.novelty) shaded with its source line. Each view is saved as a
+a causal attention map), the runs view (curves that follow a run still training; 20 runs of 20 samples each in a
+page of bounded height, in 20 colours) and the copied text of a sample (chargpt.novelty) shaded with its source
+line, with the span length the page sends. Each view is saved as a
 screenshot under the test's tmp dir. Skipped only where Chromium or Playwright is missing outside CI."""
 
 import json
@@ -181,9 +182,9 @@ def test_runs_view_lists_the_samples_written_while_training(page, site):
         page.wait_for_selector("#run-detail .sample.during")
         shown = page.locator("#run-detail .sample.during")
         assert shown.count() == 2 and "Samples while training (2)" in page.inner_text("#run-detail")
-        assert [shown.nth(i).locator("h3").inner_text() for i in range(2)] == ["step 10", "step 20"]
-        assert shown.nth(0).locator("pre").text_content() == "To bee <b>not</b>"  # text, never markup
-        assert shown.nth(0).locator(".prompt").text_content() == "To "
+        assert [shown.nth(i).locator("h3").inner_text() for i in range(2)] == ["step 20", "step 10"]  # newest first
+        assert shown.nth(1).locator("pre").text_content() == "To bee <b>not</b>"  # text, never markup
+        assert shown.nth(1).locator(".prompt").text_content() == "To "
     finally:
         path.unlink()
 
@@ -397,7 +398,10 @@ def test_write_marks_the_text_a_sample_copied_with_its_source_line(browser, tmp_
     with serve.running(serve.create_app(root, device="cpu")) as url:
         page, errors = open_page(browser, url)
         page.check("#novelty")
-        write(page, "a", temperature=0, length=60)
+        assert page.get_attribute("#min-span", "placeholder") == "20"  # the run's default, from its alphabet
+        with page.expect_request("**/api/novelty") as asked:
+            write(page, "a", temperature=0, length=60)
+        assert asked.value.post_data_json["min_span"] == 20  # the page sends it
         page.wait_for_selector("#outputs[data-novelty='done']")
         marks = page.locator(".sample[data-i='0'] .gen mark.copied")
         assert marks.count() == 1 and marks.first.text_content() == "a" * 60
@@ -405,8 +409,75 @@ def test_write_marks_the_text_a_sample_copied_with_its_source_line(browser, tmp_
         assert sample_text(page, 0) == "a" * 60  # the text itself is unchanged
         assert page.inner_text(".sample[data-i='0'] .novelty").startswith("copied: 100% in spans of 20+")
         page.screenshot(path=tmp_path / "copied.png", full_page=True)
+        page.fill("#min-span", "61")  # the person's own choice: longer than the sample, so nothing is copied
+        write(page, "a", temperature=0, length=60)
+        page.wait_for_selector("#outputs[data-novelty='done']")
+        assert page.inner_text(".sample[data-i='0'] .novelty").startswith("copied: 0% in spans of 61+")
+        assert page.locator("mark.copied").count() == 0
         page.uncheck("#novelty")
         write(page, "a", temperature=0, length=30)
         assert page.locator("mark.copied").count() == 0
+        page.close()
+        assert not errors, errors
+
+
+RGB = """(sel) => [...document.querySelectorAll(sel)].map((s) => getComputedStyle(s).backgroundColor
+  .match(/\\d+/g).slice(0, 3).map(Number))"""
+
+
+def test_runs_view_scales_to_twenty_runs_of_twenty_samples(browser, site, tmp_path):
+    """20 runs, each with 20 samples written while training: the page stays a few screens tall (the samples in a
+    scrolling box, newest first), every run has its own colour, the x axis can be training time or the share of
+    each run's budget, and the header names the run picked."""
+    root = tmp_path / "served"
+    text = "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer\n" * 4
+    for i in range(20):
+        run = shutil.copytree(site[1], root / f"run-{i:02d}")
+        for name in ("metrics.jsonl", "train_loss.jsonl"):  # each run its own curve, a little above the last
+            rows = [json.loads(line) for line in (run / name).read_text().splitlines()]
+            rows = [{k: v * (1 + 0.01 * i) if "loss" in k or k.endswith(("_bpc", "_bpb")) else v
+                     for k, v in r.items()} for r in rows]
+            (run / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (run / "samples.jsonl").write_text("".join(json.dumps({"step": 10 * k, "prompt": "To ", "text": text})
+                                                   + "\n" for k in range(20)), encoding="utf-8")
+    with serve.running(serve.create_app(root, device="cpu")) as url:
+        page, errors = open_page(browser, url)
+        page.select_option("#run", "run-07")
+        assert page.inner_text("#run-facts").startswith("run-07 · corpus browser")  # the run, not only its corpus
+        page.click(".tab[data-view='runs']")
+        page.wait_for_function("() => document.querySelectorAll('#runs-table tbody tr').length === 20")
+        page.wait_for_selector("#chart[data-curves='40']")  # train and val of each
+        page.wait_for_selector("#run-detail[data-run='run-07'] .during-list")
+        shown = page.locator("#run-detail .sample.during")
+        assert shown.count() == 20 and shown.first.locator("h3").inner_text() == "step 190"  # newest first
+        box = page.locator("#run-detail .during-scroll").bounding_box()
+        assert box["height"] <= 430  # scrolls inside its box
+        height = page.evaluate("() => document.documentElement.scrollHeight")
+        assert height < 3500, height  # was 13,639 px with 19 samples
+        colours = page.evaluate(RGB, "#runs-table .swatch")
+        assert len({tuple(c) for c in colours}) == 20
+        closest = min(sum((a - b) ** 2 for a, b in zip(c, d)) ** 0.5
+                      for i, c in enumerate(colours) for d in colours[i + 1:])
+        assert closest > 20, closest  # told apart, not 20 shades of one
+        strokes = {p.get_attribute("stroke") for p in page.locator("#chart path.curve.val").all()}
+        assert len(strokes) == 20
+        page.screenshot(path=tmp_path / "runs-20.png", full_page=True)
+        page.click("#run-detail .during-list summary")  # folds away
+        assert not page.is_visible("#run-detail .during-scroll")
+
+        page.check("input[name=xaxis][value=budget]")
+        page.wait_for_function("() => document.querySelector('#chart').textContent.includes('share of the run')")
+        last = page.evaluate("() => document.querySelector('#chart path.curve.val').getAttribute('d')"
+                             ".split('L').pop().split(',')[0]")
+        assert float(last) == pytest.approx(760 - 16, abs=0.2)  # its last evaluation ended its budget: 100%
+        page.check("input[name=xaxis][value=time]")
+        page.wait_for_function("() => document.querySelector('#chart').textContent.includes('training time (s)')")
+        page.check("input[name=unit][value=bpb]")
+        page.wait_for_function("() => document.querySelector('#chart').textContent.includes('bits per UTF-8 byte')")
+        assert page.locator("#chart path.curve.val").count() == 20
+        bpb = page.locator("#runs-table tbody tr").first.locator("td").nth(7).inner_text()
+        assert float(bpb) == pytest.approx(float(page.locator("#runs-table tbody tr").first.locator("td").nth(6)
+                                                  .inner_text()), abs=0.002)  # ASCII text: a byte per character
+        page.screenshot(path=tmp_path / "runs-20-time-bpb.png", full_page=True)
         page.close()
         assert not errors, errors

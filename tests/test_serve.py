@@ -82,6 +82,8 @@ def test_runs_list_details_and_metrics(client, served):
     gen = chargpt.load(served / "tiny", device="cpu")
     assert run["params"] == gen.model.num_params() and run["step"] == 30 and run["vocab_size"] == len(gen.vocab)
     assert run["best_bpc"] == pytest.approx(run["best_val_loss"] / math.log(2))
+    assert run["best_bpb"] == pytest.approx(run["best_bpc"], abs=1e-4)  # ASCII text: one byte per character
+    assert run["budget"] == {"max_iters": 30, "max_time": None}  # for the chart's "share of budget" axis
     details = client.get("/api/runs/tiny").json()
     assert details["model_config"]["n_embd"] == 16 and details["train_config"]["max_iters"] == 30
     assert {"best.safetensors", "latest.safetensors", "metrics.jsonl"} <= set(details["files"])

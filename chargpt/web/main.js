@@ -69,7 +69,7 @@ function renderFacts() {
   const r = current();
   const kind = translates(r) ? `translation (${r.arch}) · ` : "";
   $("run-facts").textContent = !r ? "" : r.error ? `this run cannot be read: ${r.error}` :
-    `${r.corpus} · ${kind}${params(r.params)} parameters (${r.layers} layer${r.layers === 1 ? "" : "s"} × ${r.width}, ` +
+    `${r.name} · corpus ${r.corpus} · ${kind}${params(r.params)} parameters (${r.layers} layer${r.layers === 1 ? "" : "s"} × ${r.width}, ` +
     `${r.heads} heads, context ${r.block_size}) · step ${r.step} · best val loss ${fmt(r.best_val_loss)} nats ` +
     `(${fmt(r.best_bpc)} bits/char) · ${r.vocab_size} characters`;
 }

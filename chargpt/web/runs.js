@@ -1,9 +1,9 @@
 // chargpt playground, Runs: the runs in the served folder, their loss curves drawn as SVG (following runs still
-// training), and one run in full: vocabulary, lineage, a sample, the samples it wrote while training, its configs.
+// training) against steps, training time or the share of each run's budget, and one run in full: vocabulary,
+// lineage, a sample, the samples it wrote while training (newest first, in a box of bounded height), its configs.
 import {$, current, el, fmt, params, state, status, svg} from "./common.js";
 import {api, generate} from "./api.js";
 
-const COLOURS = ["#2456c9", "#d2462b", "#1b8a5a", "#8e44ad", "#c98a00", "#00838f", "#6d4c41", "#c2185b"];
 const LN2 = Math.log(2);
 const UNLIMITED = 1e12;  // max_iters of a run bounded by --max-time alone (config.UNLIMITED)
 const VOCAB_SHOWN = 120;  // vocabulary characters shown before "show all"
@@ -37,15 +37,17 @@ async function fetchMetrics(name) {
   if (!data.unchanged) state.metrics[name] = data;
 }
 
+export function paletteColour(i) {
+  // the i-th colour of an endless palette: hues a golden angle apart (each new one falls in the widest gap left),
+  // lightness in a cycle of three, so that 20 runs still get 20 colours told apart (a fixed list of 8 repeated)
+  const hue = (i * 137.508) % 360, light = [40, 55, 32][i % 3];
+  return `hsl(${hue.toFixed(1)}, 70%, ${light}%)`;
+}
+
 function colourOf(name) {
-  // keyed to the run: a run keeps its colour when others appear or go. Its first choice comes from its name; a
-  // colour already taken moves it to the next free one
-  if (!state.colours[name]) {
-    const taken = new Set(Object.values(state.colours));
-    const first = Array.from(name).reduce((h, c) => (h * 31 + c.codePointAt(0)) >>> 0, 7) % COLOURS.length;
-    const free = COLOURS.map((_, i) => COLOURS[(first + i) % COLOURS.length]).find((c) => !taken.has(c));
-    state.colours[name] = free || COLOURS[first];
-  }
+  // keyed to the run: a run keeps its colour when others appear or go; a run seen for the first time takes the
+  // next colour of the palette, never one a run on the page has
+  if (!state.colours[name]) state.colours[name] = paletteColour(Object.keys(state.colours).length);
   return state.colours[name];
 }
 
@@ -65,6 +67,7 @@ export function renderRunsTable() {
       el("td", {text: r.error ? "unreadable" : r.corpus}), el("td", {class: "num", text: r.error ? "" : params(r.params)}),
       el("td", {class: "num", text: r.error ? "" : String(r.step)}), el("td", {class: "num", text: fmt(r.best_val_loss, 4)}),
       el("td", {class: "num", text: fmt(r.best_bpc)}),
+      el("td", {class: "num", text: fmt(r.best_bpb), title: "bits per UTF-8 byte: compares runs across alphabets"}),
       el("td", {class: live ? "live" : "", text: ago(r.updated),
                 title: live ? "training now: its curves update as it evaluates" : ""}));
   });
@@ -140,10 +143,43 @@ function niceTicks(lo, hi, count) {
   return ticks;
 }
 
+const UNIT_NAMES = {bpc: "bits/char", bpb: "bits/byte", nats: "nats"};
+const Y_LABELS = {bpc: "loss (bits per character)", bpb: "loss (bits per UTF-8 byte)", nats: "loss (nats)"};
+
+function lossIn(unit, rows) {
+  // (row, split) -> its loss in `unit`: bits per byte from *_bpb, or for the running loss (train_loss.jsonl has
+  // nats only) from the run's bits per byte per nat of training loss (its evaluations say it); NaN where unknown
+  const last = [...rows].reverse().find((r) => Number.isFinite(r.train_bpb) && r.train_loss > 0);
+  const perNat = last ? last.train_bpb / last.train_loss : NaN;
+  return (row, split) => {
+    const nats = row[`${split}_loss`];
+    if (unit === "nats") return nats ?? row[`${split}_bpc`] * LN2;
+    if (unit === "bpc") return row[`${split}_bpc`] ?? nats / LN2;
+    return row[`${split}_bpb`] ?? (nats ?? NaN) * perNat;
+  };
+}
+
+function xAxis(axis) {
+  // the x of a metrics row for each choice: step; training time (elapsed_s, evaluation time left out); the share
+  // of the run's budget spent: of --max-time, or of --max-iters, whichever ends the run first (the larger share)
+  if (axis === "time") return {label: "training time (s)", of: (r) => r.elapsed_s};
+  if (axis === "budget") {
+    return {label: "share of the run's budget (%)", of: (r, run) => {
+      const b = (run && run.budget) || {};
+      const shares = [b.max_time > 0 ? r.elapsed_s / b.max_time : NaN,
+                      b.max_iters > 0 && b.max_iters < UNLIMITED ? r.step / b.max_iters : NaN].filter(Number.isFinite);
+      return shares.length ? 100 * Math.max(...shares) : NaN;
+    }};
+  }
+  return {label: "step", of: (r) => r.step};
+}
+
 function drawChart() {
-  const unit = state.unit, key = (split) => (unit === "bpc" ? `${split}_bpc` : `${split}_loss`);
+  const unit = state.unit, axis = xAxis(state.xaxis || "steps");
   const series = [...state.plotted].filter((n) => state.metrics[n] && state.metrics[n].rows.length)
-    .map((n) => ({name: n, rows: state.metrics[n].rows, running: state.metrics[n].running || []}));
+    .map((n) => ({name: n, rows: state.metrics[n].rows, running: state.metrics[n].running || [],
+                  run: state.runs.find((r) => r.name === n)}))
+    .map((s) => ({...s, value: lossIn(unit, s.rows), at: (r) => axis.of(r, s.run)}));
   const box = $("chart");
   $("chart-title").textContent = chartTitle(series.map((s) => s.name));
   if (!series.length) {
@@ -151,13 +187,17 @@ function drawChart() {
     box.dataset.curves = "0";
     return;
   }
-  const value = (row, split) => (row[key(split)] !== undefined ? row[key(split)]
-    : unit === "bpc" ? row[`${split}_loss`] / LN2 : row[`${split}_bpc`] * LN2);
-  const points = series.flatMap((s) => [...s.rows.flatMap((r) => [value(r, "train"), value(r, "val")]),
-                                        ...s.running.map((r) => value(r, "train"))]).filter((v) => Number.isFinite(v));
-  const steps = series.flatMap((s) => [...s.rows, ...s.running].map((r) => r.step));
+  const points = series.flatMap((s) => [...s.rows.flatMap((r) => [s.value(r, "train"), s.value(r, "val")]),
+                                        ...s.running.map((r) => s.value(r, "train"))]).filter((v) => Number.isFinite(v));
+  const xs = series.flatMap((s) => [...s.rows, ...s.running].map(s.at)).filter((v) => Number.isFinite(v));
+  if (!points.length) {
+    box.textContent = `No loss in ${UNIT_NAMES[unit]} for the runs ticked above (bits per byte: runs trained before ` +
+      "chargpt recorded it, and sentence-pair runs, have none).";
+    box.dataset.curves = "0";
+    return;
+  }
   const [W, H, L, R, T, B] = [760, 340, 56, 16, 12, 40];
-  const xmax = Math.max(1, ...steps), ylo = Math.min(...points), yhi = Math.max(...points);
+  const xmax = Math.max(1e-9, ...xs), ylo = Math.min(...points), yhi = Math.max(...points);
   const pad = (yhi - ylo) * 0.05 || 0.1;
   const [y0, y1] = [Math.max(0, ylo - pad), yhi + pad];
   const x = (s) => L + (s / xmax) * (W - L - R), y = (v) => T + (1 - (v - y0) / (y1 - y0)) * (H - T - B);
@@ -176,32 +216,32 @@ function drawChart() {
   root.append(svg("line", {class: "axis", x1: L, x2: W - R, y1: H - B, y2: H - B}),
               svg("line", {class: "axis", x1: L, x2: L, y1: T, y2: H - B}));
   const xlabel = svg("text", {x: (L + W - R) / 2, y: H - 6, "text-anchor": "middle"});
-  xlabel.textContent = "step";
+  xlabel.textContent = axis.label;
   const ylabel = svg("text", {x: 14, y: (T + H - B) / 2, "text-anchor": "middle", transform: `rotate(-90 14 ${(T + H - B) / 2})`});
-  ylabel.textContent = unit === "bpc" ? "loss (bits per character)" : "loss (nats)";
+  ylabel.textContent = Y_LABELS[unit];
   root.append(xlabel, ylabel);
   let curves = 0;
   for (const s of series) {
-    const colour = colourOf(s.name);
-    const dense = s.running.filter((r) => Number.isFinite(value(r, "train")));
+    const colour = colourOf(s.name), value = s.value;
+    const dense = s.running.filter((r) => Number.isFinite(value(r, "train")) && Number.isFinite(s.at(r)));
     if (dense.length) {  // the running training loss, every few steps: thin, under the evaluated curves
-      const d = dense.map((r, i) => `${i ? "L" : "M"}${x(r.step).toFixed(1)},${y(value(r, "train")).toFixed(1)}`).join("");
+      const d = dense.map((r, i) => `${i ? "L" : "M"}${x(s.at(r)).toFixed(1)},${y(value(r, "train")).toFixed(1)}`).join("");
       root.append(svg("path", {class: "curve running", d, fill: "none", stroke: colour, "stroke-width": 1,
                                "stroke-opacity": 0.4, "data-run": s.name}));
     }
     for (const split of ["train", "val"]) {
-      const rows = s.rows.filter((r) => Number.isFinite(value(r, split)));
+      const rows = s.rows.filter((r) => Number.isFinite(value(r, split)) && Number.isFinite(s.at(r)));
       if (!rows.length) continue;
-      const d = rows.map((r, i) => `${i ? "L" : "M"}${x(r.step).toFixed(1)},${y(value(r, split)).toFixed(1)}`).join("");
+      const d = rows.map((r, i) => `${i ? "L" : "M"}${x(s.at(r)).toFixed(1)},${y(value(r, split)).toFixed(1)}`).join("");
       root.append(svg("path", {class: `curve ${split}`, d, fill: "none", stroke: colour, "stroke-width": split === "val" ? 2 : 1.5,
                                "stroke-dasharray": split === "val" ? "" : "5 4", "data-run": s.name}));
       curves++;
       if (split === "val") {
         for (const r of rows) {
-          const dot = svg("circle", {cx: x(r.step), cy: y(value(r, split)), r: 2.5, fill: colour});
+          const dot = svg("circle", {cx: x(s.at(r)), cy: y(value(r, split)), r: 2.5, fill: colour});
           const tip = svg("title");
-          tip.textContent = `${s.name}, step ${r.step}: val ${fmt(value(r, "val"))}, train ${fmt(value(r, "train"))} ` +
-            (unit === "bpc" ? "bits/char" : "nats");
+          tip.textContent = `${s.name}, step ${r.step} (${fmt(r.elapsed_s, 1)} s): val ${fmt(value(r, "val"))}, ` +
+            `train ${fmt(value(r, "train"))} ${UNIT_NAMES[unit]}`;
           dot.append(tip);
           root.append(dot);
         }
@@ -220,10 +260,18 @@ async function fetchDetail() {
 }
 
 function duringTraining(r) {
-  // what it wrote while training (--sample-every): the same prompt and seed each time, so the model learning shows
-  const during = (r.samples || []).map((s) => el("div", {class: "sample during"}, el("h3", {text: `step ${s.step}`}),
+  // what it wrote while training (--sample-every): the same prompt and seed each time, so the model learning shows.
+  // Newest first, in a box of bounded height that scrolls (and folds away): a run's page stays a page long
+  const during = (r.samples || []).slice().reverse().map((s) => el("div", {class: "sample during"},
+    el("h3", {text: `step ${s.step}`}),
     el("pre", {}, el("span", {class: "prompt", text: String(s.prompt ?? "")}), el("span", {class: "gen", text: String(s.text ?? "")}))));
-  return during.length ? [el("h3", {text: `Samples while training (${during.length})`}), ...during] : [];
+  if (!during.length) return [];
+  const open = $("run-samples") && $("run-samples").querySelector("details");
+  const box = el("details", {class: "during-list"},
+    el("summary", {text: `Samples while training (${during.length}), newest first`}),
+    el("div", {class: "during-scroll"}, ...during));
+  box.open = open ? open.open : true;  // as the person left it when new samples arrive
+  return [box];
 }
 
 async function refreshSamples() {
@@ -248,7 +296,9 @@ export async function showRunDetail() {
   }
   if (!r) return;  // another run was selected meanwhile: its own detail is on its way
   if (r.error) { box.replaceChildren(el("h2", {text: r.name}), el("p", {class: "status error", text: r.error})); return; }
-  const table = (title, obj) => el("div", {}, el("h3", {text: title}), el("table", {},
+  // a long table (the training config's 40-odd settings) takes two grid columns and flows its rows in two
+  const table = (title, obj) => el("div", {class: Object.keys(obj || {}).length > 20 ? "long" : ""},
+    el("h3", {text: title}), el("table", {},
     ...Object.entries(obj || {}).map(([k, v]) => el("tr", {}, el("td", {text: k}),
       el("td", {class: "num", text: settingText(k, v)})))));
   const files = Object.fromEntries(Object.entries(r.files).map(([k, v]) => [k, size(v)]));
@@ -295,6 +345,10 @@ export function initRuns(runPicker) {
   picker = runPicker;
   document.querySelectorAll("input[name=unit]").forEach((r) => r.addEventListener("change", () => {
     state.unit = r.value;
+    drawChart();
+  }));
+  document.querySelectorAll("input[name=xaxis]").forEach((r) => r.addEventListener("change", () => {
+    state.xaxis = r.value;
     drawChart();
   }));
 }

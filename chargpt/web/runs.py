@@ -68,6 +68,7 @@ class Runs:
                 "block_size": m["block_size"], "layers": m["n_layer"], "heads": m["n_head"], "width": m["n_embd"],
                 "task": info["task"], "arch": info["arch"],
                 "novelty_min_span": default_min_span(info["vocab_size"]),  # Mark copied text's default for it
+                "budget": finite({k: (info["train_config"] or {}).get(k) for k in ("max_iters", "max_time")}),
                 "info": info}
 
     def details(self, name):
