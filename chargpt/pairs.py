@@ -39,6 +39,7 @@ import torch
 from .data import corpus_key, corpus_sources, default_cache_dir, iter_text, remove_dead_temps, write_json_atomic
 from .errors import DataError
 from .flags import param
+from .rundir import temp_suffix
 from .tokenizer import MAX_CODEPOINT, Vocab, codepoints
 
 SEP = "\ue000"  # between source and target; also the first decoder input of the encoder-decoder
@@ -216,7 +217,7 @@ def encode_pairs(data, target_data=None, encoding="utf-8", errors="strict", cach
         raise DataError(f"{data} has no sentence pairs; give lines of source<TAB>target")
     vocab = Vocab.from_codepoints(np.flatnonzero(seen))
 
-    tmps = {part: p.with_suffix(f".bin.tmp{os.getpid()}") for part, p in paths.items()}
+    tmps = {part: p.with_name(p.name + temp_suffix()) for part, p in paths.items()}  # this machine's pid and host
     try:  # pass 2: ids, mask and index
         cache_dir.mkdir(parents=True, exist_ok=True)
         remove_dead_temps(cache_dir, key)
