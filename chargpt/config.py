@@ -351,9 +351,9 @@ class SampleSettings:
                                 "break) [default: none]")
     allow: str | None = opt(None, "write only these characters (a form's fixed ones must be among them) "
                                   "[default: all]")
-    form: str | None = opt(None, "the shape the sample must take: a pattern (_ one letter or ideograph, * a free span "
-                                 "until the next fixed text, at most 100 characters; \\_ \\* \\\\ \\n escapes; "
-                                 "anything else is written as given) or a named form (--forms lists them) "
+    form: str | None = opt(None, "the shape the sample must take: a pattern (_ one letter or ideograph, * free text "
+                                 "on its line until the next fixed text, at most 100 characters; \\_ \\* \\\\ \\n "
+                                 "escapes; anything else is written as given) or a named form (--forms lists them) "
                                  "[default: none]")
     acrostic: str | None = opt(None, "start successive lines with these characters (lines of the --form; without "
                                      "one, the lines the model writes: the sample ends with the last) [default: none]")

@@ -149,7 +149,8 @@ class Steer:
         B, V = raw.shape
         allowed = None
         if self.walk is not None:
-            allowed = self.table[torch.tensor(self.walk.masks(), device=raw.device)]  # (B, V)
+            first, second = (torch.tensor(rows, device=raw.device) for rows in self.walk.masks())
+            allowed = self.table[first] | self.table[second]  # (B, V)
         elif self.allowed is not None:
             allowed = self.allowed.expand(B, V)
         if self.ngrams is not None:

@@ -1,9 +1,11 @@
 """Forms: the shape a sample must take, character by character (sample.py --form, --acrostic).
 
     _          one text character: a letter or an ideograph (str.isalpha): no punctuation, digit, space or line break
-    *          a free span: the model writes what it likes until it writes the form's next fixed part itself; after
-               FREE_SPAN characters (or when the rest of the form would no longer fit --max-new-tokens) the rest of
-               that part is written for it. A * must be followed by fixed text, or end the form.
+    *          a free span on the current line: the model writes what it likes until it writes the fixed text that
+               follows (up to its first line break, when it has one; the rest is then written for it); after FREE_SPAN
+               characters (or when the rest of the form would no longer fit --max-new-tokens) the rest of that text
+               is written for it. A span writes a line break only as part of that text. A * must be followed by fixed
+               text, or end the form: then it ends with its line (the line break is written).
     \\_ \\* \\\\   the characters _ * and \\ themselves; \\n is a line break and \\t a tab
     any other  fixed: written as given (fed to the model, never sampled)
 
@@ -45,8 +47,10 @@ ALIASES = {"wujue": "五言绝句", "五言絕句": "五言绝句", "五绝": "�
            "qijue": "七言绝句", "七言絕句": "七言绝句", "七绝": "七言绝句", "七絕": "七言绝句",
            "wulu": "五言律诗", "五言律詩": "五言律诗", "五律": "五言律诗",
            "qilu": "七言律诗", "七言律詩": "七言律诗", "七律": "七言律诗"}
-# rows of Program.table before the fixed characters' own
-ANY, TEXT, LINE_END = 0, 1, 2
+LINE_BREAKS = "\n\r"  # what a free span writes only as part of its closing text
+# rows of Program.table before the fixed characters' own: anything allowed, a text character, a line end, anything
+# on the same line, nothing
+ANY, TEXT, LINE_END, SAME_LINE, NONE = range(5)
 
 
 def shape_lines():
@@ -161,16 +165,20 @@ def compile_form(form, acrostic, vocab, allowed, context):
     if any(kind == "line" for kind, _ in items) and not ends.any():
         raise ConfigError(f"{param('acrostic')} without {param('form')} starts lines, but this model's vocabulary has "
                           f"no line break (or full-width verse end) it may write; give a form")
+    if items[-1][0] == "free" and "\n" in vocab.stoi and allowed[vocab.stoi["\n"]]:
+        items = items + [("fixed", "\n")]  # a * that ends the form ends with its line
     ids = sorted({vocab.stoi[c] for kind, t in items if kind == "fixed" for c in t})
-    fixed_row = {i: 3 + k for k, i in enumerate(ids)}
-    table = torch.stack([allowed, text, ends] + [torch.nn.functional.one_hot(torch.tensor(i), len(vocab)).bool()
-                                                 for i in ids])
+    fixed_row = {i: 5 + k for k, i in enumerate(ids)}
+    same_line = allowed & ~torch.tensor([c in LINE_BREAKS for c in vocab.chars])
+    table = torch.stack([allowed, text, ends, same_line, torch.zeros_like(allowed)] +
+                        [torch.nn.functional.one_hot(torch.tensor(i), len(vocab)).bool() for i in ids])
     elements = []
     for k, (kind, t) in enumerate(items):
         if kind == "fixed":
             elements.append(("fixed", [vocab.stoi[c] for c in t]))
         elif kind == "free":
-            closing = items[k + 1][1] if k + 1 < len(items) else None
+            closing = items[k + 1][1] if k + 1 < len(items) else ""  # up to its first line break, if any
+            closing = closing[:closing.index("\n") + 1] if "\n" in closing else closing
             elements.append(("free", [vocab.stoi[c] for c in closing] if closing else None))
         else:
             elements.append((kind, None))
@@ -213,23 +221,29 @@ class FormWalk:
         self.ended = [False] * rows
 
     def masks(self):
-        p, out = self.p, []
+        """-> two lists of mask rows, one entry per row of the batch: what a row may write is the union of its two."""
+        p, first, second = self.p, [], []
         for r, e in enumerate(self.e):
             kind, ids = p.elements[e] if e < len(p.elements) else (None, None)
+            extra = NONE
             if kind == "fixed":
-                out.append(p.fixed_row[ids[self.o[r]]])
+                row = p.fixed_row[ids[self.o[r]]]
             elif kind == "slot":
-                out.append(TEXT)
+                row = TEXT
             elif kind in ("free", "line") and (self.n[r] >= FREE_SPAN or self.budget - 1 < p.need[e]) and \
                     (kind == "line" or ids):  # must end now: its closing part is written for it
                 if kind == "line":
-                    out.append(LINE_END)
-                    continue
-                self.e[r], self.n[r] = e + 1, 0  # on into the fixed part, as far as the span already matched it
-                out.append(p.fixed_row[p.elements[e + 1][1][self.o[r]]])
-            else:  # a free span, or past the form's end
-                out.append(ANY)
-        return out
+                    row = LINE_END
+                else:
+                    self.e[r], self.n[r] = e + 1, 0  # on into the fixed part, as far as the span already matched it
+                    row = p.fixed_row[p.elements[e + 1][1][self.o[r]]]
+            elif kind == "free":  # on its line, or on into its closing text
+                row, extra = SAME_LINE, p.fixed_row[ids[self.o[r]]] if ids else NONE
+            else:  # an acrostic's line, or past the form's end
+                row = ANY
+            first.append(row)
+            second.append(extra)
+        return first, second
 
     def advance(self, ids):
         p, done = self.p, []
@@ -258,8 +272,9 @@ class FormWalk:
                         k = fail[k - 1]
                     k += want[k] == c
                     self.o[r] = k
-                    if k == len(want):  # the model wrote the closing part itself: past it too
-                        self.e[r], self.o[r], self.n[r] = e + 2, 0, 0
+                    if k == len(want):  # the model wrote the closing part itself: on with the rest of it, if any
+                        rest = len(p.elements[e + 1][1]) > k
+                        self.e[r], self.o[r], self.n[r] = e + 1 + (not rest), k if rest else 0, 0
             if self.e[r] >= len(p.elements):
                 self.ended[r] = True
                 done.append(r)

@@ -80,8 +80,9 @@ def test_an_acrostic_without_a_form_starts_the_lines_the_model_writes(poet):
 
 
 def test_every_sample_of_a_free_span_form_fits_it(poet):
-    """`*` runs until the model writes the next fixed part itself (or FREE_SPAN characters, then it is written)."""
-    span = r"(?:(?!{0})[\s\S]){{0,LIMIT}}{0}".replace("LIMIT", str(forms.FREE_SPAN))
+    """`*` runs on its line until the model writes the next fixed part itself (or FREE_SPAN characters, then it is
+    written)."""
+    span = r"(?:(?!{0})[^\n]){{0,LIMIT}}{0}".replace("LIMIT", str(forms.FREE_SPAN))
     shape = re.compile(span.format("，") + span.format("。\n") + span.format("，") + span.format("。"))
     texts = poet.generate("", form="*，*。\\n*，*。", num_samples=16, seed=5, temperature=1.0)
     assert all(shape.fullmatch(t) for t in texts), texts
@@ -199,8 +200,11 @@ def test_a_form_with_slots_needs_a_text_character():
 def test_a_free_span_is_bounded_and_fits_the_length_asked_for():
     gen = counter_gen()  # writes the alphabet in a cycle: never "qq"
     (text,) = gen.generate("a", form="*qq", temperature=0, max_new_tokens=500)
-    # the span ran FREE_SPAN characters (its last the model's own 'q', a start of the closing part), then the rest
-    assert len(text) == forms.FREE_SPAN + 1 and text.endswith("qq") and "qq" not in text[:-2]
+    # FREE_SPAN characters on one line (the counter's line break after z is not a span's), then the closing part
+    assert len(text) == forms.FREE_SPAN + 2 and text.endswith("qq") and "qq" not in text[:-2] and "\n" not in text
+    assert gen.generate("y", form="*", temperature=0) == ["z\n"]  # a * that ends the form ends with its line
+    # the span ends when the model writes the fixed text up to its line break; the rest of it is written for it
+    assert gen.generate("a", form="*z\\nq_", temperature=0) == ["bcdefghijklmnopqrstuvwxyz\nqr"]
     assert gen.generate("a", form="*z", temperature=0, max_new_tokens=3) == ["bcz"]  # closed to fit 3 characters
     assert gen.generate("a", form="*e", temperature=0) == ["bcde"]  # the model wrote the closing part itself
     said = []
