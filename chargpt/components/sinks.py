@@ -1,8 +1,8 @@
 """Where a run's records go. The loop makes three kinds of record and hands each to every sink of the run:
 
     "train"   every LOG_EVERY steps: step, train_loss (the running mean), lr, elapsed_s
-    "eval"    at each evaluation: step, train/val loss in nats and bits per character, lr, elapsed_s (and the
-              scores of a pairs run); written before the checkpoint it describes
+    "eval"    at each evaluation: step, train/val loss in nats, bits per character and bits per byte, lr, elapsed_s
+              (and the scores of a pairs run); written before the checkpoint it describes
     "sample"  a sample written while training: step, prompt, text (and its novelty summary)
 
 RunFiles, the sink every run has, appends them to the run directory's train_loss.jsonl, metrics.jsonl and
