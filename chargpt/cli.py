@@ -271,7 +271,7 @@ def sample_cli(checkpoint_path, prompt, prompt_file, num_samples, seed, unknown,
             return click.echo("\n".join(shape_lines()))
         settings = _sample_settings(flags)
         best_of = settings["best_of"]
-        check_sample_options(num_samples, seed)
+        check_sample_options(num_samples, seed, best_of)
         if interactive:
             _check_interactive(prompt, prompt_file, output, as_json, num_samples)
         text = textio.read_prompt(prompt, prompt_file)

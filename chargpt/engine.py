@@ -113,10 +113,7 @@ class Generator:
         sample's text and scores (constraints.Sample). settings: SampleSettings' fields; score=True scores the
         samples even without a constraint (the plain decode path does not)."""
         settings = SampleSettings(**settings).validate()
-        check_sample_options(num_samples, seed)
-        if settings.best_of is not None and settings.best_of < num_samples:
-            raise ConfigError(f"{param('best_of')} ({settings.best_of}) must be at least {param('num_samples')} "
-                              f"({num_samples}): best-of keeps the best num_samples of best_of samples")
+        check_sample_options(num_samples, seed, settings.best_of)
         prompt_seen = self.prompt_text(prompt, unknown)
         generator = torch.Generator()  # its own RNG: sampling never touches torch's global one
         if seed is None:
