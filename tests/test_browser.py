@@ -82,6 +82,24 @@ def test_write_streams_the_text_the_library_writes(page, site, tmp_path):
     page.screenshot(path=tmp_path / "write.png", full_page=True)
 
 
+def test_write_takes_a_form_an_acrostic_banned_characters_and_best_of_and_shows_the_scores(page, site, tmp_path):
+    write(page, "", form="_____ *.\\n", acrostic="T", ban="e", **{"best-of": 3}, samples=2, seed=4, length=60)
+    want = chargpt.load(site[1], device="cpu").samples("", form="_____ *.\\n", acrostic="T", ban="e", best_of=3,
+                                                      num_samples=2, seed=4, max_new_tokens=60)
+    assert [sample_text(page, 0), sample_text(page, 1)] == [s.text for s in want]
+    assert all(t.startswith("T") and "e" not in t for t in (s.text for s in want))
+    scores = [page.text_content(f".sample[data-i='{i}'] .scores") for i in (0, 1)]
+    assert scores[0].startswith(f"best 1 of 3 (row {want[0].row}) · mean log-prob {want[0].logprob:.3f} nats/char")
+    assert f"the constraints removed {want[1].removed:.3f} nats/char" in scores[1]
+    page.screenshot(path=str(tmp_path / "write-form.png"))
+    page.fill("#form", "")
+    page.fill("#acrostic", "")
+    page.fill("#ban", "")
+    page.fill("#best-of", "")
+    write(page, "To be", length=10, seed=1)
+    assert page.query_selector(".sample .scores") is None  # no constraint: no scores
+
+
 def test_stop_ends_a_long_generation(page):
     page.fill("#length", "5000")
     page.fill("#samples", "8")

@@ -191,6 +191,25 @@ def test_stop_strings_greedy_and_a_random_seed_that_is_reported(client, served):
     assert isinstance(seed, int) and texts_of(events, 1) == gen.generate("", max_new_tokens=30, seed=seed)
 
 
+def test_constrained_text_and_its_scores_equal_the_librarys(client, served):
+    """Form, acrostic, banned characters: the same text and scores as chargpt.load(...).samples; best-of's samples
+    come ranked, checked for copies of the run's training text, each as one piece."""
+    gen = chargpt.load(served / "tiny", device="cpu")
+    kw = dict(form="_____ *.\\n", acrostic="T", ban="e", seed=3, num_samples=2, max_new_tokens=80)
+    events = generate(client, prompt="", **kw)
+    want = gen.samples("", **kw)
+    assert texts_of(events, 2) == [s.text for s in want] and all(t.startswith("T") and "e" not in t for t in
+                                                                   texts_of(events, 2))
+    done = events[-1][1]
+    assert done["scores"] == [s.record() for s in want] and all(s["removed"] > 0 for s in done["scores"])
+    events = generate(client, prompt="To be", best_of=4, num_samples=2, seed=5, max_new_tokens=30, min_span=8)
+    done, want = events[-1][1], gen.samples("To be", best_of=4, num_samples=2, seed=5, max_new_tokens=30,
+                                            min_span=8)
+    assert texts_of(events, 2) == [s.text for s in want] and done["copy_check"] is True
+    assert done["scores"] == [s.record(4) for s in want] and [s["best_of"] for s in done["scores"]] == [4, 4]
+    assert generate(client, prompt="To be", max_new_tokens=5)[-1][1].get("scores") is None  # none asked for
+
+
 def test_unknown_prompt_characters_are_shown_not_crashed_on(client, served):
     r = client.post("/api/generate", json={"run": "tiny", "prompt": "To bé or nöt"})
     assert r.status_code == 400
@@ -233,6 +252,16 @@ BAD_GENERATE = [  # (body fields, status, words the error must contain)
     ({"colour": "red"}, 400, "unknown field(s) colour; allowed: run, prompt, max_new_tokens"),
     ({"run": None}, 400, "run must be a string"),
     ({"run": "nope"}, 404, "no run named 'nope'"),
+    # the constraints: their own rules (config), then what the run's vocabulary can write, before any decoding
+    ({"form": "*_"}, 400, "form: a * must be followed by fixed text"),
+    ({"form": "_，_"}, 400, "form: the form's character '，' (U+FF0C) is not in this model's vocabulary"),
+    ({"acrostic": "漢"}, 400, "acrostic: the acrostic's character '漢'"),
+    ({"ban": "abcdefghijklmnopqrstuvwxyzTROMEO.,:!? \n0123456789"}, 400, "leave no character"),
+    ({"best_of": 2, "num_samples": 3}, 400, "best_of (2) must be at least num_samples (3)"),
+    ({"best_of": 9}, 400, "best_of must be at most 8"),
+    ({"min_p": 2.0}, 400, "min_p must be in [0, 1]"),
+    ({"no_repeat_ngram": -1}, 400, "no_repeat_ngram must be >= 0"),
+    ({"min_span": 0}, 400, "min_span must be between 1 and"),
 ]
 
 

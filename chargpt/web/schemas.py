@@ -42,6 +42,9 @@ class Request(BaseModel):
             raise RequestError(400, one_line(cls, e.errors())) from None
 
 
+CONSTRAINTS = ("form", "acrostic", "ban", "allow", "best_of", "repetition_penalty", "no_repeat_ngram", "min_p")
+
+
 class GenerateRequest(Request):
     run: str
     prompt: str = Field("", max_length=MAX_PROMPT_CHARS)
@@ -55,6 +58,16 @@ class GenerateRequest(Request):
     stop: list[Annotated[str, Field(max_length=MAX_STOP_CHARS)]] = Field(
         [], max_length=MAX_STOPS, description=f"a list of at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} "
                                               f"characters")
+    # the constraints (chargpt/constraints.py, chargpt/forms.py); best_of decodes its samples in one batch
+    form: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
+    acrostic: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
+    ban: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
+    allow: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
+    best_of: int | None = Field(None, le=MAX_SAMPLES)
+    repetition_penalty: float | None = None
+    no_repeat_ngram: int | None = Field(None, le=MAX_NEW_CHARS)
+    min_p: float | None = None
+    min_span: int | None = Field(None, ge=1, le=MAX_NOVELTY_CHARS)  # best-of's copy check; None: the run's default
 
     @model_validator(mode="after")
     def _sampling_rules(self):
@@ -68,14 +81,19 @@ class GenerateRequest(Request):
         return self
 
     def _check_with_config(self):
-        SampleSettings(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
-                       top_p=self.top_p, stop=tuple(self.stop)).validate()
-        check_sample_options(self.num_samples, self.seed)
+        self.settings().validate()
+        check_sample_options(self.num_samples, self.seed, self.best_of)
+
+    def settings(self):
+        """The request's SampleSettings."""
+        return SampleSettings(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
+                              top_p=self.top_p, stop=tuple(self.stop), **{k: getattr(self, k) for k in CONSTRAINTS})
 
     def options(self, seed):
-        """Generator.stream's keywords, as sample.py passes them."""
+        """Generator.stream's keywords, as sample.py passes them (a constraint not given is left out)."""
         return {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature, "top_k": self.top_k,
-                "top_p": self.top_p, "num_samples": self.num_samples, "stop": tuple(self.stop), "seed": seed}
+                "top_p": self.top_p, "num_samples": self.num_samples, "stop": tuple(self.stop), "seed": seed,
+                **{k: getattr(self, k) for k in CONSTRAINTS if getattr(self, k) is not None}}
 
 
 class InsideRequest(Request):

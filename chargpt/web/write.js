@@ -1,6 +1,7 @@
 // chargpt playground, Write: text streamed from the run on screen (POST /api/generate), stopped on request, its
-// unknown prompt characters marked and its copied spans shaded; for a run trained on sentence pairs, a translation
-// box that translates line by line.
+// unknown prompt characters marked and its copied spans shaded; a form, an acrostic, banned characters and best-of
+// with each sample's scores under it; for a run trained on sentence pairs, a translation box that translates line
+// by line.
 import {$, current, el, fmt, state, status, translates} from "./common.js";
 import {api, generate} from "./api.js";
 import {onAnalyse} from "./inside.js";
@@ -28,6 +29,7 @@ export function renderWriteMode() {
       : "Type the start of a text, or leave it empty to begin a new paragraph";
     $("generate").textContent = pairs ? "Translate" : "Generate";
     $("temperature").value = pairs ? "0" : "0.8";  // translations: the most likely characters
+    for (const label of document.querySelectorAll("#view-write .text-only")) label.hidden = pairs;  // text runs only
     document.body.dataset.mode = mode;
   }
   $("to-inside").hidden = Boolean(r && r.arch === "encoder-decoder");
@@ -36,11 +38,15 @@ export function renderWriteMode() {
 
 function writeSettings() {
   // an empty box is left out: the server then uses sample.py's default for it
-  const stop = $("stop").value;
+  const stop = $("stop").value, pairs = translates(current());
+  const text = (id) => (pairs || $(id).value === "" ? null : $(id).value);  // constraints: text runs only
   const body = {run: state.run, prompt: $("prompt").value, temperature: numberOrNull("temperature"),
                 top_k: numberOrNull("top-k"), top_p: numberOrNull("top-p"), max_new_tokens: numberOrNull("length"),
                 seed: numberOrNull("seed"), num_samples: numberOrNull("samples"), unknown: $("unknown").value,
-                stop: stop ? [unescapeStop(stop)] : []};
+                stop: stop ? [unescapeStop(stop)] : [], form: text("form"), acrostic: text("acrostic"),
+                ban: text("ban") === null ? null : unescapeStop(text("ban")),
+                best_of: pairs ? null : numberOrNull("best-of")};
+  if (body.best_of !== null) body.min_span = numberOrNull("min-span");  // best-of's copy check: the box's span
   return Object.fromEntries(Object.entries(body).filter(([, v]) => v !== null));
 }
 
@@ -121,6 +127,7 @@ async function onGenerate() {
     status("write-status", `${what}${count} · ${chars} characters in ${fmt(seconds, 2)} s (${rate} chars/s) · ` +
       `seed ${state.job.seed}` + (state.job.warning ? ` · ${state.job.warning}` : ""), Boolean(done.error));
     $("to-inside").disabled = false;
+    if (done.scores) showScores(done, nodes);
     if ($("novelty").checked && !done.error) await markCopied(body.run, texts, nodes, stale);
   } catch (err) {
     if (stale()) return;
@@ -165,6 +172,25 @@ async function markCopied(run, texts, nodes, stale = () => false) {
     box.append(el("p", {class: "novelty hint", text: data.summary}));
   }
   $("outputs").dataset.novelty = "done";
+}
+
+function showScores(done, nodes) {
+  // under each sample: the model's own mean log-probability per character, and what the constraints removed
+  done.scores.forEach((s, i) => {
+    if (!nodes[i]) return;
+    const parts = [s.logprob === null ? "no text" : `mean log-prob ${fmt(s.logprob)} nats/char`];
+    if (s.removed !== undefined && s.removed !== null) {
+      parts.push(`the constraints removed ${fmt(s.removed)} nats/char`);
+    }
+    if (s.best_of) parts.unshift(`best ${i + 1} of ${s.best_of} (row ${s.row})`);
+    if (s.dropped) {
+      parts.push(s.dropped === "copied" ? "copies the training text: ranked last" : "a near-duplicate: ranked last");
+    }
+    if (s.best_of && done.copy_check === false) {
+      parts.push("copies not checked: the run's training text is not on this server");
+    }
+    nodes[i].box.append(el("p", {class: "scores hint", text: parts.join(" · ")}));
+  });
 }
 
 function markUnknown(prompt, found) {

@@ -1,18 +1,26 @@
 """The Write view's API: text streamed from a run as server-sent events, stopped on request.
 
-  POST /api/generate  {run, prompt, max_new_tokens, temperature, top_k, top_p, num_samples, seed, unknown, stop}
+  POST /api/generate  {run, prompt, max_new_tokens, temperature, top_k, top_p, num_samples, seed, unknown, stop,
+                      form, acrostic, ban, allow, best_of, repetition_penalty, no_repeat_ngram, min_p, min_span}
                       -> events: start {id, seed, prompt, task}, text [[sample, piece]...], done {stopped, chars,
-                      seconds, error}; for a pairs run the prompt is the source and the text its translation alone
+                      seconds, error, scores}; for a pairs run the prompt is the source and the text its translation
+                      alone. Under a constraint or best_of, `scores` has each sample's (constraints.Sample.record:
+                      logprob, removed, and for best-of its row and why it was dropped) and `copy_check` whether
+                      best-of could check for copies of the training text; best-of's samples come ranked, each as
+                      one piece once all are written. A form the run's vocabulary cannot write is a 400.
   POST /api/stop      {id}: cancel that generation
   GET  /api/status    generations running and the limit
 """
 
+import contextvars
 import secrets
 
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
+from ...constraints import given, plan
+from ...errors import ConfigError
 from ...tokenizer import describe_chars
 from ..body import RequestError, read_json
 from ..schemas import GenerateRequest, StopRequest
@@ -29,6 +37,10 @@ async def generate(request):
         prompt, warning = prompt_as_seen(gen, req.prompt, req.unknown)
         if gen.task == "pairs" and not prompt:
             raise RequestError(400, "this run was trained on sentence pairs: type a sentence for it to translate")
+        scored = given(req.options(None))
+        if scored:
+            check_constraints(gen, req, prompt)
+        copies = await run_in_threadpool(copy_check, s, path, req.min_span) if req.best_of else None
     except BaseException:
         s.busy.give()
         raise
@@ -37,13 +49,59 @@ async def generate(request):
     if s.closing:  # Ctrl-C arrived while the model was loading
         s.busy.give()
         raise RequestError(503, "the server is shutting down")
-    job = Generation(gen, prompt, options, on_end=s.finished)
+    scorer = Scored(gen, copies) if scored else None
+
+    def on_end(job):  # before the `done` event is sent: its scores join it
+        if scorer is not None:
+            scorer.report(job.result, req.best_of)
+        s.finished(job)
+    job = Generation(scorer or gen, prompt, options, on_end=on_end)
     s.jobs[job.id] = job
     job.start()  # now, not when the response starts: the worker frees the slot even if no byte is ever sent
     first = {"run": req.run, "seed": seed, "prompt": prompt, "warning": warning, "task": gen.task,
              "settings": {**options, "stop": req.stop, "unknown": req.unknown}}
     return StreamingResponse(job.events(first), media_type="text/event-stream",
                              headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+
+def check_constraints(gen, req, prompt):
+    """The constraints against the run's vocabulary (a form's fixed character it never saw...): a 400 before any
+    decoding, named as the JSON fields (a fresh context: `chargpt serve` runs inside config.cli_names)."""
+    if gen.task == "pairs":
+        raise RequestError(400, "this run translates (it was trained on sentence pairs): forms, acrostics, banned "
+                                "and allowed characters and best-of are for runs trained on text")
+    try:
+        contextvars.Context().run(plan, req.settings(), gen.vocab, prompt or gen.start_text())
+    except ConfigError as e:
+        raise RequestError(400, str(e)) from None
+
+
+def copy_check(s, path, min_span):
+    """best-of's copy check: text -> novelty Report against the run's training text, or False where that text is
+    not on this server (best-of then ranks without it, and says so)."""
+    try:
+        index = s.novelty.get(path)
+    except RequestError:
+        return False
+    return lambda text: index.score(text, min_span)
+
+
+class Scored:
+    """The Generator as the stream bridge (web/stream.py) calls it, for a request under constraints or best-of: its
+    stream is Generator.decoding, whose samples' scores report() adds to the `done` event."""
+
+    def __init__(self, gen, copies):
+        self.gen, self.copies, self.decoding = gen, copies, None
+
+    def stream(self, prompt, **options):
+        self.decoding = self.gen.decoding(prompt, copies=self.copies, **options)
+        return self.decoding
+
+    def report(self, result, best_of):
+        samples = self.decoding.samples if self.decoding is not None else None
+        result["scores"] = [s.record(best_of) for s in samples] if samples else None
+        if best_of:
+            result["copy_check"] = bool(self.copies)
 
 
 def prompt_as_seen(gen, prompt, unknown):
