@@ -201,9 +201,13 @@ class Generator:
                                "write with it instead (sample.py), or train one with --task pairs")
         return translate(self.model, self.vocab, list(sources), dtype=self.dtype, **options)
 
-    def generate(self, prompt="", **options):
-        """-> list of the generated texts (prompt not included), one per sample. Options as for stream()."""
-        out = [""] * options.get("num_samples", 1)
+    def generate(self, prompt="", include_prompt=False, **options):
+        """-> list of the generated texts, one per sample: the continuation alone, or with include_prompt=True the
+        prompt (as the model saw it, after --unknown) followed by it, as sample.py prints and transformers' generate
+        returns. A translator's texts are the translations either way. Options as for stream()."""
+        start = self.prompt_text(prompt, options.get("unknown", "error")) if include_prompt and self.task != "pairs" \
+            else ""
+        out = [start] * options.get("num_samples", 1)
         for i, piece in self.stream(prompt, **options):
             out[i] += piece
         return out

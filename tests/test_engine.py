@@ -100,3 +100,11 @@ def test_a_text_model_does_not_translate_and_a_translator_needs_a_source():
     translator = Generator(random_model(len(pairs_vocab)), pairs_vocab, "cpu", meta={"task": "pairs"})
     with pytest.raises(ChargptError, match=r"its prompt is the sentence to translate; give prompt some text"):
         translator.generate("", max_new_tokens=5)
+
+
+def test_generate_returns_the_continuation_or_with_include_prompt_the_whole_text(saved_run):
+    gen = chargpt.load(saved_run, device="cpu", dtype="float32")
+    alone = gen.generate("to be", max_new_tokens=12, seed=3)[0]
+    whole = gen.generate("to be", max_new_tokens=12, seed=3, include_prompt=True)[0]
+    assert len(alone) == 12 and whole == "to be" + alone
+    assert gen.generate("to bX", max_new_tokens=4, seed=3, unknown="skip", include_prompt=True)[0].startswith("to b")
