@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import chargpt
 from chargpt.config import ModelConfig
@@ -330,3 +331,18 @@ class Server:
         self.httpd.shutdown()
         self.httpd.server_close()
 
+
+# --- counting casts ---------------------------------------------------------------------------------------------------
+class WeightCasts(TorchDispatchMode):
+    """Counts float32 -> bf16 casts of matrices (the linear weights; activations are 3-D)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if (func is torch.ops.aten._to_copy.default and args[0].dim() == 2 and args[0].dtype == torch.float32
+                and kwargs.get("dtype") == torch.bfloat16):
+            self.count += 1
+        return func(*args, **kwargs)

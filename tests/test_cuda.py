@@ -4,8 +4,8 @@ decoding giving the uncached reference's characters in fp32. Their CPU counterpa
 
 import pytest
 import torch
+from helpers import WeightCasts
 from safetensors.torch import load_file
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import chargpt
 from chargpt import rundir
@@ -51,21 +51,6 @@ def test_checkpoints_written_on_the_gpu_resume_there_and_load_anywhere(tmp_path,
         assert torch.equal(c.cpu(), b) and torch.equal(a.cpu(), b.to(a.dtype))  # bf16: the weights converted once
     assert len(on_gpu.generate("To be", max_new_tokens=20, seed=1)[0]) == 20
     assert len(on_cpu.generate("To be", max_new_tokens=20, seed=1)[0]) == 20
-
-
-class WeightCasts(TorchDispatchMode):
-    """Counts float32 -> bf16 casts of matrices (the linear weights; activations are 3-D)."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if (func is torch.ops.aten._to_copy.default and args[0].dim() == 2 and args[0].dtype == torch.float32
-                and kwargs.get("dtype") == torch.bfloat16):
-            self.count += 1
-        return func(*args, **kwargs)
 
 
 def test_bf16_decoding_casts_no_weight_per_character(tiny_config):

@@ -12,8 +12,7 @@ from datetime import timedelta
 
 import pytest
 import torch
-from helpers import ROOT
-from torch.utils._python_dispatch import TorchDispatchMode
+from helpers import ROOT, WeightCasts
 
 from chargpt import platforms, rundir, runtime
 from chargpt.components.start import build, wrap
@@ -176,21 +175,6 @@ def test_compile_auto_compiles_only_where_triton_can_run(monkeypatch, capability
 
 
 # --- 4. bf16 decoding on a GPU: the weights converted once, not cast at every character ------------------------------
-class WeightCasts(TorchDispatchMode):
-    """Counts float32 -> bf16 casts of matrices (the linear weights; activations are 3-D)."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if (func is torch.ops.aten._to_copy.default and args[0].dim() == 2 and args[0].dtype == torch.float32
-                and kwargs.get("dtype") == torch.bfloat16):
-            self.count += 1
-        return func(*args, **kwargs)
-
-
 def test_bf16_decoding_on_a_gpu_converts_the_weights_once(monkeypatch, tiny_config):
     """A GPU with native bf16 decodes in bf16 by default. Under autocast with float32 weights every step would cast
     every weight again (autocast's cache is cleared at each exit): 5 matrices here, per character. The decode loop
