@@ -9,6 +9,7 @@ else (progress, logs, warnings, errors) on stderr. Errors a user can fix print o
 Ctrl-C exits 130 (SIGTERM 143) after saving.
 """
 
+import importlib
 import json
 import os
 import random
@@ -112,9 +113,13 @@ def say(message):
         click.echo(message, err=True)
 
 
-def run_guarded(fn, memory_hint="lower the batch or model size"):
+def run_guarded(fn, memory_hint="lower the batch or model size", heavy=("torch",)):
     """Run fn, turning user-fixable errors into one line on stderr and a non-zero exit (no traceback). Messages
-    raised inside name settings as flags (config.cli_names); `memory_hint` says what to lower when memory runs out."""
+    raised inside name settings as flags (config.cli_names); `memory_hint` says what to lower when memory runs out.
+    The `heavy` modules the command will need are imported first, still under the quiet start: a Ctrl-C inside a
+    C extension's import would leave it half-loaded ("cannot load module more than once"), so it exits at once."""
+    for name in heavy:
+        importlib.import_module(name)
     work_begins()  # Ctrl-C raises KeyboardInterrupt from here on (chargpt/components/interrupt.py)
     try:
         with cli_names():
@@ -530,7 +535,7 @@ def data_get_cli(name, data_dir):
         from .corpora import get
         path = get(name, data_dir, log=_stderr)
         click.echo(f"train on it with: chargpt train --data {path}", err=True)
-    run_guarded(fetch)
+    run_guarded(fetch, heavy=())  # the standard library alone
 
 
 @click.command("serve", context_settings=CONTEXT, params=[

@@ -72,8 +72,8 @@ SLOW_SAVE = ["--n-layer", "6", "--n-embd", "256", "--n-head", "4", "--max-iters"
 def test_a_second_signal_during_the_final_save_waits_for_it(tmp_path, corpus):
     run = tmp_path / "run"
     proc = start_training(tmp_path, *SLOW_SAVE, "--save-state", "end", "--eval-interval", "100000")
-    # evaluated at step 0 and its best weights saved; now training
-    wait_for(lambda: (run / rundir.BEST).exists() and not saving_state(run)(), proc, tmp_path)
+    # evaluated at step 0, its best weights saved and the evaluation's line written after them: now training
+    wait_for(lambda: "step      0:" in (tmp_path / "stderr.txt").read_text(), proc, tmp_path)
     proc.send_signal(signal.SIGTERM)
     wait_for(saving_state(run), proc, tmp_path)  # the final save has begun
     proc.send_signal(signal.SIGTERM)
