@@ -50,6 +50,15 @@ BOM = "\ufeff"
 LINE_END = re.compile("\r\n|\r|\n")
 
 
+
+class NoTab(DataError):
+    """A line of a one-file pairs corpus without the tab between source and target."""
+
+    def __init__(self, where, line, why="each line must be source<TAB>target (or give the targets as a second, aligned "
+                                        "file)"):
+        super().__init__(f"{where} has no tab: {line[:40]!r}; {why}")
+        self.where, self.line = where, line
+
 def iter_lines(source, encoding="utf-8", errors="strict"):
     """Yield (line number, line) of one Source, without its line end or opening BOM. A line ends at "\\n", "\\r\\n" or
     a lone "\\r" (old Mac files, some exports), as Python's universal newlines read text."""
@@ -89,8 +98,7 @@ def tsv_pairs(sources, encoding, errors):
             parts = line.split("\t", 2)
             where = f"{src.name}:{n}"
             if len(parts) < 2:
-                raise DataError(f"{where} has no tab: {line[:40]!r}; each line must be source<TAB>target "
-                                f"(or give the targets as a second, aligned file)")
+                raise NoTab(where, line)
             _check_side(parts[0], "source", where)
             _check_side(parts[1], "target", where)
             yield parts[0], parts[1]

@@ -314,6 +314,7 @@ class Initialised:
     model_kw: dict
     cfg: TrainConfig
     notes: list = field(default_factory=list)
+    task_from_base: bool = False  # --task pairs came from a pairs base, not from the user
 
 
 def init_settings(meta, settings: Settings, device_type, base_name):
@@ -354,28 +355,10 @@ def init_settings(meta, settings: Settings, device_type, base_name):
     cfg = TrainConfig(**{**train_kw, "preset": settings.preset}).validate()
     notes = [f"dropout {model['dropout']} (base: {base.dropout})"] if model["dropout"] != base.dropout else []
     if task_from_base and cfg.task == "pairs":
-        _check_pairs_text(cfg, base_name)
         notes.append(f"{param('task', 'pairs')} (from the base run {base_name}, trained on sentence pairs)")
     if model["block_size"] != base.block_size:
         notes.append(f"context {model['block_size']} characters (base: {base.block_size})")
-    return Initialised(model, cfg, notes)
-
-
-def _check_pairs_text(cfg, base_name):
-    """A run that is --task pairs because its base was, on a text file: say where the task came from (encoding
-    the pairs would only say that a line has no tab). Only the first non-empty line is read."""
-    if cfg.target_data is not None:  # the targets are a second file: lines need no tab
-        return
-    from .data import corpus_sources
-    from .pairs import iter_lines
-    _, sources = corpus_sources(cfg.data, cfg.encoding)
-    first = next(((src, n, line) for src in sources
-                  for n, line in iter_lines(src, cfg.encoding, cfg.encoding_errors) if line), None)
-    if first is not None and "\t" not in first[2]:
-        src, n, line = first
-        raise ConfigError(f"{src.name}:{n} has no tab: {line[:40]!r}; the base run {base_name} was trained on "
-                          f"sentence pairs, so this run is {param('task', 'pairs')} (from the base): pass a TSV of "
-                          f"source<TAB>target lines, or start a text run from a text run")
+    return Initialised(model, cfg, notes, task_from_base=task_from_base and cfg.task == "pairs")
 
 
 # --- writing config.toml ---------------------------------------------------------------------------------------

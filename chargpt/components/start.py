@@ -25,6 +25,7 @@ from ..errors import ChargptError, CheckpointError, ConfigError
 from ..flags import param, spelled
 from ..model import build_model, check_model_fits, estimated_params
 from ..optim import low_precision_copies, make_optimizer
+from ..pairs import NoTab
 from ..rundir import METRICS, STATE
 from ..runtime import (
     Dist,
@@ -61,6 +62,7 @@ class Origin:
     meta: dict | None = None
     base: init_from.Base | None = None
     lineage: dict | None = None  # what checkpoints record of the run this one started from
+    pairs_from_base: bool = False  # --init-from: --task pairs came from the base, not from the user
 
     def in_run_vocab(self, corpus, log):
         """The corpus in the vocabulary the run trains in: a run started from another trains in the base's
@@ -95,7 +97,8 @@ def origin_of(given, settings: Settings, device_type, out_dir):
         base = init_from.read_base(given["init_from"])
         started = init_settings(base.meta, settings, device_type, given["init_from"])
         started.cfg.out_dir = str(out_dir)
-        return Origin(started.model_kw, started.cfg, RunState(), started.notes, base=base)
+        return Origin(started.model_kw, started.cfg, RunState(), started.notes, base=base,
+                      pairs_from_base=started.task_from_base)
     model_kw, cfg = new_run_settings(settings, device_type)[:2]
     cfg.out_dir = str(out_dir)
     return Origin(model_kw, cfg, RunState())
@@ -199,7 +202,14 @@ def _build(settings, given, dist, device, log, claimed, extra_sinks, logfile):
     dtype, dtype_reason = pick_dtype(cfg.dtype, device)
     enable_fast_math(device)
     threads = configure_threads(cfg.threads, dist.local_world_size) if device.type == "cpu" else None
-    corpus = encode(task, cfg, origin.model_kw["block_size"], dist, log)
+    try:
+        corpus = encode(task, cfg, origin.model_kw["block_size"], dist, log)
+    except NoTab as e:
+        if not origin.pairs_from_base:
+            raise
+        raise NoTab(e.where, e.line, f"the base run {given['init_from']} was trained on sentence pairs, so this run "
+                                     f"is {param('task', 'pairs')} (from the base): pass a TSV of source<TAB>target "
+                                     f"lines, or start a text run from a text run") from None
     distinct = len(corpus.vocab)
     corpus = origin.in_run_vocab(corpus, log)
     model_kw, sizing_lines = origin.model_kw, []
