@@ -24,7 +24,7 @@ from .components.interrupt import Aborted, SignalFlag, StopRequested
 from .components.progress import Progress
 from .components.samples import NoveltyScorer, Samples
 from .components.start import Run, start_run
-from .components.validate import Validator, eval_line, eval_record, model_inputs, per_byte
+from .components.validate import Validator, eval_line, eval_record, model_inputs
 from .errors import ChargptError, Interrupted
 from .runtime import autocast
 from .schedules import finished, lr_at
@@ -213,7 +213,7 @@ class Trainer:
             self.last_scores = run.task.scores(run.model, run.corpus, run.dtype, run.log, self.signals.check) \
                 if run.dist.is_main else {}
         improved = s.evaluated_at(losses["val"])
-        run.sinks.write("eval", eval_record(s.step, losses, lr, s.elapsed, self.last_scores, per_byte(run)))
+        run.sinks.write("eval", eval_record(s.step, losses, lr, s.elapsed, self.last_scores, run.bytes_per_char))
         s.eval_time += time.perf_counter() - t0
         if not run.dist.enabled:  # the clock, read after the evaluation, saved with it (under torchrun the
             s.elapsed = self.progress.clock()  # ranks agree it, in _agree)
@@ -221,7 +221,7 @@ class Trainer:
         with self.signals.doing("save"):
             run.checkpointer.save(s, losses["val"], improved, final)
         run.log(eval_line(s.step, losses, improved, self.last_scores, len(getattr(run.task, "eval_rows", ())),
-                          per_byte(run)))
+                          run.bytes_per_char))
         self.last_val = losses["val"]
         self.progress.pause(time.perf_counter() - t0)
 

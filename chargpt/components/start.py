@@ -46,7 +46,7 @@ from ..tokenizer import describe_chars
 from .checkpointer import Checkpointer, restore
 from .sinks import LogFile, make_sinks
 from .state import RunState, resumed_state
-from .validate import eval_period, eval_steps
+from .validate import eval_period, eval_steps, per_byte
 
 GPU_SYNC_EVERY = 10  # steps between the host syncs that read the stop flags on a GPU (every step on a CPU)
 
@@ -136,6 +136,7 @@ class Run:
     sync_every: int = 1  # steps between host reads of the stop flags
     eval_period: float | None = None  # seconds between evaluations by the clock, or None (by steps)
     eval_steps: int | None = None  # with eval_period: also every this many steps (a step cap may end the run first)
+    bytes_per_char: dict = None  # {"train": b, "val": b}: UTF-8 bytes per character of each split (bits per byte)
     checkpointer: Checkpointer = None
     sinks: object = None  # sinks.Sinks
     log: object = print  # log(line, show=True): a line shown on rank 0 and kept in the run's train.log
@@ -238,6 +239,7 @@ def _build(settings, given, dist, device, log, claimed, extra_sinks, logfile):
     wrap(run)
     run.eval_period = eval_period(cfg, settings.source("eval_interval"))  # None: by steps alone
     run.eval_steps = eval_steps(cfg, run.eval_period, run.state.budget_step)
+    run.bytes_per_char = per_byte(corpus, batches)
     about = dict(corpus=corpus.name, corpus_key=corpus.key, hardware=run.hardware(), world_size=dist.world_size,
                  chars_per_step=chars_per_step, corpus_chars=corpus.length,  # for model cards; the key: novelty
                  closing_prompt=getattr(task, "closing_prompt", None))  # the playground's "Write a sample"

@@ -10,7 +10,6 @@ never changes the training itself.
 """
 
 import math
-import weakref
 
 import torch
 
@@ -111,26 +110,20 @@ class Validator:
         self.last_eval_step, self.last_eval_at = step, elapsed
 
 
-_PER_BYTE = weakref.WeakKeyDictionary()  # a run's batches -> per_byte's answer, counted once
-
-
-def per_byte(run):
+def per_byte(corpus, batches):
     """{"train": b, "val": b}: the mean UTF-8 bytes of the characters each split of a text run holds (what its
-    evaluations score, from random windows of that split), counted once per run; {} for a pairs run (its loss
-    counts end markers, which are not text). Loss in bits over this is bits per byte, which unlike bits per
-    character compares runs across alphabets (an English letter is a byte, a Chinese character three)."""
-    batches = run.batches
-    if batches not in _PER_BYTE:
-        split = getattr(batches, "split", None)
-        out = {}
-        if split is not None and hasattr(batches, "ids"):
-            lengths = utf8_lengths(run.corpus.vocab)
-            for name in ("train", "val"):
-                pieces = split.pieces(batches.ids, name)
-                chars = sum(len(p) for p in pieces)
-                out[name] = sum(utf8_bytes(p, lengths) for p in pieces) / chars if chars else None
-        _PER_BYTE[batches] = out
-    return _PER_BYTE[batches]
+    evaluations score, from random windows of that split); {} for a pairs run (its loss counts end markers, which
+    are not text). Loss in bits over this is bits per byte, which unlike bits per character compares runs across
+    alphabets (an English letter is a byte, a Chinese character three). Start-up counts it once (Run.bytes_per_char)."""
+    split = getattr(batches, "split", None)
+    if split is None or not hasattr(batches, "ids"):
+        return {}
+    lengths, out = utf8_lengths(corpus.vocab), {}
+    for name in ("train", "val"):
+        pieces = split.pieces(batches.ids, name)
+        chars = sum(len(p) for p in pieces)
+        out[name] = sum(utf8_bytes(p, lengths) for p in pieces) / chars if chars else None
+    return out
 
 
 def _bpb(losses, bytes_per_char, split):
