@@ -40,6 +40,7 @@ from safetensors import SafetensorError
 
 from . import __version__
 from .checkpoint import load_model, read_meta
+from .components.interrupt import handling
 from .config import EXPORT_FORMATS, ExportSettings, SampleSettings, describe_model, run_val_split
 from .errors import ChargptError, ConfigError, Interrupted
 from .flags import param
@@ -339,21 +340,6 @@ class Stopped(BaseException):
 
 def _raise_stopped(signum, frame):
     raise Stopped(signum)
-
-
-@contextlib.contextmanager
-def handling(signals, handler):
-    """`handler` for `signals` within the block, the old handlers after. Only the main thread can set them; in
-    another they stay as they are."""
-    old = {}
-    with contextlib.suppress(ValueError):  # not the main thread
-        for sig in signals:
-            old[sig] = signal.signal(sig, handler)
-    try:
-        yield
-    finally:
-        for sig, was in old.items():
-            signal.signal(sig, signal.SIG_DFL if was is None else was)  # None: set outside Python, e.g. by default
 
 
 @contextlib.contextmanager

@@ -55,6 +55,22 @@ def interrupted():
     return bool(_interrupted)
 
 
+# --- a handler for a while ------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def handling(signals, handler):
+    """`handler` for `signals` within the block, the old handlers after. Only the main thread can set them; in
+    another they stay as they are."""
+    old = {}
+    with contextlib.suppress(ValueError):  # not the main thread
+        for sig in signals:
+            old[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, was in old.items():
+            signal.signal(sig, signal.SIG_DFL if was is None else was)  # None: set outside Python, e.g. by default
+
+
 # --- a signal while training ---------------------------------------------------------------------------------------
 class StopRequested(Exception):
     """Raised by SignalFlag.check inside an evaluation or scoring loop once a signal has asked training to stop:

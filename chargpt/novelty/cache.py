@@ -22,6 +22,7 @@ import threading
 
 import numpy as np
 
+from ..components.interrupt import handling
 from ..rundir import remove_stale_temps, write_atomic
 from .score import suffix_keys
 
@@ -144,8 +145,5 @@ def terminate_as_interrupt():
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt
-    signal.signal(sigterm, interrupt)
-    try:
+    with handling((sigterm,), interrupt):
         yield
-    finally:
-        signal.signal(sigterm, signal.SIG_DFL)
