@@ -7,11 +7,20 @@ as nanoGPT's get_lr.
 `state` is the run's RunState (chargpt/components/state.py): its step and clock, and where the current budget began
 (budget_step, budget_elapsed, budget_lr). A --resume that changes the budget starts a new one there: --max-time
 counts from then, and the learning rate decays afresh from the rate it had reached (budget_lr).
+
+The warm-up is --warmup-iters steps. A run with a time budget whose warm-up nobody chose (no --warmup-iters from a
+flag or a config file) warms up over a share of its budget instead (state.warmup_s, set at start and saved with the
+run): WARMUP_SHARE of its time or, where a step cap bounds it, of its steps, whichever ends first, and never longer
+than --warmup-iters. A fixed 100 steps is 1% of a fast machine's budget and all of a slow one's: a run on a busy
+2-core machine ended still warming up, at 1.23e-03 of a 4e-3 peak, and never decayed.
 """
 
 import math
 
 from .config import UNLIMITED, TrainConfig
+from .flags import param
+
+WARMUP_SHARE = 0.05  # of a time budget, when the warm-up is the budget's to choose (see above)
 
 
 def final_lr(cfg: TrainConfig):
@@ -56,10 +65,31 @@ def wsd_lr(it, frac, cfg: TrainConfig, start_lr=None):
 SCHEDULES = {"cosine": cosine_lr, "wsd": wsd_lr}  # --lr-schedule
 
 
+def warmup_steps(cfg: TrainConfig, s):
+    """Steps of warm-up: --warmup-iters; with a warm-up that is a share of the budget (s.warmup_s), at most
+    WARMUP_SHARE of the steps to the decay's end where a step cap (--max-iters, --lr-decay-iters) sets one."""
+    end = cfg.lr_decay_iters or cfg.max_iters
+    if s.warmup_s is None or end >= UNLIMITED:
+        return cfg.warmup_iters
+    return min(cfg.warmup_iters, max(1, math.ceil(WARMUP_SHARE * end)))
+
+
+def warmup_lr(it, elapsed, cfg: TrainConfig, s):
+    """The learning rate at step `it`, `elapsed` training seconds in, while the warm-up lasts, else None: a linear
+    rise, (it + 1) / (warmup + 1) of the peak by steps; with a warm-up that is a share of the budget, by time too
+    (elapsed / s.warmup_s of it), whichever is further. None in a budget begun on --resume after the warm-up."""
+    warm = warmup_steps(cfg, s)
+    if s.budget_lr is not None or it >= warm:
+        return None
+    if s.warmup_s and elapsed * (warm + 1) > (it + 1) * s.warmup_s:  # the clock is further along than the steps
+        return None if elapsed >= s.warmup_s else cfg.learning_rate * elapsed / s.warmup_s
+    return cfg.learning_rate * (it + 1) / (warm + 1)
+
+
 def run_fraction(it, elapsed, cfg: TrainConfig, s):
     """How much of the decay is done: by steps (from the end of warmup, or from where a resumed budget began
     decaying), or by training time with --max-time, whichever is further."""
-    begin = cfg.warmup_iters if s.budget_lr is None else s.budget_step
+    begin = warmup_steps(cfg, s) if s.budget_lr is None else s.budget_step
     decay_end = cfg.lr_decay_iters or cfg.max_iters
     frac = (it - begin) / max(1, decay_end - begin)
     if cfg.max_time:
@@ -71,7 +101,11 @@ def lr_at(step, elapsed, cfg: TrainConfig, s):
     """The learning rate of step `step`, `elapsed` training seconds in, by --lr-schedule, in the budget state `s`."""
     if cfg.lr_schedule == "inverse-sqrt":  # a function of the step alone: no budget, no end
         return inverse_sqrt_lr(step, cfg)
-    return SCHEDULES[cfg.lr_schedule](step, run_fraction(step, elapsed, cfg, s), cfg, s.budget_lr)
+    warm = warmup_lr(step, elapsed, cfg, s)
+    if warm is not None:
+        return warm
+    peak = cfg.learning_rate if s.budget_lr is None else s.budget_lr  # given: the schedule's own warm-up is over
+    return SCHEDULES[cfg.lr_schedule](step, run_fraction(step, elapsed, cfg, s), cfg, peak)
 
 
 # --- the budget --------------------------------------------------------------------------------------------------
@@ -91,6 +125,31 @@ def schedule_changed(old: TrainConfig, new: TrainConfig, flags):
     now), as does another decay end (--lr-decay-iters, else --max-iters) or a lifted time budget."""
     return ("max_time" in flags or old.max_time != new.max_time
             or (old.lr_decay_iters or old.max_iters) != (new.lr_decay_iters or new.max_iters))
+
+
+def decay_warning(cfg: TrainConfig, s, expected_steps=None):
+    """The start-up warning of a run that cannot reach its decay, or None: its warm-up outlasts its budget (the
+    steps given, or `expected_steps`, what a time budget buys at the measured speed), or the decay ends after the
+    step budget that ends the run."""
+    if cfg.lr_schedule == "inverse-sqrt" or s.budget_lr is not None:
+        return None
+    warm = warmup_steps(cfg, s)
+    never = "the learning rate only rises and never decays"
+    if s.step < warm >= cfg.max_iters:
+        return (f"the warmup ({param('warmup_iters', cfg.warmup_iters)}) does not end before the budget "
+                f"({param('max_iters', cfg.max_iters)}): {never}; give a larger {param('max_iters')} or a smaller "
+                f"{param('warmup_iters')}")
+    if s.warmup_s is None and cfg.max_time and expected_steps is not None and s.step < warm >= expected_steps:
+        return (f"the warmup ({param('warmup_iters', cfg.warmup_iters)}) outlasts the budget: about "
+                f"{expected_steps:,.0f} steps fit in {seconds(cfg.max_time)} at the speed measured, so {never}; give "
+                f"a smaller {param('warmup_iters')} (or leave it out: a time budget then warms up over "
+                f"{WARMUP_SHARE:.0%} of itself) or a longer {param('max_time')}")
+    by_steps = not cfg.max_time or (expected_steps is not None and expected_steps >= cfg.max_iters)  # ends first
+    if by_steps and cfg.lr_decay_iters and cfg.lr_decay_iters > cfg.max_iters:
+        return (f"the decay ends at step {cfg.lr_decay_iters:,} ({param('lr_decay_iters')}), after the budget "
+                f"({param('max_iters', cfg.max_iters)}): the learning rate never reaches its floor "
+                f"({param('min_lr')}); drop {param('lr_decay_iters')} or give a larger {param('max_iters')}")
+    return None
 
 
 def describe_budget(cfg: TrainConfig, s, left=True):

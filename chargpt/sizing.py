@@ -1,7 +1,7 @@
 """--preset auto, the default without a GPU: the model for this corpus, this machine and this time budget.
 
     plan = choose(budget_s, step_seconds, train_chars)   # the rule: pure (step_seconds a function of a rung)
-    step_seconds = Probe(vocab_size, cfg, device, dtype)   # this machine's speed: a few timed steps per rung
+    step_seconds = Probe(vocab_size, cfg, device, dtype)   # this machine's speed: the fastest of a few timed steps
 
 A fixed model is the wrong model for most runs. Compute-optimal size grows with compute (Kaplan et al. 2020;
 Hoffmann et al. 2022: about 20 tokens per parameter), so a longer budget wants a larger model; and a small corpus
@@ -23,7 +23,6 @@ The rule, in order:
 Anything the user sets (a flag or a config file) wins over what the rule picks, for that setting alone.
 """
 
-import statistics
 import time
 from dataclasses import dataclass, field, fields
 
@@ -50,6 +49,14 @@ MAX_EPOCHS = 250.0  # more passes than this, even with dropout, only memorise: t
 
 PROBE_STEPS = 3  # timed steps per rung, after one untimed (the first call allocates and warms caches)
 PROBE_SHARE = 0.02  # measuring rungs may cost at most this share of the budget
+# A rung's speed is the fastest of its timed steps: other work on the machine only ever slows a step down, so the
+# fastest is the one nearest what the run gets once that work ends (one probe measured 3,716 ms a step, the same
+# command minutes later 320 ms). Steps that vary by more than BUSY_SPREAD (and by BUSY_MIN_S: a few ms of jitter in
+# a 2 ms step is not a busy machine) say the machine was busy: then up to PROBE_MAX_STEPS are timed, within the
+# rung's share of the budget, and start-up says so (Probe.busy_note).
+PROBE_MAX_STEPS = 8
+BUSY_SPREAD = 2.0
+BUSY_MIN_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -258,19 +265,57 @@ def count(x):
     return f"{x:,.0f}" if x < 1e12 else "more than a trillion"
 
 
-class Probe:
-    """step_seconds for choose(): times PROBE_STEPS training steps (forward, backward, optimizer) of each rung on
-    this machine, at the run's vocabulary, dtype and optimizer, on random characters. Memoised per rung."""
+def looks_busy(times):
+    """Whether a rung's timed steps (seconds) varied as they do on a machine busy with other work."""
+    return max(times) > BUSY_SPREAD * min(times) and max(times) - min(times) > BUSY_MIN_S
 
-    def __init__(self, vocab_size, cfg, device, dtype):
+
+def time_steps(step, clock, limit_s):
+    """Seconds of PROBE_STEPS calls of step(), after one untimed; where they vary as on a busy machine, more, up to
+    PROBE_MAX_STEPS while their total stays within limit_s. clock() -> seconds (time.perf_counter)."""
+    step()  # the first call allocates and warms caches
+    times = []
+    while len(times) < PROBE_STEPS or (looks_busy(times) and len(times) < PROBE_MAX_STEPS
+                                       and sum(times) + min(times) <= limit_s):
+        t0 = clock()
+        step()
+        times.append(clock() - t0)
+    return times
+
+
+class Probe:
+    """step_seconds for choose(): times training steps (forward, backward, optimizer) of each rung on this machine,
+    at the run's vocabulary, dtype and optimizer, on random characters; a rung's speed is its fastest step
+    (time_steps). Memoised per rung. clock and make_step(rung, dropout) -> step() stand in for the machine in
+    tests."""
+
+    def __init__(self, vocab_size, cfg, device, dtype, clock=None, make_step=None):
         self.vocab_size, self.cfg, self.device, self.dtype, self.times = vocab_size, cfg, device, dtype, {}
+        self.clock, self.make_step = clock or time.perf_counter, make_step or self.training_step
+        self.samples = {}  # (rung, dropout) -> every timed step's seconds
 
     def __call__(self, rung, dropout=0.0):
         if (rung, dropout) not in self.times:
-            self.times[rung, dropout] = self._measure(rung, dropout)
+            import torch
+            with torch.random.fork_rng(devices=[]):  # the run's own random streams are untouched (dropout's too)
+                times = time_steps(self.make_step(rung, dropout), self.clock,
+                                   PROBE_SHARE * (self.cfg.max_time or 0))
+            self.samples[rung, dropout] = times
+            self.times[rung, dropout] = min(times)
         return self.times[rung, dropout]
 
-    def _measure(self, rung, dropout):
+    def busy_note(self):
+        """The start-up line where the machine looked busy while it was measured (the rung whose steps varied
+        most), or None."""
+        busy = [(max(t) / min(t), rung, t) for (rung, _), t in self.samples.items() if looks_busy(t)]
+        if not busy:
+            return None
+        _, rung, times = max(busy, key=lambda b: b[0])
+        return (f"the machine looks busy: the probe's steps of {rung.describe()} varied from {min(times) * 1e3:,.0f} "
+                f"to {max(times) * 1e3:,.0f} ms; sized for the fastest (the run says so if it trains much slower)")
+
+    def training_step(self, rung, dropout):
+        """A training step of the rung, as the run takes it: step() -> None."""
         import torch
 
         from .model import build_model
@@ -279,29 +324,25 @@ class Probe:
         g = torch.Generator().manual_seed(0)
         mcfg = ModelConfig(vocab_size=self.vocab_size, n_layer=rung.n_layer, n_embd=rung.n_embd,
                            n_head=rung.n_head, block_size=rung.block_size, dropout=dropout)
-        with torch.random.fork_rng(devices=[]):  # the run's own random streams are untouched (dropout's too)
-            model = build_model(mcfg).to(self.device)
-            optimizer = make_optimizer(model, self.cfg, self.device, self.dtype)
-            copies = low_precision_copies(model, optimizer, self.device, self.dtype, wrapped=False)  # as training
-            x = torch.randint(self.vocab_size, (rung.batch_size, rung.block_size + 1), generator=g).to(self.device)
-            batch = dict(idx=x[:, :-1], targets=x[:, 1:])
-            times = []
-            for i in range(PROBE_STEPS + 1):
-                t0 = time.perf_counter()
-                if copies is not None:
-                    copies.refresh()
-                with autocast(self.device, self.dtype):
-                    _, loss = model(**batch) if copies is None else copies.forward(model, batch)
-                loss.backward()
-                if copies is not None:
-                    copies.grads_to_flat()
-                if self.cfg.grad_clip > 0:  # as a training step
-                    optimizer.clip_grad_norm_(self.cfg.grad_clip)
-                for part in optimizer.parts.values():
-                    part.step()
-                optimizer.zero_grad()
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize(self.device)
-                if i:
-                    times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+        model = build_model(mcfg).to(self.device)
+        optimizer = make_optimizer(model, self.cfg, self.device, self.dtype)
+        copies = low_precision_copies(model, optimizer, self.device, self.dtype, wrapped=False)  # as training
+        x = torch.randint(self.vocab_size, (rung.batch_size, rung.block_size + 1), generator=g).to(self.device)
+        batch = dict(idx=x[:, :-1], targets=x[:, 1:])
+
+        def step():
+            if copies is not None:
+                copies.refresh()
+            with autocast(self.device, self.dtype):
+                _, loss = model(**batch) if copies is None else copies.forward(model, batch)
+            loss.backward()
+            if copies is not None:
+                copies.grads_to_flat()
+            if self.cfg.grad_clip > 0:  # as a training step
+                optimizer.clip_grad_norm_(self.cfg.grad_clip)
+            for part in optimizer.parts.values():
+                part.step()
+            optimizer.zero_grad()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        return step

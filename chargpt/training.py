@@ -40,7 +40,7 @@ class Trainer:
         self.profiler = None  # a torch.profiler.profile: the loop labels its phases and steps it (chargpt.bench)
         self.signals = SignalFlag(say=run.log, distributed=run.dist.enabled)
         self.validator = Validator(run.cfg, run.eval_period, run.eval_steps, run.state.elapsed, run.state.step,
-                                   run.model, run.batches, run.device, run.dtype, run.dist)
+                                   run.model, run.batches, run.device, run.dtype, run.dist, run.budget.eval_fit)
         novelty = NoveltyScorer(run.corpus, run.cfg.val_fraction, getattr(run.task, "split", None), run.log)
         self.samples = Samples(run.model, run.corpus.vocab, run.device, run.cfg.sample_prompt, run.cfg.sample_chars,
                                run.cfg.seed, novelty, run.sinks, run.log)
@@ -50,7 +50,7 @@ class Trainer:
         """Train until the budget is spent or a signal arrives (_loop), then save and sum up (_finish) -> summary
         dict. The signal handlers stay in place until the final save is written: a signal never cuts it short."""
         run, s = self.run, self.state
-        self.progress = Progress(s.step, s.elapsed, self.cfg.max_iters, run.chars_per_step, show=run.dist.is_main)
+        self.progress = Progress.of(run)  # with run.budget's Pace: the speed trained at, against the probe's
         self.first_bad = torch.tensor(NO_BAD_STEP, device=run.device)  # first step with a non-finite loss
         self.bad_loss = torch.zeros((), device=run.device)  # its loss
         self.lrs = {}  # step -> learning rate, since the last sync (to name the rate of a bad step)

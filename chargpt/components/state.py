@@ -12,7 +12,7 @@ from ..config import TrainConfig, typed_fields
 from ..errors import CheckpointError, ConfigError
 from ..flags import param
 from ..rundir import STATE
-from ..schedules import describe_budget, final_lr, finished, lr_at, schedule_changed
+from ..schedules import describe_budget, final_lr, finished, lr_at, schedule_changed, warmup_lr
 
 
 @dataclass
@@ -30,6 +30,7 @@ class RunState:
     budget_elapsed: float = 0.0
     budget_lr: float | None = None  # None: the configured warmup, then decay from --learning-rate
     since_best: int = 0  # evaluations since the best validation loss so far (--patience)
+    warmup_s: float | None = None  # a warm-up that is a share of the time budget: its seconds (schedules.py)
 
     def evaluated_at(self, val_loss):
         """Record an evaluation's validation loss -> whether it is the best so far (--patience counts the rest)."""
@@ -53,7 +54,7 @@ def resumed_state(meta, cfg: TrainConfig, flags, out_dir):
     old = TrainConfig(**meta["train_config"]) if meta.get("train_config") else cfg
     if schedule_changed(old, cfg, flags):
         lr = lr_at(s.step, s.elapsed, old, s)
-        warming = s.budget_lr is None and s.step < cfg.warmup_iters  # finish the warmup first
+        warming = warmup_lr(s.step, s.elapsed, cfg, s) is not None  # finish the warmup first
         s = replace(s, budget_step=s.step, budget_elapsed=s.elapsed, budget_lr=None if warming else lr)
         if cfg.lr_schedule == "inverse-sqrt":
             how = "follows its inverse-square-root curve on from the step reached"

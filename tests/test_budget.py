@@ -1,0 +1,264 @@
+"""A time budget is spent training, and the same command picks the same model: the sizing probe takes the fastest
+of its steps (a busy moment does not decide the size, and start-up says the machine looked busy), the speed the
+run actually gets is checked against the probe's, evaluation is fitted to at most a tenth of the budget, the
+warm-up is a share of it, a decay the budget cannot reach is warned of, and overfitting is said once.
+
+Every clock here is a fake one (a machine whose steps take what the test says): no measurement depends on how
+busy this machine is."""
+
+import itertools
+import json
+import re
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+from helpers import TINY_RUN_KW
+
+import chargpt
+from chargpt import checkpoint as ckpt
+from chargpt import rundir, sizing
+from chargpt.components.budget import EVAL_SHARE, MIN_EVALS, EvalFit, Pace, fit_evaluations, pace_lines
+from chargpt.components.describe import brief_lines, start_lines
+from chargpt.components.overfit import RISEN_EVALS, OverfitWatch, overfitting
+from chargpt.components.progress import Progress
+from chargpt.components.start import start_run
+from chargpt.components.state import RunState
+from chargpt.components.validate import EVALS_PER_BUDGET
+from chargpt.config import UNLIMITED, TrainConfig
+from chargpt.flags import param
+from chargpt.schedules import WARMUP_SHARE, decay_warning, lr_at, warmup_steps
+from chargpt.training import Trainer
+
+TINY = {k: v for k, v in TINY_RUN_KW.items() if k != "warmup_iters"}  # the warm-up: each test's own
+
+
+def quiet(message):
+    pass
+
+
+# --- the probe -----------------------------------------------------------------------------------------------------
+class FakeMachine:
+    """Steps that take (5 ms + 10 ms a GFLOP) x 1.5 with dropout, on a clock that only they move; `slow`: which
+    calls of each rung's step (0 is the untimed first) take `factor` times longer, as when other work runs."""
+
+    def __init__(self, slow=(), factor=12.0):
+        self.now, self.slow, self.factor = 0.0, set(slow), factor
+
+    def clock(self):
+        return self.now
+
+    def make_step(self, rung, dropout):
+        calls = itertools.count()
+        seconds = (0.005 + 0.01 * rung.flops() / 1e9) * (1.5 if dropout else 1)
+
+        def step():
+            self.now += seconds * (self.factor if next(calls) in self.slow else 1)
+        return step
+
+
+def probe_on(machine, max_time=600.0):
+    return sizing.Probe(65, TrainConfig(max_time=max_time), torch.device("cpu"), torch.float32, clock=machine.clock,
+                        make_step=machine.make_step)
+
+
+@pytest.mark.parametrize("slow", [{1}, {1, 2}])  # the first timed step busy; or most of the three
+def test_a_busy_moment_does_not_decide_the_size_and_start_up_says_so(slow):
+    quiet_probe, busy_probe = probe_on(FakeMachine()), probe_on(FakeMachine(slow))
+    calm, busy = sizing.choose(600, quiet_probe, 10_000_000), sizing.choose(600, busy_probe, 10_000_000)
+    assert (busy.rung, busy.settings) == (calm.rung, calm.settings)  # the same model
+    assert busy.step_s == pytest.approx(calm.step_s)  # at the same speed
+    assert len(calm.reasons) and quiet_probe.busy_note() is None
+    assert all(len(t) == sizing.PROBE_STEPS for t in quiet_probe.samples.values())
+    timed = busy_probe.samples[calm.rung, 0.0]
+    assert sizing.PROBE_STEPS < len(timed) <= sizing.PROBE_MAX_STEPS  # busy: measured again, within bounds
+    note = busy_probe.busy_note()
+    assert note.startswith("the machine looks busy: the probe's steps of ") and "sized for the fastest" in note
+    fastest, slowest = (float(x.replace(",", "")) for x in re.search(r"from ([\d,]+) to ([\d,]+) ms", note).groups())
+    assert slowest / fastest > sizing.BUSY_SPREAD
+
+
+def test_measuring_again_stays_within_the_rungs_share_of_the_budget():
+    clock = [0.0]
+
+    def step_of(durations):
+        it = iter(durations)
+
+        def step():
+            clock[0] += next(it)
+        return step
+    busy = [9.0, 0.1, 1.0, 1.0] + [0.1] * 10  # untimed, then timed: varies, so more are timed while they fit
+    timed = sizing.time_steps(step_of(busy), lambda: clock[0], limit_s=2.25)
+    assert len(timed) == 4 and sum(timed) <= 2.25  # 2.1 s, then one more of 0.1 s fits, and no other
+    assert len(sizing.time_steps(step_of(busy), lambda: clock[0], limit_s=100)) == sizing.PROBE_MAX_STEPS
+    assert len(sizing.time_steps(step_of([1.0] * 10), lambda: clock[0], limit_s=100)) == sizing.PROBE_STEPS  # calm
+
+
+def test_start_up_says_the_machine_looked_busy_and_keeps_the_probes_speed(tmp_path, corpus, monkeypatch):
+    machine, probe = FakeMachine(slow={1}), sizing.Probe
+    monkeypatch.setattr(sizing, "Probe", lambda *a: probe(*a, clock=machine.clock, make_step=machine.make_step))
+    run = start_run(dict(data=str(corpus), out_dir="run", max_time=150, threads=1, dtype="float32"), log=quiet)
+    try:
+        lines = start_lines(run)
+        busy = [ln for ln in lines if ln.startswith("note: the machine looks busy")]
+        assert len(busy) == 1 and busy[0] in brief_lines(run, lines)  # shown without --verbose too
+        auto = next(ln for ln in lines if ln.startswith("auto: "))
+        assert f"{run.budget.step_s * 1e3:.0f} ms a step measured" in auto  # the fastest step, not the busy one
+        assert run.budget.pace is not None and run.budget.pace.step_s == run.budget.step_s
+    finally:
+        run.release()
+
+
+# --- the speed the run gets ------------------------------------------------------------------------------------
+def test_a_speed_far_from_the_probes_is_said_with_the_steps_now_expected():
+    lines = pace_lines(0.96, 0.32, step=20, left_s=130.0, max_iters=UNLIMITED, budget_s=150.0)
+    assert len(lines) == 1 and "960 ms a step, 3.0x slower than the 320 ms the probe measured" in lines[0]
+    assert f"expect about {20 + 130 / 0.96:,.0f} steps in this budget, not {150 / 0.32:,.0f}" in lines[0]
+    assert "faster" in pace_lines(0.1, 0.32, 20, 130.0, UNLIMITED, 150.0)[0]
+    assert pace_lines(0.5, 0.32, 20, 130.0, UNLIMITED, 150.0) == []  # within a factor of 2: as planned
+    late = pace_lines(1.0, None, 20, 50.0, UNLIMITED, 150.0, warmup=100)  # no probe; a warm-up of 100 steps
+    assert len(late) == 1 and late[0].startswith("warning: at this speed the run takes about 70 steps")
+
+
+def test_the_speed_is_judged_once_after_a_share_of_the_budget(monkeypatch):
+    now, said = [0.0], []
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+    pace = Pace(100.0, said.append, step_s=0.1)
+    p = Progress(step=0, elapsed=0.0, max_iters=UNLIMITED, chars_per_step=1, show=False, pace=pace)
+    p.first_step(0.3)
+    for step in range(1, 40):
+        now[0] += 0.3  # 0.3 s a step: 3x the probe's
+        p.step(step, torch.tensor(1.0), 1e-3, now[0], None, left_s=100.0 - now[0])
+        if step <= 17:  # 5 s (5% of the budget) after the first step needs 17 steps of 0.3 s
+            assert said == []
+    assert len(said) == 1 and "300 ms a step, 3.0x slower than the 100 ms" in said[0]
+
+
+# --- evaluation's share --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("budget_s", [30.0, 150.0, 600.0])
+@pytest.mark.parametrize("first_s", [0.01, 0.5, 4.5, 20.0])
+@pytest.mark.parametrize("iters,min_iters", [(20, 4), (50, 4), (10, 128)])
+def test_evaluation_is_fitted_to_a_tenth_of_the_budget_above_its_floors(budget_s, first_s, iters, min_iters):
+    evals, n = fit_evaluations(budget_s, first_s, iters, min_iters)
+    floor = min(min_iters, iters)
+    assert MIN_EVALS <= evals <= EVALS_PER_BUDGET and floor <= n <= iters
+    projected = first_s + evals * n * first_s / iters
+    assert projected <= EVAL_SHARE * budget_s + 1e-9 or (evals, n) == (MIN_EVALS, floor)
+    if first_s * (1 + EVALS_PER_BUDGET) <= EVAL_SHARE * budget_s:
+        assert (evals, n) == (EVALS_PER_BUDGET, iters)  # cheap enough: the preset's cadence, untouched
+    kept = fit_evaluations(budget_s, first_s, iters, min_iters, fit_iters=False)
+    assert kept[1] == iters and kept[0] >= MIN_EVALS  # batches chosen by the user: only fewer evaluations
+
+
+def test_the_measured_case_goes_from_most_of_the_budget_to_about_a_tenth():
+    """20 batches a split took 4.5 s at a 5,378-character alphabet: 21 of them were 63% of 150 s."""
+    said = []
+    cfg = TrainConfig(max_time=150.0, eval_iters=20)
+    validator = SimpleNamespace(cfg=cfg, period=7.5, steps=None, dist=SimpleNamespace(enabled=False))
+    EvalFit(150.0, 16 * 128, said.append).refit(4.5, validator)
+    evals = round(150.0 / validator.period)
+    assert MIN_EVALS <= evals < EVALS_PER_BUDGET and 4 <= cfg.eval_iters < 20
+    assert 4.5 * (1 + evals * cfg.eval_iters / 20) <= EVAL_SHARE * 150.0 + 1e-9
+    assert len(said) == 1 and said[0].startswith("evaluation: the first took 4.5 s on 20 batches a split; 20 more "
+                                                 "would be 63% of the budget")
+
+
+def test_a_costly_first_evaluation_makes_a_real_run_evaluate_less(tmp_path, corpus):
+    """A fake clock says the first evaluation took half the budget: the run evaluates at its floor from then on,
+    and says so; its warm-up is a share of the budget, saved with its state."""
+    said = []
+    run = start_run(dict(data=str(corpus), out_dir="run", max_time=1.0, **TINY),
+                    log=said.append)
+    run.budget.eval_fit.clock = iter([0.0, 0.5]).__next__
+    assert run.state.warmup_s == WARMUP_SHARE * 1.0
+    assert any(ln.startswith("warmup: over the first 0.05 s of training") for ln in start_lines(run))
+    Trainer(run).train()
+    assert any(ln.startswith("evaluation: the first took 0.5 s") and f"so {MIN_EVALS} more" in ln for ln in said)
+    evals = [json.loads(ln) for ln in (tmp_path / "run" / rundir.METRICS).read_text().splitlines()]
+    assert len(evals) <= MIN_EVALS + 2  # the first, the fitted ones and the last (not 21)
+    meta = ckpt.read_meta(tmp_path / "run" / rundir.STATE)[0]
+    assert meta["run_state"]["warmup_s"] == WARMUP_SHARE * 1.0  # the schedule reads saved state on --resume
+
+
+# --- warm-up and decay ---------------------------------------------------------------------------------------------
+def test_a_time_budgets_warmup_is_a_share_of_it_by_time_or_steps_whichever_ends_first():
+    cfg = TrainConfig(learning_rate=4e-3, min_lr=4e-4, warmup_iters=100, max_iters=UNLIMITED, max_time=150.0,
+                      lr_schedule="wsd")
+    shared = RunState(warmup_s=WARMUP_SHARE * 150.0)  # 7.5 s
+    assert lr_at(0, 0.0, cfg, shared) == pytest.approx(4e-3 / 101)  # the first step: by steps, as before
+    assert lr_at(3, 3.75, cfg, shared) == pytest.approx(2e-3)  # a slow machine: half the time, half the peak
+    assert lr_at(20, 7.5, cfg, shared) == pytest.approx(4e-3)  # warm by 5% of the time, 20 steps in
+    assert lr_at(140, 149.0, cfg, shared) < 1e-3  # and decays within the budget
+    fixed = RunState()  # --warmup-iters given: by steps alone, however long they take
+    assert lr_at(20, 7.5, cfg, fixed) == pytest.approx(4e-3 * 21 / 101)
+    capped = TrainConfig(warmup_iters=100, max_iters=200, max_time=150.0)
+    assert warmup_steps(capped, shared) == 10 and warmup_steps(capped, fixed) == 100  # 5% of a step cap
+
+
+def test_only_a_time_budget_whose_warmup_nobody_chose_warms_up_over_a_share(corpus):
+    def warmup_of(**kw):
+        run = start_run(dict(data=str(corpus), **TINY, **kw), log=quiet)
+        run.release()
+        return run.state.warmup_s, run.cfg.warmup_iters
+    assert warmup_of(out_dir="a", max_time=60) == (WARMUP_SHARE * 60, 100)
+    assert warmup_of(out_dir="b", max_time=60, warmup_iters=100) == (None, 100)  # given: kept, by steps
+    assert warmup_of(out_dir="c", max_iters=50)[0] is None  # a step budget: --warmup-iters, as before
+
+
+def test_a_decay_the_budget_cannot_reach_is_warned_of_at_start(corpus):
+    slow = TrainConfig(warmup_iters=100, max_iters=UNLIMITED, max_time=150.0)
+    assert "outlasts the budget: about 40 steps fit in 150 s" in decay_warning(slow, RunState(), expected_steps=40)
+    assert decay_warning(slow, RunState(warmup_s=7.5), expected_steps=40) is None  # a share always ends
+    assert decay_warning(slow, RunState(), expected_steps=400) is None
+    assert "does not end before the budget" in decay_warning(TrainConfig(warmup_iters=100, max_iters=50), RunState())
+    assert "never reaches its floor" in decay_warning(TrainConfig(max_iters=500, lr_decay_iters=1000), RunState())
+    both = TrainConfig(max_iters=500, lr_decay_iters=1000, max_time=150.0)  # whichever ends first
+    assert decay_warning(both, RunState()) is None and decay_warning(both, RunState(), expected_steps=300) is None
+    assert "never reaches its floor" in decay_warning(both, RunState(), expected_steps=900)  # the steps end it
+    run = start_run(dict(data=str(corpus), out_dir="run", **TINY, warmup_iters=10, max_iters=5),
+                    log=quiet)
+    run.release()
+    warned = [ln for ln in start_lines(run) if "never decays" in ln]
+    assert len(warned) == 1 and warned[0].startswith("warning: ") and warned[0] in brief_lines(run)
+
+
+# --- overfitting ---------------------------------------------------------------------------------------------------
+RISING = [(0, 5.9, 5.5), (100, 5.1, 5.2), (200, 4.8, 5.017), (300, 4.6, 5.05), (400, 4.4, 5.1), (500, 4.2, 5.15),
+          (600, 4.0, 5.201), (700, 3.8, 5.3), (800, 3.6, 5.4)]
+
+
+def test_overfitting_is_said_once_when_validation_has_risen_for_a_while():
+    said = []
+    watch = OverfitWatch(said.append, patience=0)
+    for step, train, val in RISING:
+        watch.write("train", {"step": step, "train_loss": train})  # only evaluations count
+        watch.write("eval", {"step": step, "train_loss": train, "val_loss": val})
+        if step == 500:
+            assert said == []  # 5.05 is within 1% of the best: two evaluations above it are not yet a trend
+    assert said == ["warning: validation loss has risen from 5.017 at step 200 to 5.201 at step 600 while training "
+                    "loss fell (4.800 to 4.000): the model is overfitting; the best checkpoint (step 200) is what "
+                    f"sample.py uses; {param('patience')} N stops such runs early"]
+    resumed = []  # a later session of the same run: already said
+    OverfitWatch(resumed.append, history=RISING).write("eval", {"step": 900, "train_loss": 3.4, "val_loss": 5.5})
+    assert resumed == []
+
+
+def test_noise_and_divergence_are_not_overfitting():
+    spike = RISING[:3] + [(300, 4.6, 5.3), (400, 4.4, 5.0), (500, 4.2, 5.3), (600, 4.0, 5.3)]
+    assert overfitting(spike) is None  # a new best between the rises
+    diverging = [(s, 4.0 + i * 0.1, v) for i, (s, _, v) in enumerate(RISING)]
+    assert overfitting(diverging) is None  # training loss rose too: not overfitting
+    assert overfitting(RISING[:2 + RISEN_EVALS]) is None  # too young a best
+    assert f"{param('patience', 5)} stops this run after 5 evaluations" in overfitting(RISING, patience=5)
+
+
+def test_a_tiny_run_that_memorises_its_text_is_told_it_is_overfitting(tmp_path):
+    """The training text cycles 'abc'; the validation text (its tail) cycles the other way, 'acb': the surer the
+    model gets of the training text, the worse it predicts the other (here from about step 50)."""
+    (tmp_path / "abc.txt").write_text("abc" * 600 + "acb" * 66, encoding="utf-8")
+    said = []
+    chargpt.train(data="abc.txt", out_dir="run", val_split="tail", max_iters=100, eval_interval=10,
+                  learning_rate=1e-2, log=said.append, **TINY_RUN_KW)
+    warned = [ln for ln in said if "the model is overfitting" in ln]
+    assert len(warned) == 1 and warned[0].startswith("warning: validation loss has risen from ")
