@@ -236,13 +236,15 @@ def _progress(total, desc):
                 disable=total < PROGRESS_MIN_BYTES, dynamic_ncols=True)
 
 
-def encode_corpus(data=None, encoding="utf-8", errors="strict", cache_dir=None, log=print, check_length=None):
+def encode_corpus(data=None, encoding="utf-8", errors="strict", cache_dir=None, log=print, check_length=None,
+                  sources=None):
     """--data -> EncodedCorpus, using the on-disk cache when the same bytes were encoded before.
 
     `check_length(n_characters)` may raise to reject the corpus (e.g. too short for the block size) after the
-    first pass and before anything is written to the cache.
+    first pass and before anything is written to the cache. `sources`: (name, [Source]) read instead of --data's
+    files in sorted order (--labels groups them by label: chargpt.labels).
     """
-    name, sources = corpus_sources(data, encoding)
+    name, sources = sources or corpus_sources(data, encoding)
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     key = corpus_key(sources, encoding, errors)
     meta_path, ids_path = cache_dir / f"{key}.json", cache_dir / f"{key}.bin"

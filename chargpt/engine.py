@@ -22,6 +22,8 @@ from .checkpoint import load_model, unwrap
 from .config import SampleSettings, check_sample_options
 from .errors import ChargptError, ConfigError
 from .flags import param
+from .items import corpus_items, is_items_run, sample_items, write_items
+from .labels import LabelSet
 from .model import CharGPT
 from .pairs import END, SEP
 from .quantize import check_precision, inference_model, uses_dynamic_int8
@@ -48,6 +50,8 @@ class Generator:
         self.precision = str(dtype).removeprefix("torch.")  # what the model computes in, in words (load says more)
         self.compile, self.quantized = compile, quantized  # --compile auto|on|off; torch's dynamic int8 modules?
         self.runner = None  # the compiled StepRunner, once one is asked for: compiled once and kept
+        self.labels = LabelSet.from_meta(self.meta)  # a run trained with --labels: its labels (chargpt/labels.py)
+        self.items_run = is_items_run(self.meta)  # a run trained with --items: it writes items (see items())
 
     def decode_runner(self, new_chars):
         """-> (the StepRunner that decodes new_chars characters (all samples together) after the prefill, or None
@@ -71,6 +75,9 @@ class Generator:
         if self.task == "pairs":
             facts.insert(0, f"sentence pairs, {self.model.config.arch}")
         facts += [f"val loss {loss:.4f}"] if isinstance(loss, (int, float)) else []
+        facts += ["a list: it writes items"] if self.items_run else []
+        facts += [f"labels: {', '.join(list(self.labels.names)[:8])}" + (" ..." if len(self.labels.names) > 8 else "")
+                  ] if self.labels else []
         return ", ".join(facts + [f"{len(self.vocab)} characters"])
 
     def start_text(self):
@@ -97,13 +104,15 @@ class Generator:
     def stream(self, prompt="", *, max_new_tokens=SampleSettings.max_new_tokens,
                temperature=SampleSettings.temperature, top_k=None, top_p=None, stop=(), num_samples=1, seed=None,
                unknown="error", use_cache=True, min_p=None, repetition_penalty=None, no_repeat_ngram=None, ban=None,
-               allow=None, form=None, acrostic=None, best_of=None, min_span=None, copies=None):
+               allow=None, form=None, acrostic=None, best_of=None, min_span=None, copies=None, label=None,
+               guidance=None):
         """Yield (sample index, text) pieces as they are decoded; the options are sample.py's flags. All
         samples decode together in one batch, so `seed` with the same `num_samples` reproduces them. For a
         pairs model the prompt is a source and the pieces are its translation (see _stream_pairs).
         Constraints (ban, allow, form, acrostic, repetition_penalty, no_repeat_ngram: chargpt/constraints.py) mask
         the logits; best_of=N decodes N samples and yields the best num_samples, each as one piece once all are
-        ranked (copies: see Decoding). decoding() and samples() also give each sample's scores."""
+        ranked (copies: see Decoding). decoding() and samples() also give each sample's scores. A run trained with
+        --labels writes in the style of `label` (None: unconditioned), held to it more strongly by guidance > 1."""
         options = {k: v for k, v in locals().items() if k not in ("self", "prompt")}
         yield from self.decoding(prompt, **options)
 
@@ -134,11 +143,19 @@ class Generator:
                      f"{param('max_new_tokens', settings.max_new_tokens)} cuts it short")
         rows = settings.best_of or num_samples
         ids = self.vocab.encode(context)
-        ctx = torch.tensor([ids] * rows, dtype=torch.long, device=self.device)  # (B, T)
+        head, guided = self._label_head(settings)
+        ctx = torch.tensor([head[:1] + ids] * rows, dtype=torch.long, device=self.device)  # (B, T)
         steer = rules.steer(ids, rows, settings.max_new_tokens, self.device) if rules else None
-        runner = self.decode_runner(settings.max_new_tokens * rows)[0] if use_cache else None
+        runner = self.decode_runner(settings.max_new_tokens * rows * (2 if guided else 1))[0] if use_cache else None
+        labelled = {}
+        if head:  # the label stays first in the window; guided: beside each row, the same with NULL first
+            uncond = ctx.clone() if guided else None
+            if guided:
+                uncond[:, 0] = head[1]
+            labelled = dict(pin=1, never=torch.tensor(head[2:], device=self.device), uncond=uncond,
+                            guidance=settings.guidance or 1.0)
         steps = decode(self.model, ctx, settings, generator, use_cache=use_cache, dtype=self.dtype, runner=runner,
-                       steer=steer)
+                       steer=steer, **labelled)
         filters = [StopFilter(prompt_seen, settings.stop) for _ in range(rows)]
         pieces = through_filters(filters, self._chosen(steps, steer))
         if settings.best_of:
@@ -146,6 +163,43 @@ class Generator:
                 copies = self.copy_check(min_span)
             return Decoding(pieces, steer, rows, best_of=(settings.best_of, num_samples, copies or None))
         return Decoding(pieces, steer, rows)
+
+    def _label_head(self, settings):
+        """-> ([the label's id, NULL's id, every label id] or [] for a run without labels, whether to guide)."""
+        if self.labels is None:
+            if settings.label:
+                raise ConfigError(f"this run was trained without {param('labels')}, so it has no labels; drop "
+                                  f"{param('label')}")
+            return [], False
+        stoi = self.vocab.stoi
+        return ([stoi[self.labels.token(settings.label)], stoi[self.labels.null],
+                 *(stoi[c] for c in self.labels.chars())], (settings.guidance or 1.0) != 1.0)
+
+    def items(self, n=1, prompt="", *, seed=None, new_only=False, known=None, **settings):
+        """A run trained with --items: n items (each cut at its first newline), each starting with `prompt`, from
+        the start of an item (a newline) -> chargpt.items.ItemSamples. known: the list's items (known_items()), to
+        count copies of and, with new_only, to leave out; settings: stream()'s."""
+        stops = (*settings.pop("stop", ()), "\n")
+
+        def generate(count, round_seed):
+            return [prompt + t for t in self.generate("\n" + prompt, num_samples=count, seed=round_seed, stop=stops,
+                                                      **settings)]
+        return sample_items(generate, n, seed, known, new_only)
+
+    def write_items(self, prompt, n, seed, settings, new_only=False, data=None, run="the run", as_json=False,
+                    output=None):
+        """sample.py with a run trained with --items: chargpt.items.write_items (notes through self.log)."""
+        write_items(self, prompt, n, seed, settings, new_only, data, str(run), as_json, output, self.log)
+
+    def known_items(self, data=None, run="the run"):
+        """The items of the list the run trained on (a set), or None (said in one line) when it is not to be found."""
+        from .novelty import CorpusMissing
+        from .novelty.runs import run_corpus
+        try:
+            return corpus_items(run_corpus(self.meta, data, run=run, log=self.log))
+        except CorpusMissing as e:
+            self.log(f"copies of the list are not counted: {e}")
+            return None
 
     def _chosen(self, steps, steer):
         """Each step's ids -> [(sample index, character)], and (index, None) for a sample whose form ended."""

@@ -107,6 +107,9 @@ def figure(runs, unit="nats", running=None, title=None):
                 steps, values = zip(*points)
                 ax.plot(steps, values, style, color=color, marker="." if len(points) < 30 else None,
                         label=f"{label} {split}")
+        for k, (name, points) in enumerate(label_curves(rows, unit).items()):  # --labels: dotted, one per label
+            ax.plot(*zip(*points), ":", color=color, marker=MARKS[k % len(MARKS)], markersize=3,
+                    label=f"{label} val {name}")
     ax.set_xlabel("step")
     ax.set_ylabel(UNITS[unit][1])
     if title:
@@ -114,6 +117,21 @@ def figure(runs, unit="nats", running=None, title=None):
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small")
     return fig
+
+
+MARKS = "ov^sxd+*"
+MAX_LABEL_CURVES = 8
+
+
+def label_curves(rows, unit):
+    """A labelled run's validation loss per label ({label: [(step, value)]}, its first MAX_LABEL_CURVES labels) in
+    nats or bits per character; {} for other runs and for bits per byte (not recorded per label)."""
+    curves = {}
+    for r in rows:
+        for name, loss in list((r.get("val_loss_by_label") or {}).items())[:MAX_LABEL_CURVES]:
+            if unit != "bpb" and isinstance(loss, (int, float)) and abs(loss) <= MAX_DRAWN:
+                curves.setdefault(str(name), []).append((r["step"], loss / math.log(2) if unit == "bpc" else loss))
+    return curves
 
 
 def _run_name(run):

@@ -20,7 +20,8 @@ from .errors import ChargptError
 
 HELP = ("commands: /temp T  /topk K (0: off)  /topp P (1: off)  /len N  /seed S  /show  /help  /quit; "
         "constraints: /form PATTERN|NAME  /acrostic CHARS  /ban CHARS  /allow CHARS (alone: off)  /minp P (0: off)  "
-        "/rep F (1: off)  /norepeat N (0: off)  /bestof N (1: off); anything else is a prompt")
+        "/rep F (1: off)  /norepeat N (0: off)  /bestof N (1: off); a run trained with --labels: /label NAME (alone: "
+        "none)  /guidance F (1: off); anything else is a prompt")
 PAIRS_HELP = HELP.replace("anything else is a prompt", "anything else is a sentence to translate (one per line)")
 PAIRS_EMPTY = ("this model was trained on sentence pairs: type a source sentence, one per line, and it writes the "
                "translation")
@@ -29,7 +30,8 @@ SETTERS = {"/temp": ("temperature", float, None), "/topk": ("top_k", int, 0), "/
            "/len": ("max_new_tokens", int, None), "/minp": ("min_p", float, 0.0),
            "/rep": ("repetition_penalty", float, 1.0), "/norepeat": ("no_repeat_ngram", int, 0),
            "/bestof": ("best_of", int, 1), "/form": ("form", str, ""), "/acrostic": ("acrostic", str, ""),
-           "/ban": ("ban", textio.unescape, ""), "/allow": ("allow", textio.unescape, "")}
+           "/ban": ("ban", textio.unescape, ""), "/allow": ("allow", textio.unescape, ""),
+           "/label": ("label", str, ""), "/guidance": ("guidance", float, 1.0)}
 SKIP_BYTES = 64 << 20  # the most skipped of one too-long input line before the input counts as endless
 SKIP_CHUNK = 1 << 20  # read at a time while skipping: memory stays bounded
 
@@ -76,6 +78,8 @@ def repl(gen, settings, seed, unknown, inp=None, out=None, err=None):
                 err.write(f"seed = {seed}\n")
             except (ValueError, ChargptError):
                 err.write("usage: /seed N, a whole number from 0 to 2**63 - 1\n")
+        elif word == "/label" and (bad := _bad_label(gen, arg.strip())):
+            err.write(f"error: {bad}\n")
         elif word in SETTERS:
             err.write(_set(settings, word, arg.strip()) + "\n")
         elif word.startswith("/"):
@@ -108,6 +112,16 @@ def _skip_rest(inp, error):
         skipped += len(piece)
     raise textio.TooLarge(f"{error}; it has no end after {SKIP_BYTES >> 20} MiB more (is stdin the right file? "
                           f"/dev/zero never ends), so the session ends")
+
+
+def _bad_label(gen, name):
+    """Why /label NAME cannot be (a run without labels, a name it does not have), or ""."""
+    if name and gen.labels is None:
+        return "this run was trained without --labels, so it has no labels"
+    try:
+        return gen.labels.token(name) and "" if name else ""
+    except ChargptError as e:
+        return str(e)
 
 
 def _set(settings, word, arg):

@@ -18,6 +18,7 @@ from .checkpoint import read_meta
 from .config import ModelConfig, describe_model
 from .data import run_val_split
 from .init_from import describe_lineage, read_lineage
+from .labels import LabelSet
 from .rundir import LATEST, METRICS, read_step_rows, resolve
 from .textio import escape
 
@@ -87,6 +88,9 @@ def run_info(path, preview=PREVIEW_CHARS):
         "characters_seen": step * per_step if per_step else None, "characters_per_step": per_step or None,
         "processes": processes, "evaluations": len(rows), "saved_at": latest.get("saved_at"),
         "init_from": read_lineage(meta),  # the run it started from (--init-from), or None
+        "labels": list(labels.names) if (labels := LabelSet.from_meta(meta)) else None,  # --labels
+        "val_loss_by_label": next((r["val_loss_by_label"] for r in reversed(rows)
+                                   if isinstance(r.get("val_loss_by_label"), dict)), None),  # the last evaluation's
         "files": {f.name: f.stat().st_size for f in files if f.is_file() and not f.name.startswith(".")},
     }
 
@@ -115,11 +119,18 @@ def _duration(seconds):
         f"{seconds:.1f} s"
 
 
+def _labels(info):
+    """'a, b (val loss at the last evaluation: a 1.234, b 1.456)'."""
+    losses = info.get("val_loss_by_label") or {}
+    shown = ", ".join(f"{k} {v:.3f}" for k, v in list(losses.items())[:20] if _number(v))
+    return ", ".join(info["labels"][:50]) + (f" (val loss at the last evaluation: {shown})" if shown else "")
+
+
 def _validates(t):
     """Which text validated, as the run split it (runs from before --val-split: the tail)."""
     fraction = t.get("val_fraction", 0.1)
-    if t.get("task") == "pairs":
-        return f"{fraction:.0%} of the pairs, at random, for validation"
+    if t.get("task") == "pairs" or t.get("items"):
+        return f"{fraction:.0%} of the {'items' if t.get('items') else 'pairs'}, at random, for validation"
     if run_val_split(t) == "tail":
         return f"the last {fraction:.0%} for validation"
     return f"{fraction:.0%} for validation, in blocks spread through it"
@@ -155,6 +166,7 @@ def format_info(info):
             ("corpus", f"{info['corpus'] or '?'} ({t.get('data') or 'built-in'}, {t.get('encoding', 'utf-8')}, "
                        f"{_validates(t)})" if t else info["corpus"] or "unknown"),
             *([("started from", _started_from(info["init_from"]))] if info.get("init_from") else []),
+            *([("labels", _labels(info))] if info.get("labels") else []),
             ("saved", info["saved_at"] or "unknown"),
             ("files", ", ".join(f"{name} {_size(n)}" for name, n in info["files"].items()))]
     width = max(len(k) for k, _ in rows + [("training config", "")])

@@ -71,31 +71,47 @@ class StepRunner:
 
 @torch.no_grad()
 def decode(model, ctx, settings, generator, use_cache=True, keep=None, dtype=torch.float32, runner=None,
-           steer=None):
+           steer=None, pin=0, uncond=None, guidance=1.0, never=None):
     """Yield the next ids (B,) one step at a time, continuing ctx (B, T) ids.
 
     use_cache=False is the reference: a full forward over the last block_size characters every step.
     keep: characters the cache is rebuilt from when the window is full [default: 3/4 of block_size].
     runner: a StepRunner for the steps after each prefill (None: the model's forward, its shapes growing).
     steer: the constraints (constraints.Steer): steer.logits(logits) -> the logits to choose from, and
-    steer.chose(ids) after each choice (before it is yielded)."""
+    steer.chose(ids) after each choice (before it is yielded).
+    Labels (chargpt/labels.py): the first `pin` ids of every row stay in the window when it slides (the label the
+    model reads first); `uncond` (B, T), ctx's rows with the unconditioned label, decodes beside ctx as one batch
+    of 2B rows, and the choice is made from uncond + guidance * (cond - uncond) (classifier-free guidance);
+    `never` (a long tensor of ids) is never chosen."""
     if settings.max_new_tokens == 0:
         return
     block = model.config.block_size
     keep = keep or max(1, (3 * block) // 4)
     if not 0 < keep <= block:
         raise ValueError(f"keep must be in 1 .. block_size ({block}), got {keep}")
-    device = ctx.device
-    cache = KVCache(model.config, ctx.size(0), device=device, dtype=dtype) if use_cache else None
-    seq = ctx
+    device, rows = ctx.device, ctx.size(0)
+    seq = ctx if uncond is None else torch.cat([ctx, uncond])
+    cache = KVCache(model.config, seq.size(0), device=device, dtype=dtype) if use_cache else None
 
     def forward(window):
         with autocast(device, dtype):
             return model(window, cache=cache)[0][:, -1, :]  # (B, V)
 
-    logits = forward(seq[:, -block:])  # prefill (with a cache) or the first full forward
+    def last(seq, n):  # the last n positions, the first `pin` kept in front
+        if seq.size(1) <= n or not pin:
+            return seq[:, max(0, seq.size(1) - n):]
+        return torch.cat([seq[:, :pin], seq[:, seq.size(1) - max(0, n - pin):]], dim=1)
+
+    def mixed(logits):  # (rows or 2 rows, V) -> (rows, V): guided, and the `never` ids masked
+        if uncond is not None:
+            cond, free = logits[:rows].float(), logits[rows:].float()
+            logits = free + guidance * (cond - free)
+        return logits if never is None else logits.float().index_fill(1, never, float("-inf"))
+
+    logits = forward(last(seq, block))  # prefill (with a cache) or the first full forward
     min_p = getattr(settings, "min_p", None)
     for step in range(settings.max_new_tokens):
+        logits = mixed(logits)
         if steer is not None:
             logits = steer.logits(logits)  # (B, V) float: masked, penalised
         nxt = sample_next(logits, generator, settings.temperature, settings.top_k, settings.top_p, min_p)  # (B,)
@@ -104,17 +120,18 @@ def decode(model, ctx, settings, generator, use_cache=True, keep=None, dtype=tor
         yield nxt
         if step + 1 == settings.max_new_tokens:
             return
-        seq = torch.cat([seq[:, max(0, seq.size(1) - block + 1):], nxt[:, None]], dim=1)  # (B, <= block)
+        fed = nxt if uncond is None else torch.cat([nxt, nxt])
+        seq = torch.cat([last(seq, block - 1), fed[:, None]], dim=1)  # (B, <= block)
         if cache is None:
             logits = forward(seq)  # already trimmed to the last block_size characters
         elif cache.pos < block and runner is not None:
             with autocast(device, dtype):
-                logits = runner(nxt[:, None], cache)  # one new position per layer, static shapes
+                logits = runner(fed[:, None], cache)  # one new position per layer, static shapes
         elif cache.pos < block:
-            logits = forward(nxt[:, None])  # one new position per layer
+            logits = forward(fed[:, None])  # one new position per layer
         else:  # window full: rebuild the cache from the last `keep` characters
             cache.reset()
-            logits = forward(seq[:, -keep:])
+            logits = forward(last(seq, keep))
 
 
 class StopFilter:

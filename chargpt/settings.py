@@ -294,6 +294,12 @@ def _resumed_configs(meta, settings: Settings):
         raise ConfigError(f"--resume: the run was trained with --val-split {saved_train['val_split']}; another split "
                           f"would train on its validation text; drop --val-split, or train a new run with another "
                           f"--out-dir")
+    for name in ("items", "labels"):  # they decide what the model reads and which text validates
+        saved = saved_train.get(name) or None
+        if (train_kw.get(name, saved) or None) != saved:
+            how = f"with {_as_flag(name, saved)}" if saved else f"without {param(name)}"
+            raise ConfigError(f"--resume: the run was trained {how}; drop {param(name)}, or train a new run with "
+                              f"another --out-dir")
     saved_fraction = saved_train.get("val_fraction", TrainConfig.val_fraction)
     if train_kw.get("val_fraction", saved_fraction) != saved_fraction:
         raise ConfigError(f"--resume: the run was trained with --val-fraction {saved_fraction:g}; another fraction "

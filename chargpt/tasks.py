@@ -9,35 +9,75 @@ Text trains on random windows of the corpus; Pairs on whole pairs (padded, loss 
 greedy translations of fixed validation pairs at each evaluation and shows a few when training ends.
 """
 
+import dataclasses
+
 import numpy as np
 
+from . import labels
 from .components.samples import SAMPLE_TEMPERATURE, sample_text
 from .data import Batches, check_blocks_length, encode_corpus, split_of, split_sizes, unseen_in_training, val_snippet
+from .errors import DataError
 from .flags import param
+from .items import items_layout
 from .pairs import PairBatches, encode_pairs
+from .tokenizer import Vocab
 from .translate import CHRF_MISSING, chrf, exact_match, translate
 
 SHOWN_PAIRS = 5  # validation pairs translated when a pairs run ends
 
 
 def make_task(cfg):
+    labels.check_settings(cfg)
     return Pairs() if cfg.task == "pairs" else Text()
 
 
 class Text:
     name = "text"
+    items = labels = None  # a list (--items: chargpt.items), several labelled texts (--labels: chargpt.labels)
+    labels_from = None  # the metadata of the run this one continues or starts from: its labels keep their ids
 
     def encode(self, cfg, block_size, log):
+        if cfg.labels:
+            return self._encode_labelled(cfg, log)
         fits = split_sizes if cfg.val_split == "tail" else check_blocks_length  # checked before anything is cached
         return encode_corpus(cfg.data, cfg.encoding, cfg.encoding_errors, cfg.cache_dir, log=log,
-                             check_length=lambda n: fits(n, cfg.val_fraction, block_size))
+                             check_length=None if cfg.items else lambda n: fits(n, cfg.val_fraction, block_size))
+
+    def _encode_labelled(self, cfg, log):
+        """The labelled texts, grouped by label, as one corpus, and the labels' characters added to its
+        vocabulary (a label a previous run had keeps its character)."""
+        name, sources, names = labels.label_sources(cfg.data, cfg.labels, cfg.encoding)
+        corpus = encode_corpus(cfg.data, cfg.encoding, cfg.encoding_errors, cfg.cache_dir, log=log,
+                               sources=(name, sources))
+        labels.check_no_label_chars(corpus.vocab, cfg.data)
+        self.spans, length = labels.label_spans(sources, names, cfg.encoding, cfg.encoding_errors)
+        if length != corpus.length:
+            raise DataError(f"{cfg.data} changed while it was being read; run again once it is complete")
+        self.labels = labels.LabelSet.assign(sorted(set(names)), labels.LabelSet.from_meta(self.labels_from))
+        vocab = Vocab(corpus.vocab.chars + self.labels.chars())
+        if vocab.id_dtype != corpus.vocab.id_dtype:
+            raise DataError(f"{len(corpus.vocab):,} characters and {len(self.labels.names):,} labels do not fit in "
+                            f"65,535 ids; use fewer labels")
+        return dataclasses.replace(corpus, vocab=vocab)
 
     def batches(self, corpus, cfg, mcfg, device, log):
         """Random windows of the text, each inside its side of the split (--val-split); self.chars_per_example:
         characters an example trains on; self.closing_prompt: what the closing sample starts from (--sample-prompt,
         else the start of a validation line)."""
         self.chars_per_example = mcfg.block_size
-        ids = corpus.ids()
+        ids = self.ids = corpus.ids()
+        if cfg.labels:
+            vocab = corpus.vocab
+            batches = labels.LabelBatches(ids, self.spans, {n: vocab.stoi[self.labels.names[n]] for n in self.spans},
+                                          vocab.stoi[self.labels.null], cfg, mcfg.block_size, vocab.stoi.get("\n"),
+                                          device)
+            self.split, self.closing_prompt, self.eval_iters = batches.split, cfg.sample_prompt or "", cfg.eval_iters
+            self.label_batches = batches
+            return batches
+        if cfg.items:
+            self.items = items_layout(ids, corpus.vocab, cfg.val_fraction, mcfg.block_size)
+            self.split, self.closing_prompt = self.items.corpus_split, cfg.sample_prompt or ""  # where they are
+            return Batches(self.items.ids, cfg.val_fraction, mcfg.block_size, cfg.batch_size, device, self.items.split)
         self.split = split_of(ids, corpus.vocab, cfg.val_fraction, mcfg.block_size, cfg.val_split)
         self.closing_prompt = cfg.sample_prompt or val_snippet(ids, self.split, corpus.vocab)
         return Batches(ids, cfg.val_fraction, mcfg.block_size, cfg.batch_size, device, self.split)
@@ -46,8 +86,10 @@ class Text:
         """Start-up lines: which text validates, and a warning when it holds characters training never shows (and,
         for a run started from another, its base never learned: `known`)."""
         vocab = corpus.vocab
-        lines = [self.split.describe(corpus.length)]
-        unseen = [vocab.chars[int(i)] for i in unseen_in_training(corpus.ids(), self.split, len(vocab))]
+        lines = self.items.describe(self.chars_per_example) if self.items else [self.split.describe(corpus.length)]
+        if self.labels is not None:
+            lines.insert(0, labels.describe(self.spans, cfg))
+        unseen = [vocab.chars[int(i)] for i in unseen_in_training(self.ids, self.split, len(vocab))]
         unseen = [c for c in unseen if c not in known]
         if unseen:
             shown = " ".join(repr(c) for c in unseen[:12]) + (f" and {len(unseen) - 12} more" if len(unseen) > 12
@@ -65,13 +107,18 @@ class Text:
         return f"sequences of {mcfg.block_size} chars"
 
     def scores(self, model, corpus, dtype, log, check_stop=None):
-        return {}
+        """A labelled run: the validation loss of each label ({} for other text runs)."""
+        if self.labels is None:
+            return {}
+        iters = max(1, self.eval_iters // len(self.spans))
+        return {"val_loss_by_label": labels.label_losses(model, self.label_batches, iters, dtype)}
 
     def closing_sample(self, model, corpus, cfg, dtype, device, out_dir):
         """A sample of text as the run ends (a pairs run shows translations instead), from a short real snippet of
         the validation text unless --sample-prompt says otherwise: the model at its best, not a lone newline."""
         prompt = self.closing_prompt
-        text = sample_text(model, corpus.vocab, device, prompt, cfg.sample_chars, cfg.seed)
+        start = self.labels.null if self.labels is not None else ""  # a labelled run: unlabelled, as it trained
+        text = sample_text(model, corpus.vocab, device, start + prompt, cfg.sample_chars, cfg.seed)
         what = "" if cfg.sample_prompt or not prompt else f", prompted with the start of a validation line, {prompt!r}"
         return (f"\n--- sample from {out_dir} ({cfg.sample_chars} characters, temperature {SAMPLE_TEMPERATURE}"
                 f"{what}) ---\n{prompt}{text}\n---")

@@ -36,7 +36,8 @@ except ImportError:  # Python 3.10
 README = ROOT / "README.md"
 GUIDES = sorted((ROOT / "docs").glob("*.md"))
 # files the docs introduce as the reader's own ("notes.txt stands for a text file of yours"): what they must bring
-YOURS = {"notes.txt", "data/my_poems/", "other_play.txt", "ita.tsv", "en.txt", "test.tsv"}
+YOURS = {"notes.txt", "data/my_poems/", "other_play.txt", "ita.tsv", "en.txt", "test.tsv", "names.txt",
+         "data/authors/"}
 INPUT_FLAGS = ("--data", "--target-data", "--config", "--checkpoint", "--prompt-file", "--input", "--candidates",
                "--nanogpt")
 OUTPUT_FLAGS = ("--out-dir", "--output", "-o")
@@ -434,6 +435,10 @@ def your_files():
     Path("ita.tsv").write_text("".join(f"{s}\t{t}\tCC-BY\n" for s, t in pairs), encoding="utf-8")
     Path("test.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in pairs[:8]), encoding="utf-8")
     Path("en.txt").write_text("Good morning.\n\nThanks.\n", encoding="utf-8")
+    Path("names.txt").write_text("".join(f"{w}\n" for w in sorted(set(english().split()))[:400]), encoding="utf-8")
+    for i, label in enumerate(("code", "help")):  # several texts, one a label (--labels folders)
+        Path(f"data/authors/{label}").mkdir(parents=True)
+        Path(f"data/authors/{label}/{label}.txt").write_text(english()[i * 6000:(i + 1) * 6000], encoding="utf-8")
 
 
 def fake_get(name, data_dir="data", log=print, **kw):

@@ -277,8 +277,8 @@ def test_a_failed_write_changes_nothing(tmp_path, monkeypatch):
 class FullDiskTokenizer:
     """The tokenizer, whose save fails as tokenizers reports a full disk: a bare Exception, after a partial write."""
 
-    def __init__(self, vocab, tokenizers):
-        self.real = CHARACTER_TOKENIZER(vocab, tokenizers)
+    def __init__(self, vocab, tokenizers, labels=None):
+        self.real = CHARACTER_TOKENIZER(vocab, tokenizers, labels)
 
     def save(self, path, pretty=True):
         with open(path, "w") as f:
@@ -400,7 +400,7 @@ def test_a_signal_during_the_export_leaves_nothing(tmp_path, monkeypatch, sigter
     first = exported(tmp_path, random_model(seed=1))
     before = snapshot(tmp_path)
 
-    def stopped_midway(folder, model, vocab):
+    def stopped_midway(folder, model, vocab, labels=None):
         assert (folder / "model.safetensors").is_file()  # written: there is something to clean up
         signal.raise_signal(signum)
         return 0.0

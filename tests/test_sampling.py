@@ -230,7 +230,8 @@ def test_api_exposes_every_decoding_flag_of_the_cli():
     cli_only = {"checkpoint_path", "prompt_file", "output", "as_json", "interactive", "device", "dtype", "quantize",
                 "compile_mode", "no_cache",  # load() takes device, dtype, quantize and compile
                 "novelty", "min_span", "novelty_data",  # scoring a sample is chargpt.novelty's, not decoding
-                "list_forms"}  # --forms lists the named forms (chargpt.forms.SHAPES)
+                "list_forms",  # --forms lists the named forms (chargpt.forms.SHAPES)
+                "new_only"}  # a list's items: Generator.items takes it
     api = set(inspect.signature(Generator.stream).parameters)
     assert {p.name for p in sample_cli.params} - cli_only <= api
     assert {"use_cache", "num_samples", "seed", "unknown", "stop", "min_span", "copies"} <= api

@@ -58,9 +58,11 @@ def run_corpus(meta, data=None, cache_dir=None, run="the run", log=print):
 def _same_vocab(corpus, meta, run):
     """The corpus, if its vocabulary is the run's: the guard for runs saved before they recorded their corpus key.
     A run started from another (--init-from) trains in the base's vocabulary extended by its corpus's characters,
-    so there the corpus's characters need only be among the run's (the text is scored in the corpus's own ids)."""
+    so there the corpus's characters need only be among the run's (the text is scored in the corpus's own ids); so
+    does a run trained with --labels, whose vocabulary adds its labels (chargpt/labels.py) to the corpus's."""
     from ..init_from import read_lineage
-    within = read_lineage(meta) is not None and all(c in meta["vocab"].stoi for c in corpus.vocab.chars)
+    within = (read_lineage(meta) is not None or meta.get("labels") is not None) and \
+        all(c in meta["vocab"].stoi for c in corpus.vocab.chars)
     if corpus.vocab != meta["vocab"] and not within:
         raise CorpusMissing(f"the corpus found for {run} has a different vocabulary ({len(corpus.vocab):,} "
                             f"characters against its {len(meta['vocab']):,}): not the text it trained on; pass --data "

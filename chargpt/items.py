@@ -1,0 +1,191 @@
+"""Lists: a corpus whose lines are items (names, titles, one-line jokes), trained with --items.
+
+Each non-blank line is an item. The validation split holds out whole items: a fixed pseudo-random choice of
+--val-fraction of them (seed 0, not --seed, as sentence pairs are split: every run on the same list validates on
+the same items, and a sorted list puts every part of it in both splits). Training reads its items, in list order,
+as one text, each item after a newline and ending with one ("\\nitem\\nitem\\n..."), and so does validation: a
+newline is what the model reads before every item, so an empty context ("\\n") means "the start of an item", and
+a sample of an items run starts there and ends at the next newline (chargpt.engine.Generator.items).
+
+The text of both splits is built in memory (MAX_ITEMS_CHARS bounds it): a list is small.
+"""
+
+import json
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from .data import Split
+from .errors import ConfigError, DataError
+from .flags import param
+from .textio import write_output
+
+MAX_ITEMS_CHARS = 200_000_000  # a list larger than this is not a list: train it as plain text
+ITEMS_SEED = 0  # the split's own seed: the same items validate in every run on the list
+MAX_TRIES = 10  # sampling makes at most this many generations per item asked for (empty items, copies)
+
+
+def item_bounds(ids, newline, carriage=None):
+    """The items of an encoded corpus: (n, 2) [start, end) of its non-blank lines, a line's "\\r" (CRLF files) left
+    out. `ids` may be a memory map."""
+    if len(ids) > MAX_ITEMS_CHARS:
+        raise DataError(f"{param('items')}: the corpus has {len(ids):,} characters, more than the {MAX_ITEMS_CHARS:,} "
+                        f"a list may hold; drop {param('items')} to train on it as plain text")
+    ids = np.asarray(ids)
+    ends_at = np.flatnonzero(ids == newline) if newline is not None else np.zeros(0, dtype=np.int64)
+    starts = np.concatenate([[0], ends_at + 1]).astype(np.int64)
+    ends = np.concatenate([ends_at, [len(ids)]]).astype(np.int64)
+    if carriage is not None:
+        cr = (ends > starts) & (ids[np.maximum(ends - 1, 0)] == carriage)
+        ends = ends - cr
+    keep = ends > starts
+    return np.stack([starts[keep], ends[keep]], axis=1)
+
+
+def split_items(n_items, val_fraction):
+    """-> (train item indices, validation item indices), each sorted: a fixed pseudo-random choice of whole items."""
+    n_val = int(n_items * val_fraction)
+    if n_val == 0 or n_val == n_items:
+        raise DataError(f"{n_items:,} items x {param('val_fraction', val_fraction)} leaves the "
+                        f"{'validation' if n_val == 0 else 'training'} split without an item; give more items (one "
+                        f"per line) or change {param('val_fraction')}")
+    order = np.random.default_rng(ITEMS_SEED).permutation(n_items)
+    return np.sort(order[n_val:]), np.sort(order[:n_val])
+
+
+@dataclass
+class ItemsLayout:
+    """The text an items run trains and validates on: `ids` holds the training items, then the validation items,
+    each part "\\n" + its items each followed by "\\n"; `split` says which is which."""
+    ids: np.ndarray
+    split: Split
+    corpus_split: Split  # the same items where they are in the corpus (for its novelty index)
+    n_train: int
+    n_val: int
+    too_long: int  # items longer than the context (with the newline before them)
+    longest: int
+
+    def describe(self, block_size):
+        """Start-up lines: the split, and a warning when some items do not fit in the context."""
+        lines = [f"items: {self.n_train + self.n_val:,} items (one a line, blank lines dropped); validation: "
+                 f"{self.n_val:,} whole items ({self.split.size('val'):,} characters), chosen at random with a fixed "
+                 f"seed; samples start at a newline and end at the next"]
+        if self.too_long:
+            lines.append(f"warning: {self.too_long:,} item(s) are longer than the context ({param('block_size')} "
+                         f"{block_size}; the longest has {self.longest:,} characters): the model never reads them "
+                         f"whole from their start; a larger {param('block_size')} fits them")
+        return lines
+
+
+def items_layout(ids, vocab, val_fraction, block_size):
+    """An encoded corpus read as a list -> ItemsLayout. Raises the one-line error when the list is too small."""
+    newline = vocab.stoi.get("\n")
+    bounds = item_bounds(ids, newline, vocab.stoi.get("\r"))
+    if len(bounds) < 2:
+        raise DataError(f"{param('items')}: the corpus has {len(bounds)} item(s), and a list needs at least two (one "
+                        f"item a line) to hold some out for validation; give a list, or drop {param('items')}")
+    if newline is None:
+        raise DataError(f"{param('items')}: the corpus has no line ends")  # unreachable: two items need one
+    train, val = split_items(len(bounds), val_fraction)
+    ids = np.asarray(ids)
+    parts = []
+    for rows in (train, val):
+        pieces = [np.array([newline], dtype=ids.dtype)]
+        for a, b in bounds[rows]:
+            pieces += [ids[a:b], pieces[0]]
+        parts.append(np.concatenate(pieces))
+    n_train = len(parts[0])
+    text = np.concatenate(parts)
+    for name, n in (("training", n_train), ("validation", len(parts[1]))):
+        if n <= block_size:
+            raise DataError(f"{param('items')}: the {name} items hold {n:,} characters with their newlines, fewer "
+                            f"than one window of {param('block_size', block_size)} + 1; use "
+                            f"{param('block_size', max(1, n - 1))} or less, or give more items")
+    lengths = bounds[:, 1] - bounds[:, 0]
+    split = Split("items", np.array([[0, n_train]]), np.array([[n_train, len(text)]]))
+    in_corpus = Split("items", bounds[train], bounds[val])
+    return ItemsLayout(text, split, in_corpus, len(train), len(val), int((lengths + 1 > block_size).sum()),
+                       int(lengths.max()))
+
+
+def corpus_items(corpus):
+    """The set of an encoded corpus's items (its non-blank lines, as strings): what a sample is a copy of."""
+    vocab = corpus.vocab
+    ids = np.asarray(corpus.ids())
+    chars = np.array(vocab.chars, dtype=object)
+    return {"".join(chars[ids[a:b]]) for a, b in item_bounds(ids, vocab.stoi.get("\n"), vocab.stoi.get("\r"))}
+
+
+def is_items_run(meta):
+    """Whether a checkpoint's metadata is that of a run trained with --items."""
+    return bool((meta.get("train_config") or {}).get("items"))
+
+
+@dataclass
+class ItemSamples:
+    """What Generator.items wrote: `items` (at most the number asked), and the count of generations it made."""
+    items: list
+    tries: int
+    empty: int  # generations that ended at once (an empty item), retried
+    copies: int  # items that were copies of the list (kept unless new_only)
+    dropped: int  # copies left out (new_only)
+
+
+def sample_items(generate, n, seed=None, known=None, new_only=False, batch=None):
+    """Sample n items: generate(count, seed) -> `count` texts, each cut at its first newline. An empty item is
+    retried (it is no item); with new_only, copies of `known` (a set of the list's items) are left out and sampling
+    goes on. At most MAX_TRIES * n generations in all, so a model that only copies ends: -> ItemSamples (fewer items
+    than n when the tries ran out)."""
+    got, tries, empty, copies, dropped, round_ = [], 0, 0, 0, 0, 0
+    batch = batch or n
+    while len(got) < n and tries < MAX_TRIES * n:
+        count = min(max(batch, n - len(got)), MAX_TRIES * n - tries)
+        texts = generate(count, None if seed is None else seed + round_)
+        round_ += 1
+        tries += count
+        for text in texts:
+            text = text.split("\n", 1)[0].removesuffix("\r")
+            if not text:
+                empty += 1
+                continue
+            copy = known is not None and text in known
+            if copy and new_only:
+                dropped += 1
+                continue
+            if len(got) < n:
+                got.append(text)
+                copies += copy
+    return ItemSamples(got, tries, empty, copies, dropped)
+
+
+def write_items(gen, prompt, n, seed, settings, new_only, data=None, run="the run", as_json=False, output=None,
+                log=print):
+    """sample.py with a run trained with --items: n items, one a line, to stdout (or the file `output`). `log` says
+    how many are exact copies of an item of the list (found as chargpt.novelty finds a run's text: `data` if it
+    moved), or that the list is gone and nothing was counted; with new_only, copies are left out."""
+    if not gen.items_run:
+        raise ConfigError(f"{param('new_only')} is for a run trained with {param('items')} (a list); drop it")
+    if settings.get("best_of"):
+        raise ConfigError(f"{param('best_of')} ranks text samples; a list's items take {param('new_only')} instead")
+    known = gen.known_items(data, run)
+    if new_only and known is None:
+        raise DataError(f"{param('new_only')} needs the list the run trained on to leave copies out; pass "
+                        f"{param('novelty_data')} with it")
+    got = gen.items(n, prompt, seed=seed, new_only=new_only, known=known, **settings)
+    if known is not None:
+        log(f"{len(got.items)} item(s), {got.copies} of them exact copies of an item of the list"
+            + (f"; {got.dropped} {'copy' if got.dropped == 1 else 'copies'} left out ({param('new_only')})"
+               if new_only else ""))
+    if got.empty:
+        log(f"{got.empty} empty item(s) (a newline at once) were written again")
+    if len(got.items) < n:
+        log(f"only {len(got.items)} of {n} items after {got.tries} tries (at most {MAX_TRIES} per item)")
+    lines = [json.dumps({"item": t, "copy": known is not None and t in known}, ensure_ascii=False) if as_json else t
+             for t in got.items]
+    body = "".join(line + "\n" for line in lines)
+    if output:
+        write_output(output, body)
+        log(f"wrote {len(lines)} item(s) to {output}")
+    else:
+        sys.stdout.write(body)
