@@ -20,7 +20,8 @@ def test_speed_and_time_left_leave_out_the_pauses(monkeypatch):
             now[0] += 50.0
             p.pause(50.0)  # an evaluation of 50 s
         record = p.step(step, torch.tensor(1.0), 1e-3, now[0], 1.5)
-    assert record == {"step": 11, "train_loss": 1.0, "lr": 1e-3, "elapsed_s": round(now[0], 2)}
+    assert record == {"step": 11, "train_loss": 1.0, "lr": 1e-3, "elapsed_s": round(now[0], 2),
+                      "chars_per_s": 1000.0}  # for the sinks (trackers): the 50 s evaluation left out
     shown = p.bar.postfix
     assert "chars/s=1,000" in shown  # 10 steps of 100 characters in 1 s of training
     assert "left=9s" in shown  # 90 steps at 10 a second

@@ -53,7 +53,7 @@ class Progress:
     """The clocks of a session that starts at `step` with `elapsed` training seconds behind it (a resumed run),
     and its progress bar (shown where `show`). chars_per_step converts steps to characters."""
 
-    def __init__(self, step, elapsed, max_iters, chars_per_step, show=True):
+    def __init__(self, step, elapsed, max_iters, chars_per_step, show=True, pace=None):
         known = max_iters < UNLIMITED
         self.bar = tqdm(total=max_iters if known else None, initial=step, disable=not show, dynamic_ncols=True,
                         leave=False, bar_format=KNOWN_TOTAL if known else UNKNOWN_TOTAL,
@@ -64,6 +64,14 @@ class Progress:
         self.window = (self.session_start, 0.0, step)  # (time, pauses, step) where the speed window began
         self.running = RunningLoss()
         self.first_step_s = None  # wall time of this session's first step: torch.compile compiles during it
+        self.pace = pace  # components/budget.Pace: the speed trained at, against the probe's, said once
+
+    @classmethod
+    def of(cls, run):
+        """The progress of a session of `run` (components/start.Run)."""
+        s, budget = run.state, run.budget
+        return cls(s.step, s.elapsed, run.cfg.max_iters, run.chars_per_step, show=run.dist.is_main,
+                   pace=budget.pace if budget is not None else None)
 
     def clock(self):
         """The run's training clock now: seconds over all its sessions (evaluations included)."""
@@ -81,6 +89,10 @@ class Progress:
         every LOG_EVERY steps -> the record of the running loss (a dict for the sinks), else None. left_s: the time
         budget's seconds left, if any (else, with a step budget, estimated from the speed)."""
         self.running.add(loss)
+        if self.pace is not None and self.pace.waiting:  # the steps after the first (with compile, the compiling)
+            trained = time.perf_counter() - self.session_start - self.pauses - (self.first_step_s or 0.0)
+            self.pace.check(step, step - self.session_step - (self.first_step_s is not None), trained, left_s,
+                            self.max_iters)
         record = None
         if (step - 1) % LOG_EVERY == 0:
             value = self.running.read()  # the mean since the last read: the one host sync of progress
@@ -98,7 +110,8 @@ class Progress:
                 shown["left"] = time_left(left_s)
             self.bar.set_postfix(shown, refresh=False)
             if value is not None:
-                record = {"step": step, "train_loss": round(value, 6), "lr": lr, "elapsed_s": round(elapsed, 2)}
+                record = {"step": step, "train_loss": round(value, 6), "lr": lr, "elapsed_s": round(elapsed, 2),
+                          "chars_per_s": round(speed * self.chars_per_step, 1)}  # evaluations and saves left out
         self.bar.update(1)
         return record
 

@@ -1,15 +1,16 @@
 """Where a run's records go. The loop makes three kinds of record and hands each to every sink of the run:
 
-    "train"   every LOG_EVERY steps: step, train_loss (the running mean), lr, elapsed_s
+    "train"   every LOG_EVERY steps: step, train_loss (the running mean), lr, elapsed_s, chars_per_s (training
+              speed since the last record, evaluations and saves left out)
     "eval"    at each evaluation: step, train/val loss in nats, bits per character and bits per byte, lr, elapsed_s
               (and the scores of a pairs run); written before the checkpoint it describes
     "sample"  a sample written while training: step, prompt, text (and its novelty summary)
 
 RunFiles, the sink every run has, appends them to the run directory's train_loss.jsonl, metrics.jsonl and
-samples.jsonl, which `chargpt info`, `chargpt plot` and the playground read. A logger for another tool (TensorBoard,
-an experiment tracker) is one more class with the same two methods, passed to chargpt.train(sinks=[...]) or made
-by make_sinks from a setting; the loop does not change. Sinks are called on rank 0 only, between steps: a slow
-one slows training, so one that talks to a network should queue and return.
+samples.jsonl, which `chargpt info`, `chargpt plot` and the playground read. A logger for another tool is one more
+class with the same two methods, passed to chargpt.train(sinks=[...]) or made at start from a setting (--log-to:
+TensorBoard, W&B and MLflow, components/trackers.py); the loop does not change. Sinks are called on rank 0 only,
+between steps: a slow one slows training, so one that talks to a network should queue and return.
 """
 
 from typing import Protocol
