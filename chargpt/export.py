@@ -44,6 +44,7 @@ from .components.interrupt import handling
 from .config import EXPORT_FORMATS, ExportSettings, SampleSettings, describe_model, run_val_split
 from .errors import ChargptError, ConfigError, Interrupted
 from .flags import param
+from .labels import LabelSet, rendered, token_strings
 from .pairs import END, SEP
 from .platforms import STOP_SIGNALS, lock_folder, pid_alive, replace
 from .rundir import remove_stale_temps, resolve
@@ -122,16 +123,20 @@ def gpt2_tensors(model, want):
     return out
 
 
-def character_tokenizer(vocab, tokenizers):
+def character_tokenizer(vocab, tokenizers, labels=None):
     """A tokenizers.Tokenizer giving every character chargpt's id: a WordLevel model over the run's characters, a
     pre-tokenizer that makes every code point (newlines and spaces included) its own word, no normalizer (text is
     taken as is), and a Fuse decoder, so decoding joins characters without inserting spaces. A character the run
-    never saw becomes chargpt's --unknown replace stand-in (vocab.replacement()), a real vocabulary entry."""
-    from tokenizers import Regex, decoders, models, pre_tokenizers
-    tok = tokenizers.Tokenizer(models.WordLevel({c: i for i, c in enumerate(vocab.chars)},
+    never saw becomes chargpt's --unknown replace stand-in (vocab.replacement()), a real vocabulary entry. A run
+    trained with --labels: each label's id is the special added token "⟨name⟩" (chargpt.labels)."""
+    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+    strings = token_strings(vocab, labels)
+    tok = tokenizers.Tokenizer(models.WordLevel({c: i for i, c in enumerate(strings)},
                                                 unk_token=vocab.replacement()))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # "." would miss \n
     tok.decoder = decoders.Fuse()
+    if labels is not None:  # found whole before the split into characters; their ids are the vocabulary's
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in strings if len(t) > 1])
     return tok
 
 
@@ -202,6 +207,13 @@ def model_card(meta, model, name, transformers_version):
                  f"out = model.generate(ids)  # samples at temperature 0.8, as chargpt does, "
                  f"{default_new_tokens(cfg)} new characters\nprint(tok.decode(out[0]))")
         what = "writes text in the style of its corpus"
+        if (labels := LabelSet.from_meta(meta)) is not None:  # --labels: the label token first, then the prompt
+            first = next(iter(labels.names))
+            usage = usage.replace(f"tok({prompt!r}", f"tok({rendered(first) + prompt!r}")
+            what = (f"writes in the style of the label it reads first: {', '.join(map(rendered, labels.names))} "
+                    f"(⟨⟩: none)")
+            notes.append("each label is one special token of the tokenizer, given before the prompt; chargpt's "
+                         "--guidance (classifier-free guidance) has no transformers equivalent")
     steps = meta.get("step", 0)
     return f"""---
 library_name: transformers
@@ -297,7 +309,7 @@ def write_hf(model, vocab, meta, folder, name):
     hf.generation_config = transformers.GenerationConfig(**generation_settings(model.config, task, end_id))
     hf.save_pretrained(folder)  # model.safetensors (the default since transformers 4.35), config.json
     try:
-        character_tokenizer(vocab, tokenizers).save(str(folder / "tokenizer.json"))
+        character_tokenizer(vocab, tokenizers, LabelSet.from_meta(meta)).save(str(folder / "tokenizer.json"))
     except Exception as e:  # tokenizers reports a failed write as a bare Exception: "No space left on device (os
         raise OSError(str(e)) from None  # error 28)"
     (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(model.config), indent=2) + "\n")
@@ -306,12 +318,12 @@ def write_hf(model, vocab, meta, folder, name):
 
 
 @torch.no_grad()
-def verify(folder, model, vocab):
+def verify(folder, model, vocab, labels=None):
     """Load `folder` as a user would and check it computes chargpt's logits and ids; raise if not."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     hf = AutoModelForCausalLM.from_pretrained(folder).eval()
     tok = AutoTokenizer.from_pretrained(folder)
-    text = "".join(vocab.chars)
+    text = "".join(token_strings(vocab, labels))
     every = list(range(len(vocab)))
     if tok(text, verbose=False)["input_ids"] != every or tok.decode(every) != text:  # verbose: text > block_size
         raise ChargptError("the exported tokenizer does not give every character chargpt's id; nothing was written; "
@@ -500,6 +512,9 @@ def export(checkpoint, to=None, format="hf", force=False, log=print):
         raise ConfigError(f"{param('to')} is required: the folder to write the export to")
     if settings.format not in EXPORT_FORMATS:
         raise ConfigError(f"{param('format')} must be one of {', '.join(EXPORT_FORMATS)} (got {settings.format!r})")
+    if settings.format != "hf":  # the web page is chargpt.webpage.export_web, which builds on this module
+        raise ConfigError(f"export() writes {param('format', 'hf')}; {param('format', settings.format)} is "
+                          f"chargpt.webpage.export_web (chargpt export dispatches to it)")
     target = Path(settings.to).expanduser()
     path = resolve(checkpoint)
     check_target(target, path, settings.force)
@@ -511,7 +526,7 @@ def export(checkpoint, to=None, format="hf", force=False, log=print):
 
     def fill(folder):
         write_hf(model, vocab, meta, folder, target.name)
-        return verify(folder, model, vocab)
+        return verify(folder, model, vocab, LabelSet.from_meta(meta))
 
     with quiet(transformers), handling(TERM_SIGNALS, _raise_stopped):
         try:
