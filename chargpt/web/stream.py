@@ -27,6 +27,7 @@ class Generation:
         self.cancel = threading.Event()
         self.queue = asyncio.Queue()
         self.result = None  # the `done` event's data, once the worker has ended
+        self.failed = False  # whether it ended in an unexpected exception (its `error`), not a ChargptError
 
     def start(self):
         loop = asyncio.get_running_loop()
@@ -41,19 +42,29 @@ class Generation:
     async def events(self, first):
         try:
             yield sse("start", {"id": self.id, **first})
+            async for pieces, end in self.updates():
+                if pieces:
+                    yield sse("text", pieces)
+                if end is not None:
+                    yield sse("done", end)
+        finally:
+            self.cancel.set()  # a client that disconnects lands here too
+
+    async def updates(self):
+        """(pieces, end) as the worker hands them over, in no wire format (events() frames them for the page,
+        /v1/completions as OpenAI's chunks): the [sample, text] pieces that piled up since the last, and the `done`
+        data once the worker has ended, else None. Leaving early cancels the generation."""
+        try:
             while True:
                 items = [await self.queue.get()]
                 while not self.queue.empty():  # what piled up while the last event was sent goes as one
                     items.append(self.queue.get_nowait())
-                pieces = [data for kind, data in items if kind == "text"]
-                if pieces:
-                    yield sse("text", pieces)
                 ends = [data for kind, data in items if kind == "done"]
+                yield [data for kind, data in items if kind == "text"], (ends[0] if ends else None)
                 if ends:
-                    yield sse("done", ends[0])
                     return
         finally:
-            self.cancel.set()  # a client that disconnects lands here too
+            self.cancel.set()
 
     def _work(self, put):
         t0, chars, error = time.perf_counter(), 0, None
@@ -67,6 +78,7 @@ class Generation:
             error = str(e)
         except Exception as e:  # a bug, or out of memory: tell the page, keep the server up
             traceback.print_exc()
+            self.failed = True  # the server's fault, not the request's (/v1 answers 500, not 400)
             error = f"generation failed: {type(e).__name__}: {str(e)[:200]}"
         finally:
             self.result = {"stopped": self.cancel.is_set(), "chars": chars, "error": error,

@@ -1,0 +1,297 @@
+"""An OpenAI-compatible API, so that any OpenAI client (the openai package, LangChain, scripts written for OpenAI)
+can write with a run: a model is a run, by the name GET /api/runs and the run picker give it, and a token is a
+character.
+
+  POST /v1/completions  {model, prompt, max_tokens, temperature, top_p, n, stop, seed, stream, stream_options,
+                        user; chargpt's own, beside OpenAI's (the openai client's extra_body): top_k, unknown,
+                        and for a run trained with --labels label and guidance}
+                        -> a text_completion {id, object, created, model, choices [{text, index, logprobs: null,
+                        finish_reason}], usage}; with stream: true its chunks as server-sent events (`data: {chunk}`
+                        lines, then `data: [DONE]`; stream_options.include_usage adds a last chunk with usage)
+  GET  /v1/models       every run as a model: {object: list, data: [{id, object: model, created, owned_by}]}
+  GET  /v1/models/{id}  one of them
+
+The text is sample.py's and the playground's (it starts as /api/generate does: write.start): a field means
+sample.py's flag of the same name (max_tokens is --max-new-tokens, n --num-samples: one batch, one seed), and an
+absent one OpenAI's default, two of which differ from sample.py's: temperature 1 (sample.py's is 0.8) and max_tokens
+16 (500). top_p 1 is off, as in sample.py. A list of prompts is written prompt by prompt, each as sample.py writes
+it, prompt k's choices numbered k*n to k*n+n-1. A stop string is cut as sample.py cuts it (it may begin in the
+prompt), not included; a stream never sends the start of one that may yet complete. finish_reason is "length"
+when a choice wrote max_tokens characters, else "stop" (a stop string; a translation's end). usage counts
+characters (each prompt once, as seen after `unknown`).
+
+OpenAI's fields this server does not support are 400s naming them, unless absent or at OpenAI's default: logprobs
+(any value but null), echo, best_of (but 1), suffix, logit_bias (but {}), frequency_penalty and presence_penalty
+(but 0: OpenAI's are additive penalties by count, not sample.py's --repetition-penalty, so they are not mapped to
+it); so is a prompt of token ids. The Authorization header is accepted and ignored. Errors have OpenAI's shape,
+{"error": {message, type, param, code}}, with the playground's statuses and limits (chargpt/web/limits.py), so the
+openai client raises its typed errors (BadRequestError, NotFoundError, RateLimitError, ...).
+"""
+
+import json
+import time
+from typing import Annotated, Literal
+
+from pydantic import Field, ValidationError, model_validator
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from ...errors import ChargptError
+from ...tokenizer import UNKNOWN_POLICIES
+from ..body import RequestError, read_json
+from ..limits import (
+    MAX_GUIDANCE,
+    MAX_LABEL_CHARS,
+    MAX_NEW_CHARS,
+    MAX_PROMPT_CHARS,
+    MAX_SAMPLES,
+    MAX_STOP_CHARS,
+    MAX_STOPS,
+    MAX_TEMPERATURE,
+    MAX_TOP_K,
+)
+from ..schemas import GenerateRequest, Request, one_line
+from .write import start
+
+DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE = 16, 1.0  # OpenAI's, for an absent (or null) field
+
+# OpenAI's fields that are not supported: accepted only absent, null or at these values (OpenAI's defaults)
+UNSUPPORTED = {"logprobs": (), "echo": (False,), "best_of": (1,), "suffix": ("",), "logit_bias": ({},),
+               "frequency_penalty": (0,), "presence_penalty": (0,)}
+STREAM_OPTIONS = ("include_usage", "include_obfuscation")  # the second asks for padding against side channels:
+# there is none here to leave out
+
+Prompt = Annotated[str, Field(max_length=MAX_PROMPT_CHARS)]
+Stop = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
+
+
+class CompletionRequest(Request):
+    model: str
+    prompt: Prompt | Annotated[list[Prompt], Field(min_length=1, max_length=MAX_SAMPLES)] = Field(
+        "", description=f"a string of at most {MAX_PROMPT_CHARS:,} characters, or a list of 1 to {MAX_SAMPLES} of "
+                        f"them (token ids mean nothing to a character model)")
+    max_tokens: int | None = Field(DEFAULT_MAX_TOKENS, ge=0, le=MAX_NEW_CHARS)
+    temperature: float | None = Field(DEFAULT_TEMPERATURE, le=MAX_TEMPERATURE)
+    top_p: float | None = None  # None and 1: off
+    n: int | None = Field(1, ge=1, le=MAX_SAMPLES)
+    stop: Stop | Annotated[list[Stop], Field(max_length=MAX_STOPS)] | None = Field(
+        None, description=f"a string or a list of at most {MAX_STOPS} strings, each of at most {MAX_STOP_CHARS} "
+                          f"characters")
+    seed: int | None = None  # None: a random one
+    stream: bool | None = False
+    stream_options: dict | None = None
+    user: str | None = None  # accepted, unused
+    top_k: int | None = Field(None, le=MAX_TOP_K)
+    unknown: Literal[UNKNOWN_POLICIES] = "error"
+    label: str | None = Field(None, max_length=MAX_LABEL_CHARS)  # --labels: GenerateRequest checks both
+    guidance: float | None = Field(None, le=MAX_GUIDANCE)
+
+    @model_validator(mode="after")
+    def _fits(self):
+        count = len(self.prompts()) * self.choices_per_prompt()
+        if count > MAX_SAMPLES:
+            raise ValueError(f"{len(self.prompts())} prompts with n={self.n} ask for {count} completions; the limit "
+                             f"is {MAX_SAMPLES} per request")
+        options = self.stream_options or {}
+        if any(k not in STREAM_OPTIONS or not isinstance(v, bool) for k, v in options.items()):
+            raise ValueError(f"stream_options may hold include_usage (true or false), got "
+                             f"{json.dumps(options)[:80]}")
+        return self
+
+    def prompts(self):
+        return self.prompt if isinstance(self.prompt, list) else [self.prompt]
+
+    def choices_per_prompt(self):
+        return 1 if self.n is None else self.n
+
+    def playground(self):
+        """The same request in /api/generate's fields: GenerateRequest checks them by config's rules and gives
+        them sample.py's meaning."""
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
+        return GenerateRequest.parse({
+            "run": self.model, "prompt": self.prompts()[0], "top_p": self.top_p, "top_k": self.top_k,
+            "max_new_tokens": DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens,
+            "temperature": DEFAULT_TEMPERATURE if self.temperature is None else self.temperature,
+            "num_samples": self.choices_per_prompt(), "seed": self.seed, "unknown": self.unknown, "stop": stop,
+            "label": self.label, "guidance": self.guidance})
+
+
+def parse(body):
+    """A JSON body -> its CompletionRequest, or a 400 naming the field that does not fit (and as `param`)."""
+    refused = {k: body[k] for k in UNSUPPORTED if k in body and not _default(body[k], UNSUPPORTED[k])}
+    if refused:
+        shown = ", ".join(f"{k}={json.dumps(v)[:40]}" for k, v in refused.items())
+        raise RequestError(400, f"not supported by this server (chargpt): {shown}; leave {', '.join(refused)} out "
+                                f"(supported: {', '.join(CompletionRequest.model_fields)})", param=next(iter(refused)))
+    try:
+        return CompletionRequest.model_validate({k: v for k, v in body.items() if k not in UNSUPPORTED})
+    except ValidationError as e:
+        errors = e.errors()
+        raise RequestError(400, one_line(CompletionRequest, errors),
+                           param=str(errors[0]["loc"][0]) if errors[0]["loc"] else None) from None
+
+
+def _default(value, defaults):
+    """Whether a refused field's value asks for nothing: null, or OpenAI's default (0 as a number, not false)."""
+    return value is None or any(type(value) is type(d) and value == d or
+                                (type(d) is int and type(value) is float and value == d) for d in defaults)
+
+
+# --- the endpoints ----------------------------------------------------------------------------------------------
+async def completions(request):
+    s = request.app.state
+    req = parse(await read_json(request))
+    like = req.playground()
+    path = checkpoint(s, req.model)
+    try:
+        job, _ = await start(s, path, like, prompts=req.prompts())
+    except RequestError as e:
+        if "unknown_chars" not in e.extra:
+            raise
+        said = str(e).rpartition("; remove them")[0] or str(e)  # the page's advice names its own control
+        raise RequestError(400, f'{said}; remove them, or send "unknown": "skip" or "replace"', param="prompt") \
+            from None
+    reply = Reply(job, req.model, like.max_new_tokens, len(req.prompts()) * like.num_samples)
+    if req.stream:
+        usage = bool((req.stream_options or {}).get("include_usage"))
+        return StreamingResponse(reply.chunks(usage), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+    return JSONResponse(await reply.whole())
+
+
+class Reply:
+    """One completion's choices as the Generation writes them, sent whole or as OpenAI's stream chunks. A
+    non-streamed reply is written to its end even if its client leaves (it is bounded by max_tokens)."""
+
+    def __init__(self, job, model, max_tokens, count):
+        self.job, self.max_tokens, self.texts = job, max_tokens, [""] * count
+        self.head = {"id": f"cmpl-{job.id}", "object": "text_completion", "created": int(time.time()), "model": model}
+
+    def add(self, pieces):
+        """[sample, text] pieces -> {choice index: its new text}, each choice's pieces joined."""
+        new = {}
+        for i, piece in pieces:
+            self.texts[i] += piece
+            new[i] = new.get(i, "") + piece
+        return new
+
+    def finish_reason(self, i):
+        # a choice ends short of max_tokens only where it stopped: at a stop string, or a translation's end
+        return "length" if len(self.texts[i]) >= self.max_tokens else "stop"
+
+    def choice(self, i, text, finish_reason):
+        return {"text": text, "index": i, "logprobs": None, "finish_reason": finish_reason}
+
+    def usage(self):
+        prompt, completion = sum(map(len, self.job.prompt)), sum(map(len, self.texts))  # the prompts as seen
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def failure(self, end):
+        """The `done` data -> a RequestError if the generation did not finish, else None."""
+        if end["error"]:
+            return RequestError(500 if self.job.failed else 400, end["error"])
+        if end["stopped"]:  # cancelled: the server is stopping (a client that left reads nothing)
+            return RequestError(503, "the server is shutting down")
+        return None
+
+    async def whole(self):
+        async for pieces, _ in self.job.updates():
+            self.add(pieces)
+        failed = self.failure(self.job.result)
+        if failed:
+            raise failed
+        return {**self.head, "choices": [self.choice(i, t, self.finish_reason(i)) for i, t in enumerate(self.texts)],
+                "usage": self.usage()}
+
+    async def chunks(self, include_usage):
+        extra = {"usage": None} if include_usage else {}
+        try:
+            async for pieces, end in self.job.updates():
+                new = self.add(pieces)
+                if new:
+                    yield data({**self.head, "choices": [self.choice(i, t, None) for i, t in sorted(new.items())],
+                                **extra})
+                if end is None:
+                    continue
+                failed = self.failure(end)
+                if failed:  # the status is sent: the error goes as a chunk, which the openai client raises
+                    yield data(error_body(failed.status, str(failed)))
+                    return
+                yield data({**self.head, "choices": [self.choice(i, "", self.finish_reason(i))
+                                                     for i in range(len(self.texts))], **extra})
+                if include_usage:
+                    yield data({**self.head, "choices": [], "usage": self.usage()})
+                yield "data: [DONE]\n\n"
+        finally:
+            self.job.cancel.set()  # the client left mid-stream
+
+
+def data(value):
+    return f"data: {json.dumps(value, ensure_ascii=False)}\n\n"
+
+
+def checkpoint(s, name):
+    """A model name -> its run's checkpoint, or a 404 naming the runs there are."""
+    names = list(s.runs.listing())
+    if name not in names:
+        shown = ", ".join(n[:80] for n in names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+        raise RequestError(404, f"no model named {name[:80]!r} on this server; its models are the runs in its folder: "
+                                f"{shown or 'none yet (train one first)'} (GET /v1/models lists them)",
+                           param="model", code="model_not_found")
+    return s.runs.checkpoint(name)
+
+
+def card(name, directory):
+    try:
+        created = int(directory.stat().st_mtime)  # the run's last save
+    except OSError:
+        created = 0
+    return {"id": name, "object": "model", "created": created, "owned_by": "chargpt"}
+
+
+async def models(request):
+    runs = await run_in_threadpool(request.app.state.runs.listing)
+    return JSONResponse({"object": "list", "data": [card(name, d) for name, d in runs.items()]})
+
+
+async def model(request):
+    s, name = request.app.state, request.path_params["id"]
+    await run_in_threadpool(checkpoint, s, name)  # a 404 naming the runs
+    return JSONResponse(card(name, s.runs.find(name)))
+
+
+async def elsewhere(request):
+    rest = request.path_params["rest"]
+    if rest in ("completions", "models") or rest.startswith("models/"):
+        raise RequestError(405, f"{request.method} /v1/{rest[:80]} is not allowed: use "
+                                f"{'POST' if rest == 'completions' else 'GET'}")
+    raise RequestError(404, f"no endpoint /v1/{rest[:80]} on this server (chargpt): it answers POST /v1/completions, "
+                            f"GET /v1/models and GET /v1/models/ID; a character model continues text, so there is "
+                            f"no chat")
+
+
+# --- errors in OpenAI's shape -----------------------------------------------------------------------------------
+def error_body(status, message, param=None, code=None):
+    kind = "server_error" if status >= 500 else "requests" if status == 429 else "invalid_request_error"
+    code = code or ("rate_limit_exceeded" if status == 429 else None)
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def openai_errors(handler):
+    """The handler's refusals in OpenAI's error shape (the playground's is {"error": message}: server.refused)."""
+    async def answer(request):
+        try:
+            return await handler(request)
+        except RequestError as e:
+            return JSONResponse(error_body(e.status, str(e), e.extra.get("param"), e.extra.get("code")), e.status)
+        except ChargptError as e:  # a run whose checkpoint cannot be loaded (damaged, too new): as server.unusable
+            return JSONResponse(error_body(422, str(e), "model"), 422)
+    return answer
+
+
+def routes():
+    every = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+    return [Route("/v1/completions", openai_errors(completions), methods=["POST"]),
+            Route("/v1/models", openai_errors(models)), Route("/v1/models/{id}", openai_errors(model)),
+            Route("/v1/{rest:path}", openai_errors(elsewhere), methods=every)]
