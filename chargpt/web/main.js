@@ -1,12 +1,13 @@
-// chargpt playground: the page's entry module. Plain JavaScript modules, no build step, no libraries. Three views
+// chargpt playground: the page's entry module. Plain JavaScript modules, no build step, no libraries. Four views
 // over the JSON API of chargpt/web/server.py, one module each: Write (write.js), Look inside (inside.js), Runs
-// (runs.js); this one holds the view switch and the run picker, and wires them together. A new view is a module
+// (runs.js), New run (train.js); this one holds the view switch and the run picker, and wires them together. A new view is a module
 // with its init function, called from init() below, and a tab and a section (id view-NAME) in index.html.
 import {$, current, el, fmt, params, state, translates} from "./common.js";
 import {api} from "./api.js";
 import {clearWrite, initWrite, onStop, renderWriteMode} from "./write.js";
 import {clearInside, initInside} from "./inside.js";
 import {initRuns, refreshRuns, renderRunsTable, showRunDetail} from "./runs.js";
+import {initTrain, showTrain} from "./train.js";
 
 function showView(view) {
   document.body.dataset.view = view;
@@ -16,6 +17,7 @@ function showView(view) {
     refreshRuns();
     state.poll = setInterval(refreshRuns, 3000);  // runs still training update live
   }
+  showTrain(view === "train");  // New run polls its training while it is shown
 }
 
 async function loadRuns() {
@@ -27,7 +29,8 @@ async function loadRuns() {
     picker.replaceChildren(...names.map((n) => el("option", {value: n, text: n})));
   }
   $("no-runs").hidden = state.runs.length > 0;
-  $("no-runs").textContent = `No trained runs in ${data.folder} yet. Train one with: python train.py ` +
+  const here = document.querySelector(".tab[data-view=train]").hidden ? "" : " or in New run";  // training on
+  $("no-runs").textContent = `No trained runs in ${data.folder} yet. Train one with: python train.py${here} ` +
     "(this page picks it up as soon as its first checkpoint is saved).";
   if (!names.includes(state.run)) state.run = names.length ? newest(state.runs).name : null;
   picker.value = state.run;
@@ -80,6 +83,7 @@ function init() {
   initWrite({showView});
   initInside();
   initRuns({loadRuns, selectRun});
+  initTrain({loadRuns, selectRun, showView});
   loadRuns().then(() => { document.body.dataset.ready = "1"; })
     .catch((err) => { $("no-runs").hidden = false; $("no-runs").textContent = `cannot reach the server: ${err.message}`; });
 }

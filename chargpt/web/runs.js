@@ -1,5 +1,6 @@
 // chargpt playground, Runs: the runs in the served folder, their loss curves drawn as SVG (following runs still
-// training) against steps, training time or the share of each run's budget, and one run in full: vocabulary,
+// training; a run trained with --labels adds each label's validation loss, dotted) against steps, training time
+// or the share of each run's budget, and one run in full: vocabulary,
 // lineage, a sample, the samples it wrote while training (newest first, in a box of bounded height), its configs.
 import {$, current, el, fmt, params, state, status, svg} from "./common.js";
 import {api, generate} from "./api.js";
@@ -29,7 +30,7 @@ export async function refreshRuns() {
   }
 }
 
-async function fetchMetrics(name) {
+export async function fetchMetrics(name) {
   if (!state.runs.some((r) => r.name === name)) { state.plotted.delete(name); return; }
   const known = state.metrics[name];
   const query = known && known.mtime ? `?since=${encodeURIComponent(known.mtime)}` : "";
@@ -159,6 +160,25 @@ function lossIn(unit, rows) {
   };
 }
 
+const MAX_LABEL_CURVES = 20;  // per run: a run may have thousands of labels (--labels); the first 20 are drawn
+
+function labelsOf(rows) {
+  // a run trained with --labels: the labels its evaluations recorded a validation loss for (val_loss_by_label)
+  const names = new Set();
+  for (const r of rows) for (const k of Object.keys(r.val_loss_by_label || {})) names.add(k);
+  return [...names].slice(0, MAX_LABEL_CURVES);
+}
+
+function labelLoss(unit) {
+  // (row, label) -> that label's validation loss in `unit`; NaN in bits per byte (a label's own bytes per
+  // character is not recorded, and the run's would be wrong for a label in another alphabet)
+  return (row, label) => {
+    const nats = (row.val_loss_by_label || {})[label];
+    if (typeof nats !== "number" || unit === "bpb") return NaN;
+    return unit === "nats" ? nats : nats / LN2;
+  };
+}
+
 function xAxis(axis) {
   // the x of a metrics row for each choice: step; training time (elapsed_s, evaluation time left out); the share
   // of the run's budget spent: of --max-time, or of --max-iters, whichever ends the run first (the larger share)
@@ -174,21 +194,24 @@ function xAxis(axis) {
   return {label: "step", of: (r) => r.step};
 }
 
-function drawChart() {
+// the curves of the runs `names` into `box`, titled in `title`: the Runs view's chart, and New run's (train.js)
+export function drawChart(box = $("chart"), names = state.plotted, title = $("chart-title")) {
   const unit = state.unit, axis = xAxis(state.xaxis || "steps");
-  const series = [...state.plotted].filter((n) => state.metrics[n] && state.metrics[n].rows.length)
+  const series = [...names].filter((n) => state.metrics[n] && state.metrics[n].rows.length)
     .map((n) => ({name: n, rows: state.metrics[n].rows, running: state.metrics[n].running || [],
                   run: state.runs.find((r) => r.name === n)}))
-    .map((s) => ({...s, value: lossIn(unit, s.rows), at: (r) => axis.of(r, s.run)}));
-  const box = $("chart");
-  $("chart-title").textContent = chartTitle(series.map((s) => s.name));
+    .map((s) => ({...s, value: lossIn(unit, s.rows), at: (r) => axis.of(r, s.run), labels: labelsOf(s.rows),
+                  byLabel: labelLoss(unit)}));
+  title.textContent = chartTitle(series.map((s) => s.name));
   if (!series.length) {
     box.textContent = "No evaluations logged yet for the runs ticked above (metrics.jsonl gets a line per evaluation).";
     box.dataset.curves = "0";
     return;
   }
   const points = series.flatMap((s) => [...s.rows.flatMap((r) => [s.value(r, "train"), s.value(r, "val")]),
-                                        ...s.running.map((r) => s.value(r, "train"))]).filter((v) => Number.isFinite(v));
+                                        ...s.running.map((r) => s.value(r, "train")),
+                                        ...s.labels.flatMap((l) => s.rows.map((r) => s.byLabel(r, l)))])
+    .filter((v) => Number.isFinite(v));
   const xs = series.flatMap((s) => [...s.rows, ...s.running].map(s.at)).filter((v) => Number.isFinite(v));
   if (!points.length) {
     box.textContent = `No loss in ${UNIT_NAMES[unit]} for the runs ticked above (bits per byte: runs trained before ` +
@@ -220,7 +243,7 @@ function drawChart() {
   const ylabel = svg("text", {x: 14, y: (T + H - B) / 2, "text-anchor": "middle", transform: `rotate(-90 14 ${(T + H - B) / 2})`});
   ylabel.textContent = Y_LABELS[unit];
   root.append(xlabel, ylabel);
-  let curves = 0;
+  let curves = 0, labelled = 0;
   for (const s of series) {
     const colour = colourOf(s.name), value = s.value;
     const dense = s.running.filter((r) => Number.isFinite(value(r, "train")) && Number.isFinite(s.at(r)));
@@ -229,6 +252,7 @@ function drawChart() {
       root.append(svg("path", {class: "curve running", d, fill: "none", stroke: colour, "stroke-width": 1,
                                "stroke-opacity": 0.4, "data-run": s.name}));
     }
+    labelled += drawLabels(root, s, colour, x, y, unit);  // under the run's own curves
     for (const split of ["train", "val"]) {
       const rows = s.rows.filter((r) => Number.isFinite(value(r, split)) && Number.isFinite(s.at(r)));
       if (!rows.length) continue;
@@ -240,8 +264,10 @@ function drawChart() {
         for (const r of rows) {
           const dot = svg("circle", {cx: x(s.at(r)), cy: y(value(r, split)), r: 2.5, fill: colour});
           const tip = svg("title");
+          const each = s.labels.filter((l) => Number.isFinite(s.byLabel(r, l)))
+            .map((l) => `${l} ${fmt(s.byLabel(r, l))}`).join(", ");
           tip.textContent = `${s.name}, step ${r.step} (${fmt(r.elapsed_s, 1)} s): val ${fmt(value(r, "val"))}, ` +
-            `train ${fmt(value(r, "train"))} ${UNIT_NAMES[unit]}`;
+            `train ${fmt(value(r, "train"))} ${UNIT_NAMES[unit]}` + (each ? `; val by label: ${each}` : "");
           dot.append(tip);
           root.append(dot);
         }
@@ -250,6 +276,33 @@ function drawChart() {
   }
   box.replaceChildren(root);
   box.dataset.curves = String(curves);
+  box.dataset.labelCurves = String(labelled);
+}
+
+function drawLabels(root, s, colour, x, y, unit) {
+  // each label's validation loss (--labels): a thin dotted line in the run's colour, named at its last point
+  let drawn = 0;
+  for (const label of s.labels) {
+    const rows = s.rows.filter((r) => Number.isFinite(s.byLabel(r, label)) && Number.isFinite(s.at(r)));
+    if (!rows.length) continue;
+    const d = rows.map((r, i) => `${i ? "L" : "M"}${x(s.at(r)).toFixed(1)},${y(s.byLabel(r, label)).toFixed(1)}`).join("");
+    const last = rows[rows.length - 1];
+    const tip = `${s.name}, label ${label}: val ${fmt(s.byLabel(last, label))} ${UNIT_NAMES[unit]} at step ${last.step}`;
+    const path = svg("path", {class: "label-curve", d, fill: "none", stroke: colour, "stroke-width": 1.2,
+                              "stroke-dasharray": "1 3", "stroke-linecap": "round", "data-run": s.name,
+                              "data-label": label});
+    const name = svg("text", {class: "label-name", x: x(s.at(last)) - 4, y: y(s.byLabel(last, label)) - 4,
+                              "text-anchor": "end", fill: colour, "font-size": 10, "data-label": label});
+    name.textContent = label.length > 16 ? `${label.slice(0, 15)}…` : label;
+    for (const node of [path, name]) {
+      const title = svg("title");
+      title.textContent = tip;
+      node.append(title);
+      root.append(node);
+    }
+    drawn++;
+  }
+  return drawn;
 }
 
 async function fetchDetail() {

@@ -4,10 +4,11 @@
     python -m chargpt.serve                                   # http://127.0.0.1:8000, runs from checkpoints/
     python -m chargpt.serve --checkpoints runs/ --port 8080
 
-One page (chargpt/web/, plain HTML and JavaScript modules, no build step, nothing from the internet) with three
+One page (chargpt/web/, plain HTML and JavaScript modules, no build step, nothing from the internet) with four
 views: Write streams text from a run (from a run trained on sentence pairs: the translation of a source sentence);
 Look inside shades each character by the model's surprise and draws its attention maps (chargpt.inside); Runs
-overlays loss curves from metrics.jsonl and follows runs still training.
+overlays loss curves from metrics.jsonl and follows runs still training; New run trains one (chargpt train in a
+process of its own: training.py), off with --no-training.
 The server is a thin layer over the library: chargpt.load for models, Generator.stream for text, so a seed
 gives the same text as sample.py. Starlette, uvicorn and pydantic come with the optional `web` extra.
 
@@ -26,6 +27,7 @@ Where things are (chargpt/web/):
   cache.py       loaded models (Models), novelty indexes, and the count of work in flight (Busy)
   stream.py      a generation in a worker thread, sent as server-sent events (Generation)
   middleware.py  the Host check and the security headers
+  training.py    trainings started from the page: one child `chargpt train` process at a time (Trainings)
   endpoints/     the API, one module per feature, each with routes(); its header gives each endpoint's fields
 
 The API (JSON in, JSON out; generation as server-sent events), by the endpoints module that serves it:
@@ -38,6 +40,12 @@ The API (JSON in, JSON out; generation as server-sent events), by the endpoints 
   GET  /api/status                  write.py    generations running and the limit
   POST /api/inside                  inside.py   surprise, expected characters, attention maps (decoder-only runs)
   POST /api/novelty                 novelty.py  how much of a text is copied from the run's training text
+  GET  /api/corpora, /api/train     train.py    the texts to train on; the training running or last finished
+  POST /api/train, /api/train/upload  train.py  start a training; upload a text (its bytes, checked to be UTF-8)
+  POST /api/train/stop, .../resume  train.py    stop it (it saves, as Ctrl-C); resume a run
+  POST /v1/completions              openai.py   OpenAI's completions protocol, for any OpenAI client: a run is a
+                                                model, a stream is OpenAI's chunks, an error OpenAI's shape
+  GET  /v1/models, /v1/models/{id}  openai.py   the runs, as OpenAI's models
 A new feature (an OpenAI-compatible /v1 API, training started from the page) is a new module in endpoints/ with its
 routes(), added to endpoints.FEATURES.
 """
@@ -70,14 +78,18 @@ except ImportError as e:
     WEB_MISSING = e.name
 
 
-def create_app(checkpoints, device="auto", hosts=LOOPBACK_NAMES, max_busy=MAX_BUSY, max_models=MAX_MODELS):
-    """The Starlette app serving the runs under `checkpoints`. hosts: the Host names it answers (None: any)."""
+def create_app(checkpoints, device="auto", hosts=LOOPBACK_NAMES, max_busy=MAX_BUSY, max_models=MAX_MODELS,
+               training=True, data_dir=None, train_args=()):
+    """The Starlette app serving the runs under `checkpoints`. hosts: the Host names it answers (None: any).
+    training: whether the page may train runs (on `device`), on texts uploaded or named from data_dir; train_args:
+    `chargpt train` flags every one of them gets (("--threads", "2") leaves cores to the server)."""
     need_web()
     from . import endpoints  # the modules below import the web extra: loaded once need_web() found it
     from .body import RequestError
     from .cache import Busy, Models, NoveltyIndexes
     from .middleware import HostCheck, SecurityHeaders
     from .runs import Runs
+    from .training import Trainings
 
     middleware = [Middleware(SecurityHeaders)]
     if hosts:
@@ -88,6 +100,7 @@ def create_app(checkpoints, device="auto", hosts=LOOPBACK_NAMES, max_busy=MAX_BU
     app.state.jobs = {}  # id -> Generation in flight
     app.state.novelty = NoveltyIndexes()
     app.state.closing = False  # set by stop_all when the server is asked to stop
+    app.state.trainings = Trainings(checkpoints, data_dir, device, training, train_args)  # they outlive the server
 
     def finished(job):
         app.state.jobs.pop(job.id, None)
@@ -190,18 +203,23 @@ def running(app, host="127.0.0.1", port=0, timeout=30):
         sock.close()
 
 
-def serve(checkpoints="checkpoints", host="127.0.0.1", port=8000, device="auto", say=None):
-    """Run the playground until Ctrl-C."""
+def serve(checkpoints="checkpoints", host="127.0.0.1", port=8000, device="auto", say=None, training=True,
+          data_dir=None):
+    """Run the playground until Ctrl-C. data_dir: the texts the page may train on (None: ./data if there)."""
     say = say or (lambda line: print(line, file=sys.stderr))
     need_web()
     if not Path(checkpoints).is_dir():
         raise ChargptError(f"no checkpoints folder {checkpoints}; train a run first with python train.py, or pass "
                            f"--checkpoints DIR")
+    if data_dir is not None and not Path(data_dir).is_dir():
+        raise ChargptError(f"no data folder {data_dir}; pass --data-dir a folder of text files")
+    data_dir = data_dir if data_dir is not None or not Path("data").is_dir() else "data"
     from ..runtime import pick_device
     pick_device(device)  # an impossible --device fails now, not on the first request
     sock = bind(host, port)
     local = is_loopback(sock)
-    app = create_app(checkpoints, device, hosts=allowed_hosts(host, sock) if local else None)
+    app = create_app(checkpoints, device, hosts=allowed_hosts(host, sock) if local else None, training=training,
+                     data_dir=data_dir)
     say(f"chargpt playground: {url_of(sock)}  (runs from {Path(checkpoints).resolve()}; Ctrl-C stops)")
     if not local:
         say(f"warning: serving on {host}: anyone who can reach this machine on port {sock.getsockname()[1]} can "

@@ -1,0 +1,125 @@
+"""The New run view's API: train a run from the page, watch it, stop and resume it (chargpt/web/training.py).
+
+  GET  /api/corpora              the texts a training can read, by name: the built-in corpus, the server's data
+                                 folder (chargpt serve --data-dir), the uploaded ones
+  POST /api/train/upload?name=F  the file's bytes as the body (Content-Type: application/octet-stream), at most
+                                 MAX_UPLOAD_BYTES, strict UTF-8 -> {corpus: its name among the uploads}
+  POST /api/train                {source: builtin|data|upload, corpus, name, max_time, preset, n_layer, n_head,
+                                 n_embd, block_size, batch_size, sample_every} -> the status below
+  GET  /api/train                {training: the one running or last finished (run, pid, state running|stopping|
+                                 finished|stopped|crashed, exit_code, startup, log, error, samples, progress, resumable)
+                                 or null, presets, limits}
+  POST /api/train/stop           SIGTERM: it saves and ends, as Ctrl-C does
+  POST /api/train/resume         {run, max_time}: --resume, with the rest of its budget or max_time seconds more
+One training at a time (a second start is a 409: a training uses all the cores). Under chargpt serve --no-training
+each answers 403. The upload's content type is not one a page from another site may send without a CORS preflight,
+which this server never grants, so no other site can make the browser upload here (the JSON ones, likewise).
+"""
+
+from typing import Literal
+
+from pydantic import Field
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from ..body import RequestError, read_json
+from ..limits import MAX_NAME_CHARS, MAX_TRAIN_SECONDS, MAX_UPLOAD_BYTES
+from ..schemas import Request
+from ..training import TEXT_PRESETS
+
+MAX_SIZE = 1_000_000  # a model size field: train checks what fits; this bounds the command line
+
+
+class TrainRequest(Request):
+    source: Literal["builtin", "data", "upload"] = "builtin"
+    corpus: str | None = Field(None, max_length=MAX_NAME_CHARS * 2)  # a name from GET /api/corpora
+    name: str | None = Field(None, max_length=MAX_NAME_CHARS)  # the run's; default: the corpus's
+    max_time: float = Field(ge=1, le=MAX_TRAIN_SECONDS)
+    preset: Literal[TEXT_PRESETS] | None = Field(None, description=f"one of {', '.join(TEXT_PRESETS)}, or null "
+                                                                f"(train's default: auto on a CPU)")
+    n_layer: int | None = Field(None, ge=1, le=MAX_SIZE)
+    n_head: int | None = Field(None, ge=1, le=MAX_SIZE)
+    n_embd: int | None = Field(None, ge=1, le=MAX_SIZE)
+    block_size: int | None = Field(None, ge=1, le=MAX_SIZE)
+    batch_size: int | None = Field(None, ge=1, le=MAX_SIZE)
+    sample_every: int | None = Field(None, ge=1, le=MAX_SIZE)  # a sample every N steps, shown as it is written
+
+    def options(self):
+        return {k: getattr(self, k) for k in ("preset", "n_layer", "n_head", "n_embd", "block_size", "batch_size",
+                                              "sample_every")}
+
+
+class ResumeRequest(Request):
+    run: str
+    max_time: float | None = Field(None, ge=1, le=MAX_TRAIN_SECONDS)  # None: the rest of the run's budget
+
+
+def trainings(request):
+    t = request.app.state.trainings
+    if not t.enabled:
+        raise RequestError(403, "training from the page is off on this server (chargpt serve --no-training); "
+                                "train in a terminal with chargpt train --data FILE")
+    return t
+
+
+async def corpora(request):
+    return JSONResponse(await run_in_threadpool(trainings(request).corpora))
+
+
+async def upload(request):
+    t = trainings(request)
+    if request.headers.get("content-type", "").split(";")[0].strip() != "application/octet-stream":
+        raise RequestError(415, "send the file's bytes as the body with Content-Type: application/octet-stream")
+    name = request.query_params.get("name", "")
+    if len(name) > 4 * MAX_NAME_CHARS:
+        raise RequestError(400, f"the file name is {len(name)} characters; the limit is {4 * MAX_NAME_CHARS}")
+    data = await read_capped(request, MAX_UPLOAD_BYTES)
+    return JSONResponse({"corpus": await run_in_threadpool(t.upload, name, data)})
+
+
+async def read_capped(request, limit):
+    """The raw body, refused (413, nothing kept) past `limit` bytes, whether declared or sent."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise RequestError(413, f"the file is {int(declared):,} bytes; the limit is {limit:,} ({limit // 2**20} MB)")
+    body = bytearray()
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise RequestError(413, f"the file is over {limit:,} bytes ({limit // 2**20} MB), the limit")
+    except ClientDisconnect:
+        raise RequestError(400, "the client disconnected before sending the whole file") from None
+    return bytes(body)
+
+
+async def start(request):
+    t = trainings(request)
+    req = TrainRequest.parse(await read_json(request))
+    return JSONResponse(await run_in_threadpool(t.start, req.source, req.corpus, req.name, req.max_time,
+                                                req.options()))
+
+
+async def status(request):
+    t = trainings(request)
+    return JSONResponse({**await run_in_threadpool(t.status), "presets": list(TEXT_PRESETS),
+                         "max_upload_bytes": MAX_UPLOAD_BYTES, "max_time": MAX_TRAIN_SECONDS})
+
+
+async def stop(request):
+    return JSONResponse(await run_in_threadpool(trainings(request).stop))
+
+
+async def resume(request):
+    t = trainings(request)
+    req = ResumeRequest.parse(await read_json(request, limit=4096))
+    run = await run_in_threadpool(request.app.state.runs.find, req.run)
+    return JSONResponse(await run_in_threadpool(t.resume, run, req.max_time))
+
+
+def routes():
+    return [Route("/api/corpora", corpora), Route("/api/train/upload", upload, methods=["POST"]),
+            Route("/api/train", start, methods=["POST"]), Route("/api/train", status),
+            Route("/api/train/stop", stop, methods=["POST"]), Route("/api/train/resume", resume, methods=["POST"])]

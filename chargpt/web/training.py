@@ -1,0 +1,439 @@
+"""Trainings started from the playground's New run view: one child process at a time, running the very command a
+person types (`python -m chargpt train --data FILE --out-dir RUN --max-time N ...`), watched until it ends.
+
+The child gets its own process group, so a Ctrl-C meant for the server never reaches it, and Stop sends it SIGTERM
+(Ctrl-Break on Windows), which saves and ends it as Ctrl-C does. It outlives the server: a server started again on the
+same folder reads the record below and watches the training by its pid (and the run directory's lock, so a pid the
+system gave to another process is never taken for it).
+
+What the server keeps, in .playground/ under the served checkpoints folder (never listed as a run: it holds no
+checkpoint; its name starts with '.', which no run name from the page may):
+  uploads/NAME.txt   texts uploaded from the page: strict UTF-8, capped in size, written whole or not at all
+  logs/RUN.log       each training's output, stdout and stderr: every line train.log gets (the child runs with
+                     --verbose) from the first moment on (train.log waits for the run's first save), the progress
+                     bar, and the one error line of a start that failed before any run directory existed
+  training.json      the training started last: run, pid, command, budget, and how it ended
+Corpora and runs are chosen by name from a fresh listing of a folder the server was given; a name never becomes a
+path, and a file whose real path leaves its folder (a symlink out of it) is not listed.
+"""
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import chargpt
+
+from ..checkpoint import read_meta
+from ..config import PRESETS
+from ..data import DEFAULT_CORPUS_NAME
+from ..errors import ChargptError
+from ..platforms import WINDOWS, pid_alive, portable_name
+from ..rundir import LOSSES, SAMPLES, STATE, lock_holder, write_atomic, write_text_atomic
+from ..settings import read_config_file
+from .body import RequestError
+from .limits import MAX_CORPORA_LISTED, MAX_NAME_CHARS, MAX_UPLOAD_FOLDER_BYTES, TRAIN_LOG_LINES, TRAIN_SAMPLES
+
+HOME, UPLOADS, LOGS, RECORD = ".playground", "uploads", "logs", "training.json"
+TEXT_PRESETS = tuple(name for name, p in PRESETS.items() if p.get("task", "text") == "text")  # not sentence pairs
+TAIL_BYTES = 64 * 1024  # read from the end of a log or a .jsonl file: what the page shows is at its end
+HEAD_BYTES = 32 * 1024  # read from the start of a log: the start-up lines
+START_GRACE_S = 120  # a child this young may not hold its run's lock yet (it is still importing torch)
+STOP_CODES = (130, 143, -signal.SIGINT, -signal.SIGTERM)  # saved and ended by a signal; or killed while starting
+# the first line that is no longer the start-up: an evaluation, a sample, the end
+AFTER_START = re.compile(r"^(step +\d+:|--- sample|done:|error:|interrupted|stopped |more with:)")
+BUSY = "a training is already running ({run}); one at a time, because a training uses all of this machine's cores: " \
+       "stop it first, or wait for it to finish"
+
+
+class Trainings:
+    """The trainings started from the page: at most one running, the last one's record, the texts to train on."""
+
+    def __init__(self, checkpoints, data_dir=None, device="auto", enabled=True, train_args=()):
+        self.root = Path(checkpoints).resolve()
+        self.train_args = tuple(train_args)  # the server's own flags for every training (e.g. --threads)
+        self.home = self.root / HOME
+        self.data_dir = Path(data_dir).resolve() if data_dir is not None else None
+        self.device, self.enabled = device, enabled
+        self.lock = threading.Lock()
+        self.proc = None  # the Popen of a training this server started (None for one found on start-up)
+        self.record = self._read_record() if enabled else None
+
+    # --- folders and names ------------------------------------------------------------------------------------
+    def _folder(self, name):
+        """.playground/name, made if needed; refused if either is (or leads through) a link out of the folder."""
+        folder = self.home / name
+        for p in (self.home, folder):  # checked before anything is made: mkdir would follow a link
+            if p.is_symlink() or (p.exists() and not inside(p, self.root)):
+                raise RequestError(500, f"{p} is a link; remove it, so that the server keeps its files in its own "
+                                        f"folder")
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise RequestError(500, f"cannot make {folder} ({e.strerror}); make the checkpoints folder writable") \
+                from None
+        return folder
+
+    def texts(self, folder):
+        """{name: path} of the texts directly in folder: regular files, not hidden (a download in progress is
+        .NAME.part), whose real path is inside folder."""
+        if folder is None or not folder.is_dir():
+            return {}
+        found = {}
+        with contextlib.suppress(OSError):
+            for p in sorted(folder.iterdir()):
+                if len(found) >= MAX_CORPORA_LISTED:
+                    break
+                if not p.name.startswith(".") and p.is_file() and inside(p, folder):
+                    found[p.name] = p
+        return found
+
+    def corpora(self):
+        """What a training can read: the built-in corpus, the data folder's texts, the uploaded ones."""
+        data, uploads = self.texts(self.data_dir), self.texts(self.home / UPLOADS)
+        return {"builtin": DEFAULT_CORPUS_NAME, "data_dir": str(self.data_dir) if self.data_dir else None,
+                "data": [{"name": n, "bytes": size_of(p)} for n, p in data.items()],
+                "uploads": [{"name": n, "bytes": size_of(p)} for n, p in uploads.items()]}
+
+    def corpus_path(self, source, name):
+        """A corpus chosen by name -> its path (None: the built-in one), or a 404 saying where the names are."""
+        if source == "builtin":
+            return None
+        if source == "data" and self.data_dir is None:
+            raise RequestError(404, "this server has no data folder; start it with chargpt serve --data-dir DIR, or "
+                                    "upload the text")
+        folder = self.data_dir if source == "data" else self.home / UPLOADS
+        path = self.texts(folder).get(name) if isinstance(name, str) else None
+        if path is None:
+            raise RequestError(404, f"no text named {str(name)[:80]!r} in the {source} folder; GET /api/corpora "
+                                    f"lists them")
+        return path
+
+    def _new_run_dir(self, name):
+        """A run directory that does not exist yet: NAME, else NAME-2, NAME-3 ... (a new run never joins an old
+        one; --resume continues one)."""
+        for candidate in [name] + [f"{name}-{i}" for i in range(2, 1000)]:
+            path = self.root / candidate
+            if not path.exists() and not path.is_symlink():
+                return path
+        raise RequestError(409, f"runs {name} to {name}-999 all exist; choose another run name")
+
+    # --- uploads ----------------------------------------------------------------------------------------------
+    def upload(self, filename, data):
+        """Keep an uploaded text (bytes, already capped) as uploads/NAME.txt -> its name. Checked whole before
+        anything is written; the same text uploaded again is the same file."""
+        if not data:
+            raise RequestError(400, "the file is empty; choose a text file with something in it")
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise RequestError(400, f"the file is not UTF-8 text (byte {e.start:,} is not UTF-8); save it as UTF-8 "
+                                    f"(most editors offer it under Save as) and upload it again") from None
+        stem = text_name(filename)
+        with self.lock:
+            folder = self._folder(UPLOADS)
+            kept = self.texts(folder)
+            if sum(size_of(p) for p in kept.values()) + len(data) > MAX_UPLOAD_FOLDER_BYTES:
+                raise RequestError(507, f"the uploads folder {folder} is full ({MAX_UPLOAD_FOLDER_BYTES:,} bytes at "
+                                        f"most); delete texts you no longer need from it")
+            for name in [f"{stem}.txt"] + [f"{stem}-{i}.txt" for i in range(2, 1000)]:
+                path = folder / name
+                if name in kept and path.read_bytes() == data:
+                    return name
+                if not path.exists() and not path.is_symlink():
+                    write_atomic(path, lambda tmp: tmp.write_bytes(data))
+                    return name
+        raise RequestError(409, f"{stem}.txt to {stem}-999.txt all exist; rename the file")
+
+    # --- starting, stopping, resuming -------------------------------------------------------------------------
+    def start(self, source, corpus, name, max_time, options):
+        """A new run on a corpus chosen by name, for max_time seconds; options: more train flags (preset, size)."""
+        with self.lock:
+            self._refuse_if_running()
+            data = self.corpus_path(source, corpus)
+            out_dir = self._new_run_dir(run_name(name or (Path(corpus).stem if data else DEFAULT_CORPUS_NAME)))
+            args = [*(["--data", str(data)] if data else []), "--out-dir", str(out_dir), "--max-time", str(max_time),
+                    *as_flags(options)]
+            self._launch(out_dir, args, budget=max_time, budget_start=0.0)
+        return self.status()
+
+    def resume(self, run, max_time=None):
+        """Continue run (a directory from the runs listing) with --resume: the rest of its budget, or max_time
+        seconds more."""
+        with self.lock:
+            self._refuse_if_running()
+            if not (run / STATE).is_file():
+                raise RequestError(409, f"the run {run.name!r} has no saved training state ({STATE}) to resume from")
+            holder = lock_holder(run)
+            if holder is not None:
+                raise RequestError(409, f"the run {run.name!r} is training now ({holder}); wait for it to end")
+            budget, start = saved_budget(run, max_time)
+            args = ["--resume", "--out-dir", str(run), *(["--max-time", str(max_time)] if max_time else [])]
+            self._launch(run, args, budget=budget, budget_start=start)
+        return self.status()
+
+    def stop(self):
+        """SIGTERM to the training's process group (Ctrl-Break on Windows): it saves and ends, as Ctrl-C does."""
+        with self.lock:
+            rec = self._refresh()
+            if rec is None or rec["state"] not in ("running", "stopping"):
+                raise RequestError(409, "no training is running; start one, or resume a run")
+            with contextlib.suppress(ProcessLookupError):  # it ended just now: the next status says how
+                stop_group(rec["pid"])
+            rec.update(stop_requested=True, state="stopping")
+            self._save_record()
+        return self.status()
+
+    def _refuse_if_running(self):
+        rec = self._refresh()
+        if rec is not None and rec["state"] in ("running", "stopping"):
+            raise RequestError(409, BUSY.format(run=rec["run"]))
+
+    def _launch(self, out_dir, args, budget, budget_start):
+        output = self._folder(LOGS) / f"{out_dir.name}.log"
+        argv = [sys.executable, "-m", "chargpt", "train", *args, "--device", self.device, *self.train_args, "--verbose"]
+        try:
+            with open(output, "wb") as f:
+                self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
+                                             cwd=self.home, env=child_env(), **NEW_GROUP)
+        except OSError as e:
+            raise RequestError(500, f"cannot start {argv[0]} ({e.strerror})") from None
+        self.record = {"run": out_dir.name, "pid": self.proc.pid, "out_dir": str(out_dir), "output": str(output),
+                       "command": argv[1:], "started": time.time(), "ended": None, "state": "running",
+                       "exit_code": None, "stop_requested": False, "budget": budget, "budget_start": budget_start}
+        self._save_record()
+
+    # --- watching ---------------------------------------------------------------------------------------------
+    def _refresh(self):
+        """The record, its state brought up to date: a child that ended is reaped and how it ended recorded."""
+        rec = self.record
+        if rec is None or rec["state"] not in ("running", "stopping"):
+            return rec
+        if self.proc is not None and self.proc.pid == rec["pid"]:
+            code = self.proc.poll()
+            if code is None:
+                return rec
+            self.proc = None
+        elif self._alive(rec):
+            return rec
+        else:
+            code = None  # a training found on start-up has ended: its output says how
+        rec.update(exit_code=code, ended=time.time(), state=how_it_ended(code, rec["stop_requested"],
+                                                                        log_lines(Path(rec["output"]))))
+        self._save_record()
+        return rec
+
+    def _alive(self, rec):
+        """Whether the recorded pid is still this training: alive, and the run's lock holder; or, while no one
+        holds the lock, young enough to be still starting, or writing its output still (its closing sample comes
+        after it gives the lock up). A pid the system has given to another process does neither."""
+        if not pid_alive(rec["pid"]):
+            return False
+        holder = lock_holder(rec["out_dir"])
+        if holder == f"pid {rec['pid']}":
+            return True
+        now = time.time()
+        return holder in (None, "a process that is still starting") and (
+            now - rec["started"] < START_GRACE_S or now - modified(rec["output"]) < START_GRACE_S / 4)
+
+    def status(self):
+        """The training running or last finished, for the page: its state, start-up lines, last lines, samples,
+        speed and time left."""
+        with self.lock:
+            rec = self._refresh()
+            rec = dict(rec) if rec is not None else None
+        if rec is None:
+            return {"training": None}
+        out_dir, output = Path(rec["out_dir"]), Path(rec["output"])
+        lines = log_lines(output)
+        running = rec["state"] in ("running", "stopping")
+        shown = {k: rec[k] for k in ("run", "pid", "state", "exit_code", "started", "ended", "stop_requested",
+                                     "budget")}
+        return {"training": {
+            **shown, "startup": startup_lines(output), "log": lines[-TRAIN_LOG_LINES:],
+            "error": next((ln for ln in reversed(lines) if ln.startswith("error:")), None)
+            if rec["state"] == "crashed" else None,
+            "samples": read_tail_rows(out_dir / SAMPLES)[-TRAIN_SAMPLES:],
+            "progress": progress(read_tail_rows(out_dir / LOSSES), chars_per_step(out_dir), rec["budget"],
+                                 rec["budget_start"]),
+            "resumable": not running and (out_dir / STATE).is_file()}}
+
+    # --- the record -------------------------------------------------------------------------------------------
+    def _save_record(self):
+        write_text_atomic(self._folder("") / RECORD, json.dumps(self.record))
+
+    def _read_record(self):
+        """training.json, if it is one this server could have written (its paths inside its folders)."""
+        try:
+            with open(self.home / RECORD, "rb") as f:
+                rec = json.loads(f.read(TAIL_BYTES).decode("utf-8"))
+            ok = RECORD_KEYS <= rec.keys() and isinstance(rec["pid"], int) and rec["state"] in STATES \
+                and isinstance(rec["started"], (int, float)) and Path(rec["out_dir"]).parent == self.root \
+                and Path(rec["output"]).parent == self.home / LOGS
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):  # not one: no training to show
+            return None
+        return rec if ok else None
+
+
+STATES = ("running", "stopping", "finished", "stopped", "crashed")
+RECORD_KEYS = {"run", "pid", "out_dir", "output", "started", "ended", "state", "exit_code", "stop_requested", "budget",
+               "budget_start"}
+
+
+# --- pure helpers ---------------------------------------------------------------------------------------------
+def inside(path, folder):
+    real = Path(path).resolve()
+    return real != Path(folder).resolve() and real.is_relative_to(Path(folder).resolve())
+
+
+def modified(path):
+    try:
+        return Path(path).stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def size_of(path):
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def run_name(name):
+    """A run name from the page -> one folder name every system accepts, never hidden (.playground is the
+    server's), at most MAX_NAME_CHARS characters."""
+    name = portable_name(str(name)[:MAX_NAME_CHARS]).lstrip(" .")
+    return portable_name(name or "run", fallback="run")
+
+
+def text_name(filename):
+    """An uploaded file's name -> the stem its .txt is kept under."""
+    stem = Path(str(filename or "").replace("\\", "/")).name
+    return run_name(stem.rsplit(".", 1)[0] if "." in stem.lstrip(".") else stem) if stem else "upload"
+
+
+def as_flags(options):
+    """{'n_layer': 2, 'preset': 'tiny'} -> ['--n-layer', '2', '--preset', 'tiny'] (None: not given)."""
+    return [part for k, v in options.items() if v is not None for part in ("--" + k.replace("_", "-"), str(v))]
+
+
+def how_it_ended(code, stop_requested, lines):
+    """finished, stopped (saved by a signal) or crashed, from the exit code; without one (the training ended while
+    no server watched it), from its last lines."""
+    if code is not None:
+        return "finished" if code == 0 else "stopped" if code in STOP_CODES else "crashed"
+    last = next((ln for ln in reversed(lines) if not ln.startswith("more with:")), "")
+    if last.startswith("error:"):
+        return "crashed"
+    if last.startswith(("interrupted", "stopped")) or stop_requested:
+        return "stopped"
+    return "finished" if any(ln.startswith("done:") for ln in lines) else "crashed"
+
+
+def read_tail(path, size=TAIL_BYTES):
+    """The last `size` bytes of a file as text, starting at a line; '' if there is none."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            start = max(0, f.tell() - size)
+            f.seek(start)
+            data = f.read(size)
+    except OSError:
+        return ""
+    text = data.decode("utf-8", errors="replace")
+    return text.split("\n", 1)[1] if start and "\n" in text else text
+
+
+def log_lines(path):
+    """A training's output as a terminal shows its finished lines: the text after each line's last carriage return
+    (the progress bar is redrawn over with \\r), blank ones left out."""
+    shown = (ln.rsplit("\r", 1)[-1].rstrip() for ln in read_tail(path).split("\n")[:-1])
+    return [ln for ln in shown if ln.strip()]
+
+
+def startup_lines(path):
+    """What the session said before it began training: the lines up to its first evaluation (or its end)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(HEAD_BYTES).decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    lines = []
+    for raw in head.split("\n")[:-1]:
+        line = raw.rsplit("\r", 1)[-1].rstrip()
+        if AFTER_START.match(line):
+            break
+        if line.strip():
+            lines.append(line)
+    return lines[:60]
+
+
+def read_tail_rows(path):
+    """The step-keyed JSON rows at the end of a .jsonl file (its last TAIL_BYTES: the file grows all run long)."""
+    rows = []
+    for line in read_tail(path).splitlines():
+        with contextlib.suppress(ValueError):
+            row = json.loads(line)
+            if isinstance(row, dict) and isinstance(row.get("step"), int):
+                rows.append(row)
+    return rows
+
+
+def chars_per_step(out_dir):
+    """Characters a step trains on, from the run's config.toml (written with its first save), or None."""
+    try:
+        cfg = read_config_file(Path(out_dir) / "config.toml")
+        return cfg.get("block_size", 0) * cfg.get("batch_size", 0) * cfg.get("grad_accum", 1) or None
+    except (ChargptError, TypeError):
+        return None
+
+
+def progress(rows, per_step, budget, budget_start):
+    """From the running-loss rows (train_loss.jsonl: step, elapsed_s every few steps): the step, the speed over the
+    last few rows, and the seconds of the time budget left."""
+    if not rows:
+        return {"step": 0, "elapsed_s": None, "steps_per_s": None, "chars_per_s": None, "left_s": budget}
+    last, first = rows[-1], rows[max(0, len(rows) - 6)]
+    span = last.get("elapsed_s", 0) - first.get("elapsed_s", 0)
+    speed = (last["step"] - first["step"]) / span if span > 0 else None
+    left = max(0.0, budget - (last.get("elapsed_s", 0) - budget_start)) if budget else None
+    return {"step": last["step"], "elapsed_s": last.get("elapsed_s"), "steps_per_s": speed,
+            "chars_per_s": speed * per_step if speed and per_step else None, "left_s": left}
+
+
+def saved_budget(run, max_time):
+    """(time budget, training clock where it began) of a resumed run: max_time more seconds from where it is,
+    or what is left of its own budget."""
+    try:
+        meta, _ = read_meta(run / STATE)
+        clock = meta.get("run_state") or {}
+        if max_time:
+            return max_time, float(clock.get("elapsed", 0.0))
+        return (meta.get("train_config") or {}).get("max_time"), float(clock.get("budget_elapsed", 0.0))
+    except (ChargptError, TypeError, ValueError, AttributeError):
+        return max_time, 0.0
+
+
+def child_env():
+    """The server's environment, with this chargpt first on the import path: the child runs the server's code."""
+    here = str(Path(chargpt.__file__).resolve().parent.parent)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (here, os.environ.get("PYTHONPATH"))))}
+
+
+# The child's own process group: a Ctrl-C at the server's terminal does not reach it, and Stop signals it alone.
+# (Process groups and their signals differ by system; platforms.STOP_SIGNALS has SIGBREAK for Windows.)
+NEW_GROUP = {"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP} if WINDOWS else {"start_new_session": True}
+
+
+def stop_group(pid):
+    if WINDOWS:
+        os.kill(pid, signal.CTRL_BREAK_EVENT)
+    else:
+        os.killpg(pid, signal.SIGTERM)
