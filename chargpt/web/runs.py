@@ -67,6 +67,7 @@ class Runs:
                 "best_bpb": finite(info["best_val_bpb"]), "vocab_size": info["vocab_size"],
                 "block_size": m["block_size"], "layers": m["n_layer"], "heads": m["n_head"], "width": m["n_embd"],
                 "task": info["task"], "arch": info["arch"],
+                "labels": info.get("labels"),  # --labels: the names Write's Label picker offers (None: no labels)
                 "novelty_min_span": default_min_span(info["vocab_size"]),  # Mark copied text's default for it
                 "budget": finite({k: (info["train_config"] or {}).get(k) for k in ("max_iters", "max_time")}),
                 "info": info}

@@ -16,7 +16,9 @@ from ..errors import ConfigError
 from ..tokenizer import UNKNOWN_POLICIES
 from .body import RequestError
 from .limits import (
+    MAX_GUIDANCE,
     MAX_INSIDE_CHARS,
+    MAX_LABEL_CHARS,
     MAX_NEW_CHARS,
     MAX_NOVELTY_CHARS,
     MAX_PROMPT_CHARS,
@@ -43,6 +45,7 @@ class Request(BaseModel):
 
 
 CONSTRAINTS = ("form", "acrostic", "ban", "allow", "best_of", "repetition_penalty", "no_repeat_ngram", "min_p")
+LABELLED = ("label", "guidance")  # Generator.stream's keywords for a run trained with --labels
 
 
 class GenerateRequest(Request):
@@ -68,6 +71,10 @@ class GenerateRequest(Request):
     no_repeat_ngram: int | None = Field(None, le=MAX_NEW_CHARS)
     min_p: float | None = None
     min_span: int | None = Field(None, ge=1, le=MAX_NOVELTY_CHARS)  # best-of's copy check; None: the run's default
+    # a run trained with --labels (chargpt/labels.py): write in this label's style (None: unconditioned), held to it
+    # by classifier-free guidance >= 1; a label the run does not have is a 400 once the run is loaded (write.start)
+    label: str | None = Field(None, max_length=MAX_LABEL_CHARS)
+    guidance: float | None = Field(None, le=MAX_GUIDANCE)
 
     @model_validator(mode="after")
     def _sampling_rules(self):
@@ -87,13 +94,14 @@ class GenerateRequest(Request):
     def settings(self):
         """The request's SampleSettings."""
         return SampleSettings(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
-                              top_p=self.top_p, stop=tuple(self.stop), **{k: getattr(self, k) for k in CONSTRAINTS})
+                              top_p=self.top_p, stop=tuple(self.stop), label=self.label, guidance=self.guidance,
+                              **{k: getattr(self, k) for k in CONSTRAINTS})
 
     def options(self, seed):
         """Generator.stream's keywords, as sample.py passes them (a constraint not given is left out)."""
         return {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature, "top_k": self.top_k,
                 "top_p": self.top_p, "num_samples": self.num_samples, "stop": tuple(self.stop), "seed": seed,
-                **{k: getattr(self, k) for k in CONSTRAINTS if getattr(self, k) is not None}}
+                **{k: getattr(self, k) for k in (*CONSTRAINTS, *LABELLED) if getattr(self, k) is not None}}
 
 
 class InsideRequest(Request):

@@ -1,7 +1,7 @@
 // chargpt playground, Write: text streamed from the run on screen (POST /api/generate), stopped on request, its
 // unknown prompt characters marked and its copied spans shaded; a form, an acrostic, banned characters and best-of
 // with each sample's scores under it; for a run trained on sentence pairs, a translation box that translates line
-// by line.
+// by line; for a run trained with --labels, the label to write in and its guidance.
 import {$, current, el, fmt, state, status, translates} from "./common.js";
 import {api, generate} from "./api.js";
 import {onAnalyse} from "./inside.js";
@@ -34,6 +34,21 @@ export function renderWriteMode() {
   }
   $("to-inside").hidden = Boolean(r && r.arch === "encoder-decoder");
   $("min-span").placeholder = String((r && r.novelty_min_span) || 20);  // the run's default, from its alphabet
+  renderLabels(r);
+}
+
+function renderLabels(r) {
+  // a run trained with --labels: its labels to write in ("(none)": unconditioned), rebuilt only when the run's
+  // labels change (the choice stays when it still exists); Guidance shown only once a label is chosen
+  const names = (r && Array.isArray(r.labels)) ? r.labels : [], pick = $("label");
+  if (pick.dataset.names !== names.join("\n")) {
+    const was = pick.value;
+    pick.replaceChildren(el("option", {value: "", text: "(none)"}), ...names.map((n) => el("option", {value: n, text: n})));
+    pick.value = names.includes(was) ? was : "";
+    pick.dataset.names = names.join("\n");
+  }
+  $("label-pick").hidden = !names.length;
+  $("guidance-pick").hidden = !names.length || !pick.value;
 }
 
 function writeSettings() {
@@ -46,6 +61,10 @@ function writeSettings() {
                 stop: stop ? [unescapeStop(stop)] : [], form: text("form"), acrostic: text("acrostic"),
                 ban: text("ban") === null ? null : unescapeStop(text("ban")),
                 best_of: pairs ? null : numberOrNull("best-of")};
+  if (!$("label-pick").hidden && $("label").value) {  // --labels: the style to write in, and how strongly
+    body.label = $("label").value;
+    body.guidance = numberOrNull("guidance");
+  }
   if (body.best_of !== null) body.min_span = numberOrNull("min-span");  // best-of's copy check: the box's span
   return Object.fromEntries(Object.entries(body).filter(([, v]) => v !== null));
 }
@@ -222,5 +241,6 @@ export function initWrite(views) {
   $("generate").addEventListener("click", onGenerate);
   $("stop-button").addEventListener("click", onStop);
   $("to-inside").addEventListener("click", toInside);
+  $("label").addEventListener("change", () => renderLabels(current()));
   $("prompt").addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) onGenerate(); });
 }

@@ -1,8 +1,9 @@
 """The Runs view's API: the runs in the served folder, one run in full, and its metrics (polled while it trains).
 
   GET  /api/runs                  every run: name, corpus, task, architecture, parameters, steps, best val loss
-  GET  /api/runs/{name}           one run in full: model and training config, vocabulary, files, and the
-                                  samples it wrote while training (samples.jsonl rows: step, prompt, text)
+  GET  /api/runs/{name}           one run in full: model and training config, vocabulary, files, its labels
+                                  (--labels; null for a run without), and the samples it wrote while training
+                                  (samples.jsonl rows: step, prompt, text)
   GET  /api/runs/{name}/metrics   its metrics.jsonl rows and running training loss (train_loss.jsonl rows,
                                   thinned), ?since=MTIME: only if changed since
 """

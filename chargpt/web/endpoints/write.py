@@ -1,13 +1,15 @@
 """The Write view's API: text streamed from a run as server-sent events, stopped on request.
 
   POST /api/generate  {run, prompt, max_new_tokens, temperature, top_k, top_p, num_samples, seed, unknown, stop,
-                      form, acrostic, ban, allow, best_of, repetition_penalty, no_repeat_ngram, min_p, min_span}
+                      form, acrostic, ban, allow, best_of, repetition_penalty, no_repeat_ngram, min_p, min_span,
+                      label, guidance}
                       -> events: start {id, seed, prompt, task}, text [[sample, piece]...], done {stopped, chars,
                       seconds, error, scores}; for a pairs run the prompt is the source and the text its translation
                       alone. Under a constraint or best_of, `scores` has each sample's (constraints.Sample.record:
                       logprob, removed, and for best-of its row and why it was dropped) and `copy_check` whether
                       best-of could check for copies of the training text; best-of's samples come ranked, each as
-                      one piece once all are written. A form the run's vocabulary cannot write is a 400.
+                      one piece once all are written. A form the run's vocabulary cannot write is a 400, and so
+                      is a label the run was not trained with (--labels: GET /api/runs/{name} lists its labels).
   POST /api/stop      {id}: cancel that generation
   GET  /api/status    generations running and the limit
 """
@@ -20,7 +22,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from ...constraints import given, plan
-from ...errors import ConfigError
+from ...errors import ChargptError, ConfigError
 from ...tokenizer import describe_chars
 from ..body import RequestError, read_json
 from ..schemas import GenerateRequest, StopRequest
@@ -30,16 +32,28 @@ from ..stream import Generation
 async def generate(request):
     s = request.app.state
     req = GenerateRequest.parse(await read_json(request))
-    path = s.runs.checkpoint(req.run)
+    job, first = await start(s, s.runs.checkpoint(req.run), req)
+    return StreamingResponse(job.events(first), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+
+async def start(s, path, req, prompts=None):
+    """A generation started, the one way both /api/generate and /v1/completions start one: a busy slot (429 when
+    full), the model at `path` loaded in a worker thread, the request checked against it, a seed chosen when none
+    was given, and the Generation running in its worker thread, registered for /api/stop. prompts: several
+    prompts written in turn (InTurn), the Generation's prompt their list; None: req.prompt alone.
+    -> (the Generation, the `start` event's data)."""
     s.busy.take()
     try:
         gen = await run_in_threadpool(s.models.get, path)
-        prompt, warning = prompt_as_seen(gen, req.prompt, req.unknown)
-        if gen.task == "pairs" and not prompt:
+        seen = [prompt_as_seen(gen, p, req.unknown) for p in ([req.prompt] if prompts is None else prompts)]
+        if gen.task == "pairs" and not all(prompt for prompt, _ in seen):
             raise RequestError(400, "this run was trained on sentence pairs: type a sentence for it to translate")
+        check_label(gen, req.label)
         scored = given(req.options(None))
         if scored:
-            check_constraints(gen, req, prompt)
+            for prompt, _ in seen:
+                check_constraints(gen, req, prompt)
         copies = await run_in_threadpool(copy_check, s, path, req.min_span) if req.best_of else None
     except BaseException:
         s.busy.give()
@@ -55,13 +69,30 @@ async def generate(request):
         if scorer is not None:
             scorer.report(job.result, req.best_of)
         s.finished(job)
-    job = Generation(scorer or gen, prompt, options, on_end=on_end)
+    prompt, warning = seen[0]
+    if prompts is None:
+        job = Generation(scorer or gen, prompt, options, on_end=on_end)
+    else:
+        job = Generation(InTurn(scorer or gen, req.num_samples), [p for p, _ in seen], options, on_end=on_end)
     s.jobs[job.id] = job
     job.start()  # now, not when the response starts: the worker frees the slot even if no byte is ever sent
     first = {"run": req.run, "seed": seed, "prompt": prompt, "warning": warning, "task": gen.task,
              "settings": {**options, "stop": req.stop, "unknown": req.unknown}}
-    return StreamingResponse(job.events(first), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+    return job, first
+
+
+class InTurn:
+    """Several prompts for one Generation (/v1/completions' list of prompts): each written in turn as its own
+    request with the same settings and seed, so each is the text sample.py writes for it; prompt k's samples are
+    numbered k * num_samples + i."""
+
+    def __init__(self, source, num_samples):
+        self.source, self.num_samples = source, num_samples
+
+    def stream(self, prompts, **options):
+        for k, prompt in enumerate(prompts):
+            for i, piece in self.source.stream(prompt, **options):
+                yield k * self.num_samples + i, piece
 
 
 def check_constraints(gen, req, prompt):
@@ -73,6 +104,19 @@ def check_constraints(gen, req, prompt):
     try:
         contextvars.Context().run(plan, req.settings(), gen.vocab, prompt or gen.start_text())
     except ConfigError as e:
+        raise RequestError(400, str(e)) from None
+
+
+def check_label(gen, label):
+    """A label the run was not trained with: a 400 before any decoding, naming the run's labels (a run without
+    labels: that it has none)."""
+    if not label:
+        return
+    if gen.labels is None:
+        raise RequestError(400, f"label {label!r:.60}: this run was trained without labels; leave label out")
+    try:
+        gen.labels.token(label)
+    except ChargptError as e:
         raise RequestError(400, str(e)) from None
 
 
