@@ -1,5 +1,5 @@
 """python -m chargpt: the `chargpt` command; and the installed commands (chargpt, chargpt-train, chargpt-sample,
-chargpt-bench, chargpt-serve in pyproject.toml), each the click command of chargpt/cli.py behind a quiet start."""
+chargpt-bench, chargpt-serve in pyproject.toml), each the click command of chargpt/cli/ behind a quiet start."""
 
 from .components.interrupt import quiet_start
 

@@ -5,7 +5,7 @@ carried by the field (opt); and every message names a setting as the user gave i
     flag_specs(ModelConfig)                                     # -> [FlagSpec(dest="n_layer", name="n-layer", ...)]
     param("n_layer", 4)                                         # '--n-layer 4' in a CLI, "n_layer=4" from Python
 
-The CLIs (chargpt/cli.py) turn the specs into click options and wrap their work in cli_names(); a config file's
+The CLIs (chargpt/cli/) turn the specs into click options and wrap their work in cli_names(); a config file's
 keys are the same flag names (chargpt/settings.py). This module knows no setting by name: it sits below config.py,
 which defines them.
 """

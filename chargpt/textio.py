@@ -1,6 +1,6 @@
 """Text in and out of the commands: prompts and sentences read as UTF-8 (from an argument, a file or stdin),
 samples formatted as printed or as JSON lines, output files written atomically, and a stdout that never crashes
-on a character it cannot show. The click commands (chargpt/cli.py) only wire flags to these.
+on a character it cannot show. The click commands (chargpt/cli/) only wire flags to these.
 """
 
 import codecs

@@ -23,14 +23,14 @@ LAYERS = [
      "novelty.suffixarray", "novelty.cache"],
     # 2: models, data and checkpoints
     ["model", "optim", "quantize", "sampling", "data", "pairs", "checkpoint", "sizing", "inside", "settings",
-     "helptext", "init_from", "translate", "constraints"],
+     "helptext", "init_from", "translate", "constraints", "items", "labels"],
     # 3: what uses a model: sampling engine, evaluation, novelty, run information, and training's parts
-    ["engine", "evaluate", "runinfo", "plot", "export", "novelty", "novelty.*", "components", "components.*",
-     "tasks"],
+    ["engine", "evaluate", "runinfo", "plot", "export", "webpage", "webpage.*", "novelty", "novelty.*", "components",
+     "components.*", "tasks"],
     # 4: the loop
     ["training"],
     # 5: the surfaces people use
-    ["chargpt", "cli", "repl", "serve", "__main__", "web", "web.*", "bench", "bench.*"],
+    ["chargpt", "cli", "cli.*", "repl", "serve", "__main__", "web", "web.*", "bench", "bench.*"],
 ]
 
 
