@@ -30,6 +30,7 @@ NORMS = ("pre", "post")
 ACTIVATIONS = ("gelu", "relu")
 TASKS = ("text", "pairs")
 VAL_SPLITS = ("blocks", "tail")
+LABEL_SAMPLING = ("proportional", "balanced")  # --labels: how batches draw labels (chargpt/labels.py)
 # ModelConfig fields added after format 1 was released: a checkpoint without them gets the defaults (the GPT).
 ARCH_FIELDS = ("arch", "n_enc_layer", "pos_emb", "emb_scale", "norm", "activation")
 UNLIMITED = 10**12  # max_iters when only --max-time bounds a run
@@ -41,6 +42,7 @@ OPTIMIZERS = ("adamw", "muon")
 LR_SCHEDULES = ("cosine", "wsd", "inverse-sqrt")
 SAVE_STATES = ("eval", "end")
 COMPILE_CHOICES = ("auto", "on", "off")
+TRACKERS = ("tensorboard", "wandb", "mlflow")  # --log-to: trackers a run also logs to (components/trackers.py)
 AUTO_BUDGET_S = 150.0  # --preset auto's time budget when none is given: `python train.py` ends in about 3 minutes
 SIZED = ("n_layer", "n_embd", "n_head", "block_size", "batch_size", "dropout", "max_iters")  # what auto chooses
 THREADS_PER_CPU = 4  # --threads above this many per CPU is a typo: torch only slows down, and crashes near 100000
@@ -197,6 +199,13 @@ class TrainConfig:
                     choices=TASKS)
     target_data: str | None = opt(None, "with --task pairs: a file of targets, line N translating line N of --data "
                                         "[default: none, --data holds source<TAB>target lines]")
+    items: bool = opt(False, "the corpus is a list, one item a line (blank lines dropped): validation holds out whole "
+                             "items, and samples are items, one a line (sample.py --num-samples N writes N)")
+    labels: str | None = opt(None, "label --data FOLDER's texts by subfolder (folders), file name (files) or a TSV "
+                                   "of file<TAB>label (MANIFEST.tsv); sample.py --label NAME [default: none]")
+    label_dropout: float = opt(0.15, "with --labels: the share of training windows that read no label (unconditioned)")
+    label_sampling: str = opt("proportional", "with --labels: draw labels proportional to their characters, or "
+                                              "balanced (equally often)", choices=LABEL_SAMPLING)
     # optimisation
     batch_size: int = opt(64, "sequences per micro-batch")
     grad_accum: int = opt(1, "micro-batches accumulated per optimizer step")
@@ -206,7 +215,8 @@ class TrainConfig:
                                        "stops (and saves) when it is spent")
     learning_rate: float = opt(1e-3, "peak learning rate (AdamW)")
     min_lr: float | None = opt(None, "final learning rate of the decay [default: learning rate / 10]")
-    warmup_iters: int = opt(100, "steps of linear warmup")
+    warmup_iters: int = opt(100, "steps of linear warmup (with --max-time and none given: 5% of the budget, at most "
+                                 "this many steps)")
     lr_decay_iters: int | None = opt(None, "step at which the decay reaches --min-lr [default: --max-iters]")
     weight_decay: float = opt(0.1, "AdamW weight decay, on weight matrices and embeddings (not biases or norms)")
     beta1: float = opt(0.9, "AdamW beta1")
@@ -227,7 +237,8 @@ class TrainConfig:
     skip_nonfinite: bool = opt(False, "skip steps whose loss is NaN/inf instead of stopping")
     # evaluation and logging
     eval_interval: int = opt(500, "steps between evaluations (and checkpoints)")
-    eval_iters: int = opt(50, "batches per split averaged in each evaluation")
+    eval_iters: int = opt(50, "batches per split averaged in each evaluation (with --max-time and none given: fewer "
+                              "where evaluating would cost over a tenth of the budget)")
     patience: int = opt(0, "stop early after this many evaluations in a row without a new best validation loss "
                            "(0: never)")
     sample_chars: int = opt(300, "characters in each sample training shows: when it ends (0: none) and every "
@@ -242,6 +253,9 @@ class TrainConfig:
                                "train.log")
     curves: bool = opt(True, "draw the loss curves into curves.png in the run directory when training ends (with "
                              "matplotlib installed; --no-curves for many short runs, where each costs a moment)")
+    log_to: str | None = opt(None, "also log the run to these experiment trackers, comma-separated: tensorboard, "
+                                   "wandb, mlflow; each writes inside the run directory (W&B offline unless "
+                                   "WANDB_MODE is set; MLflow to $MLFLOW_TRACKING_URI if set) [default: none]")
     eval_pairs: int = opt(100, "with --task pairs: validation pairs translated greedily at each evaluation, for "
                                "exact match and chrF (0: none)")
     save_state: str = opt("eval", "when state.safetensors and latest.safetensors are written: eval (at every "
@@ -317,13 +331,14 @@ class TrainConfig:
             raise ConfigError(f"{param('decay_fraction')} must be in (0, 1] (got {self.decay_fraction})")
         for name, allowed in (("optimizer", OPTIMIZERS), ("lr_schedule", LR_SCHEDULES), ("save_state", SAVE_STATES),
                               ("compile", COMPILE_CHOICES), ("task", TASKS),
-                              ("val_split", VAL_SPLITS)):  # the CLI checks these; Python too
+                              ("val_split", VAL_SPLITS), ("label_sampling", LABEL_SAMPLING)):  # the CLI checks these
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{param(name)} must be one of {', '.join(allowed)} (got {getattr(self, name)!r})")
         if not 0.0 <= self.label_smoothing < 1.0:  # also catches NaN
             raise ConfigError(f"{param('label_smoothing')} must be in [0, 1) (got {self.label_smoothing})")
         if self.target_data is not None and self.task != "pairs":
             raise ConfigError(f"{param('target_data')} is for sentence pairs; add {param('task', 'pairs')}")
+        check_trackers(self.log_to)
         return self
 
 
@@ -360,6 +375,9 @@ class SampleSettings:
     best_of: int | None = opt(None, "write N samples (one batch), drop those that copy the training text (a span of "
                                     "--min-span or more) or repeat a better one, and keep the best --num-samples by "
                                     "the model's own mean log-probability per character [default: off]")
+    label: str | None = opt(None, "a run trained with --labels: write in this label's style [default: none]")
+    guidance: float | None = opt(None, "with --label: classifier-free guidance F >= 1, logits = uncond + F x (cond - "
+                                       "uncond), two forward passes a character; 1: plain --label [default: 1]")
 
     def __post_init__(self):
         # a lone string would otherwise be read as one stop string per character
@@ -385,6 +403,8 @@ class SampleSettings:
                               f"{self.repetition_penalty}")
         if self.no_repeat_ngram is not None and self.no_repeat_ngram < 0:
             raise ConfigError(f"{param('no_repeat_ngram')} must be >= 0 (0 disables it), got {self.no_repeat_ngram}")
+        if self.guidance is not None and not (self.guidance >= 1 and (self.label or self.guidance == 1)):
+            raise ConfigError(f"{param('guidance')} must be >= 1 and steers towards a --label (got {self.guidance})")
         if self.best_of is not None and self.best_of < 1:
             raise ConfigError(f"{param('best_of')} must be >= 1, got {self.best_of}")
         if self.form:
@@ -393,19 +413,24 @@ class SampleSettings:
         return self
 
 
-EXPORT_FORMATS = ("hf",)
+EXPORT_FORMATS = ("hf", "web")
+WEB_WEIGHTS = ("float32", "int8")  # chargpt/webpage/pack.py
 
 
 @dataclass
 class ExportSettings:
-    """What `chargpt export` writes, and where (chargpt/export.py)."""
+    """What `chargpt export` writes, and where (chargpt/export.py; --format web: chargpt/webpage/)."""
     to: str | None = opt(None, "folder to write the export to; created, and it must not exist or be empty, unless "
-                               "--force [required]")
+                               "--force (--format web: the .html file to write) [required]")
     format: str = opt("hf", "hf: a Hugging Face transformers folder (GPT2LMHeadModel, tokenizer.json, "
                             "generation_config.json, README.md model card) that AutoModelForCausalLM.from_pretrained "
-                            "loads without custom code", choices=EXPORT_FORMATS)
+                            "loads without custom code; web: one self-contained .html page that writes with the model "
+                            "in any browser, offline", choices=EXPORT_FORMATS)
     force: bool = opt(False, "write into a --to folder that is not empty: the export's own files (written and checked "
-                             "in full first) replace an earlier export's; every other file stays")
+                             "in full first) replace an earlier export's; every other file stays (--format web: "
+                             "replace an earlier web export's page)")
+    web_weights: str = opt("float32", "--format web: the page's weights, float32 (as trained) or int8 (a quarter of "
+                                      "the bytes; its cost in loss is printed)", choices=WEB_WEIGHTS)
 
 
 def run_val_split(train_config):
@@ -453,6 +478,20 @@ def check_sample_options(num_samples, seed, best_of=None):
     if best_of is not None and best_of < num_samples:
         raise ConfigError(f"{param('best_of')} ({best_of}) must be at least {param('num_samples')} ({num_samples}): "
                           f"best-of keeps the best num_samples of best_of samples")
+
+
+def tracker_names(value):
+    """--log-to's value -> the trackers it names, in order, each once ('none', or nothing: none)."""
+    names = [name.strip().lower() for name in (value or "").split(",") if name.strip()]
+    return () if names == ["none"] else tuple(dict.fromkeys(names))
+
+
+def check_trackers(value):
+    for name in tracker_names(value):
+        if name not in TRACKERS:
+            close = difflib.get_close_matches(name, TRACKERS, n=1)
+            raise ConfigError(f"{param('log_to')}: no tracker named {name!r}" + (f" (did you mean {close[0]}?)"
+                              if close else "") + f"; name one or more of {', '.join(TRACKERS)}, comma-separated")
 
 
 def check_preset(name):

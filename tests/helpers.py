@@ -11,6 +11,7 @@ import os
 import pathlib
 import random
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -220,6 +221,12 @@ def train_pairs(data, out_dir, arch="decoder", steps=None, cache_dir=None, **kw)
 
 
 # --- the playground -----------------------------------------------------------------------------------------------
+# A training started from the page (chargpt/web/training.py): the size fields a person may send (TRAIN_SIZE), and
+# the server's own flags for its children (create_app's train_args): one thread, float32, short samples, no curves.
+TRAIN_SIZE = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4)
+TRAIN_ARGS = ("--threads", "1", "--dtype", "float32", "--eval-iters", "2", "--sample-chars", "40", "--no-curves")
+
+
 def need(module):
     """Import an optional test dependency; skip without it, except in CI (CI=true), where it must be there."""
     if os.environ.get("CI") == "true":
@@ -277,6 +284,17 @@ def open_stream(url, body):
             elif line.startswith("data: "):
                 yield event, json.loads(line[6:])
     return response, events()
+
+
+# --- a browser ------------------------------------------------------------------------------------------------------
+# Debian's Chromium, driven by Playwright (tests/test_webpage.py); CHARGPT_CHROMIUM names another one.
+CHROMIUM = os.environ.get("CHARGPT_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-dev-shm-usage"]  # as root in a container; a small /dev/shm
+
+
+def launch_chromium(playwright):
+    """Headless Chromium (CHROMIUM) from a sync_playwright() context."""
+    return playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
 
 
 # --- a local download server --------------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ where the run goes; then every warning and note of the full lines, which are nev
 
 from .. import init_from
 from ..config import describe_model
-from ..flags import param
 from ..optim import describe_numerics
 from ..plot import curves_note
 from ..rundir import LOG
@@ -44,10 +43,8 @@ def start_lines(run):
         default = origin.meta is None and str(run.settings.source("max_time")).startswith("preset ")
         lines.append(f"budget: {describe_budget(cfg, run.state)}" + (f" (the default of --preset {cfg.preset}; "
                      f"--max-time SECONDS or --max-iters N for another)" if default else ""))
-    if cfg.lr_schedule != "inverse-sqrt" and run.state.budget_lr is None and cfg.warmup_iters >= cfg.max_iters:
-        lines.append(f"warning: the warmup ({param('warmup_iters', cfg.warmup_iters)}) does not end before the budget "
-                     f"({param('max_iters', cfg.max_iters)}): the learning rate only rises and never decays; give a "
-                     f"larger {param('max_iters')} or a smaller {param('warmup_iters')}")
+    if run.budget is not None:  # a warm-up or decay the budget cannot reach (components/budget.py)
+        lines += run.budget.lines
     if run.eval_period and run.eval_steps:
         lines.append(f"evaluating every {run.eval_steps:,} steps or {seconds(run.eval_period)} of training, whichever "
                      f"comes first (1/{EVALS_PER_BUDGET} of the budget); --eval-interval N to evaluate every N steps "
@@ -90,7 +87,8 @@ def brief_lines(run, full=None):
     log = run.out_dir / LOG
     lines = [full[0], model_line(run) + why, *budget,
              f"run: {run.out_dir} (every start-up line is in {log}; --verbose shows them here)"]
-    return lines + [line for line in full if line.startswith(("warning: ", "note: "))] + notes_of(run)
+    kept = ("warning: ", "note: ", "labels: ", "items: ")  # what a list or labelled texts became is always shown
+    return lines + [line for line in full if line.startswith(kept)] + notes_of(run)
 
 
 def changes_since(meta, now, cfg, mcfg):

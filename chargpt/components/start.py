@@ -43,7 +43,10 @@ from ..runtime import (
 from ..settings import FLAGS, HARDWARE, Settings, init_settings, new_run_settings, resume_settings
 from ..tasks import make_task
 from ..tokenizer import describe_chars
+from . import trackers
+from .budget import for_run as fit_budget
 from .checkpointer import Checkpointer, restore
+from .overfit import OverfitWatch, history_of
 from .sinks import LogFile, make_sinks
 from .state import RunState, resumed_state
 from .validate import eval_period, eval_steps, per_byte
@@ -137,6 +140,7 @@ class Run:
     eval_period: float | None = None  # seconds between evaluations by the clock, or None (by steps)
     eval_steps: int | None = None  # with eval_period: also every this many steps (a step cap may end the run first)
     bytes_per_char: dict = None  # {"train": b, "val": b}: UTF-8 bytes per character of each split (bits per byte)
+    budget: object = None  # components/budget.Budget: the warm-up, speed and evaluation fitted to a time budget
     checkpointer: Checkpointer = None
     sinks: object = None  # sinks.Sinks
     log: object = print  # log(line, show=True): a line shown on rank 0 and kept in the run's train.log
@@ -194,12 +198,14 @@ def _build(settings, given, dist, device, log, claimed, extra_sinks, logfile):
     logfile.out_dir = out_dir
     origin = origin_of(given, settings, device.type, out_dir)
     cfg = origin.cfg
+    _rank0_decides(lambda: trackers.check(cfg.log_to), dist)  # --log-to's packages, before any work
     sizes = cfg.preset == "auto" and origin.meta is None and origin.base is None  # --preset auto sizes this run
     early = origin.model_kw
     if sizes and "n_head" in settings.given() and "n_embd" not in settings.given():  # auto fits the width to it
         early = {**early, "n_embd": sizing.width_for(early["n_embd"], early["n_head"])}
     check_task(ModelConfig(**early).validate().arch, cfg)  # before the corpus is read and cached
     task = make_task(cfg)
+    task.labels_from = origin.meta or (origin.base.meta if origin.base is not None else None)  # --labels: its ids
     dtype, dtype_reason = pick_dtype(cfg.dtype, device)
     enable_fast_math(device)
     threads = configure_threads(cfg.threads, dist.local_world_size) if device.type == "cpu" else None
@@ -213,9 +219,9 @@ def _build(settings, given, dist, device, log, claimed, extra_sinks, logfile):
                                      f"lines, or start a text run from a text run") from None
     distinct = len(corpus.vocab)
     corpus = origin.in_run_vocab(corpus, log)
-    model_kw, sizing_lines = origin.model_kw, []
+    model_kw, sizing_lines, step_s = origin.model_kw, [], None
     if sizes:
-        model_kw, cfg, sizing_lines = auto_size(settings, model_kw, cfg, task, corpus, device, dtype, dist)
+        model_kw, cfg, sizing_lines, step_s = auto_size(settings, model_kw, cfg, task, corpus, device, dtype, dist)
     if origin.meta is not None and origin.meta["vocab"] != corpus.vocab:
         raise ConfigError(f"--resume: the corpus's vocabulary ({len(corpus.vocab)} characters) differs from "
                           f"the checkpoint's ({len(origin.meta['vocab'])}); resume with the same --data")
@@ -239,15 +245,22 @@ def _build(settings, given, dist, device, log, claimed, extra_sinks, logfile):
     wrap(run)
     run.eval_period = eval_period(cfg, settings.source("eval_interval"))  # None: by steps alone
     run.eval_steps = eval_steps(cfg, run.eval_period, run.state.budget_step)
+    run.budget = fit_budget(run, settings.given(), step_s)
     run.bytes_per_char = per_byte(corpus, batches)
     about = dict(corpus=corpus.name, corpus_key=corpus.key, hardware=run.hardware(), world_size=dist.world_size,
                  chars_per_step=chars_per_step, corpus_chars=corpus.length,  # for model cards; the key: novelty
                  closing_prompt=getattr(task, "closing_prompt", None))  # the playground's "Write a sample"
+    if getattr(task, "labels", None) is not None:  # --labels: each label's character (chargpt/labels.py)
+        about["labels"] = task.labels.to_meta()
     if origin.lineage:  # the run this one started from (--init-from)
         about[init_from.LINEAGE] = origin.lineage
     run.checkpointer = Checkpointer(out_dir, dist, run.model, run.optimizer, run.scaler, run.data_gen, device,
                                     corpus.vocab, mcfg, cfg, about)
-    run.sinks = make_sinks(out_dir, dist.is_main, extra_sinks)
+    opened = []  # --log-to's trackers (rank 0's)
+    _rank0_decides(lambda: opened.extend(trackers.start(run, log)), dist)
+    overfit = OverfitWatch(log, cfg.patience, history_of(out_dir, run.state.step) if origin.meta and dist.is_main
+                           else ())  # says once a run that validation rose as training fell
+    run.sinks = make_sinks(out_dir, dist.is_main, [*extra_sinks, *opened, overfit])
     return run
 
 
@@ -308,9 +321,10 @@ def encode(task, cfg, block_size, dist, log):
 
 def auto_size(settings, model_kw, cfg, task, corpus, device, dtype, dist):
     """--preset auto: the model for this corpus, budget and machine (chargpt/sizing.py), decided on rank 0 (its
-    speed measured there) for every rank -> (model fields, TrainConfig, start-up lines)."""
+    speed measured there) for every rank -> (model fields, TrainConfig, start-up lines, the probe's seconds a step
+    of the model that trains, or None where a size setting of the user's changed it)."""
     if task.name != "text":
-        return model_kw, cfg, ["auto: sentence pairs keep the cpu preset's model (sizing is fitted to text)"]
+        return model_kw, cfg, ["auto: sentence pairs keep the cpu preset's model (sizing is fitted to text)"], None
     given = settings.given()
     train_chars = int(corpus.length * (1 - cfg.val_fraction))
     decided = ""
@@ -321,9 +335,12 @@ def auto_size(settings, model_kw, cfg, task, corpus, device, dtype, dist):
         lines = sizing.describe(plan, cfg.max_time, train_chars, kept, spelled)
         if plan.warning:
             lines.append(f"warning: {plan.warning}")
-        decided = json.dumps({"model": model_kw, "train": train_kw, "lines": lines})
+        if busy := probe.busy_note():
+            lines.append(f"note: {busy}")
+        step_s = plan.step_s if not [name for name, _ in kept if name != "max_iters"] else None  # its model's
+        decided = json.dumps({"model": model_kw, "train": train_kw, "lines": lines, "step_s": step_s})
     decided = json.loads(broadcast_str(decided, dist))
-    return decided["model"], replace(cfg, **decided["train"]).validate(), decided["lines"]
+    return decided["model"], replace(cfg, **decided["train"]).validate(), decided["lines"], decided["step_s"]
 
 
 def file_setting(settings, name):

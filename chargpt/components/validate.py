@@ -4,9 +4,10 @@ A run with a --max-time budget does not know how many steps it will take, so a s
 (--eval-interval 250) gives a fast machine many evaluations and a slow one two or three: a three-point validation
 curve. Unless --eval-interval is given, such a run evaluates instead whenever 1/EVALS_PER_BUDGET of its time budget
 has passed since the last evaluation (and at step 0 and the end), so every budget gets a real curve and no two
-evaluations fall a few steps apart. Only the agreed clock decides (RunState.elapsed, the same on every rank), so
-all ranks evaluate at the same step. Evaluations use their own random stream and no dropout: when they happen
-never changes the training itself.
+evaluations fall a few steps apart; where the first evaluation shows that so many would cost more than a tenth of
+the budget (a large alphabet on a slow CPU), fewer, on fewer batches (components/budget.py). Only the agreed clock
+decides (RunState.elapsed, the same on every rank), so all ranks evaluate at the same step. Evaluations use their
+own random stream and no dropout: when they happen never changes the training itself.
 """
 
 import math
@@ -82,8 +83,8 @@ class Validator:
     DDP sync is needed under no_grad, and torch.compile would recompile for eval mode) on the run's batches. The
     task's scores (translations of a pairs run) are the loop's to ask for, on rank 0."""
 
-    def __init__(self, cfg: TrainConfig, period, steps, elapsed, step, model, batches, device, dtype, dist):
-        self.cfg, self.period, self.steps = cfg, period, steps
+    def __init__(self, cfg: TrainConfig, period, steps, elapsed, step, model, batches, device, dtype, dist, fit=None):
+        self.cfg, self.period, self.steps, self.fit = cfg, period, steps, fit  # fit: components/budget.EvalFit
         self.last_eval_at, self.last_eval_step = elapsed, step
         self.model, self.batches, self.device, self.dtype, self.dist = model, batches, device, dtype, dist
 
@@ -96,13 +97,18 @@ class Validator:
 
     def evaluate(self, step, lr, check_stop):
         """-> {"train": loss, "val": loss}; weights that evaluate to a non-finite loss stop the run (they are never
-        saved). check_stop() raises to abandon the evaluation."""
+        saved). check_stop() raises to abandon the evaluation. The session's first evaluation, timed, fits the
+        cadence of a time budget to evaluation's share of it (self.fit)."""
+        t0 = self.fit.clock() if self.fit is not None else None
         losses = estimate_loss(self.model, self.batches, self.cfg, self.device, self.dtype, self.dist, check_stop)
         if not all(math.isfinite(v) for v in losses.values()):
             raise ChargptError(
                 f"evaluation loss became {losses['val']} at step {step} (learning rate {lr:.2e}): training "
                 f"diverged, most likely because the learning rate is too high; lower --learning-rate. The last "
                 f"good checkpoint in {self.cfg.out_dir} is kept.")
+        if self.fit is not None:
+            fit, self.fit = self.fit, None  # once
+            fit.refit(fit.clock() - t0, self)
         return losses
 
     def evaluated(self, step, elapsed):
@@ -148,6 +154,16 @@ def eval_line(step, losses, improved, scores, n_pairs=0, bytes_per_char=None):
         return f"{losses[split] / LN2:.3f} bpc" + (f", {bpb:.3f} bpb" if bpb is not None else "")
     return (f"step {step:>6}: train {losses['train']:.4f} nats ({units('train')}), "
             f"val {losses['val']:.4f} nats ({units('val')})" + (" *" if improved else "")
-            + (f"; exact match {scores['exact_match']:.1%}" if scores else "")
+            + (f"; exact match {scores['exact_match']:.1%}" if "exact_match" in scores else "")
             + (f", chrF {scores['chrf']:.1f}" if scores.get("chrf") is not None else "")
-            + (f" ({n_pairs} val pairs, greedy)" if scores else ""))
+            + (f" ({n_pairs} val pairs, greedy)" if "exact_match" in scores else "")
+            + by_label(scores.get("val_loss_by_label")))
+
+
+def by_label(losses, shown=6):
+    """'; val by label: a 1.23, b 1.45' (--labels: chargpt/labels.py), or ''."""
+    if not losses:
+        return ""
+    items = [f"{name} {loss:.3f}" for name, loss in losses.items()]
+    return "; val by label: " + ", ".join(items[:shown]) + (f" and {len(items) - shown} more" if len(items) > shown
+                                                            else "")
