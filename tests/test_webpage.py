@@ -57,11 +57,15 @@ def pages(run, tmp_path_factory):
     return logs
 
 
-def node_write(page, prompt, **request):
-    """The page's own decoder under node (check.js): the text it writes after prompt with these options."""
-    done = subprocess.run([NODE, str(CHECK_JS), str(page), json.dumps({"prompt": prompt, "text": True, **request})],
+def node_write(page, prompt, simd=True, **request):
+    """The page's own decoder under node (check.js): the text it writes after prompt with these options, its
+    products in WebAssembly SIMD (simd, checked to be what ran) or in the plain JavaScript loops."""
+    done = subprocess.run([NODE, str(CHECK_JS), str(page), json.dumps({"prompt": prompt, "text": True, "simd": simd,
+                                                                         **request})],
                           capture_output=True, text=True, encoding="utf-8", timeout=60, check=True)
-    return json.loads(done.stdout)["text"]
+    out = json.loads(done.stdout)
+    assert out["simd"] == simd  # node 20 runs WebAssembly SIMD: the path asked for is the one that wrote
+    return out["text"]
 
 
 def smallest_gap(model, vocab, prompt, n):
@@ -78,6 +82,7 @@ def test_the_page_writes_chargpts_greedy_text(pages, gen):
     assert len(set(ours)) >= 10 and smallest_gap(gen.model, gen.vocab, PROMPT, 200) > 1e-3  # varied, no near-tie
     page, said = pages["float32"]
     assert node_write(page, PROMPT, maxNewTokens=200, temperature=0) == ours
+    assert node_write(page, PROMPT, simd=False, maxNewTokens=200, temperature=0) == ours  # the loops agree too
     assert re.search(r"run in node v[\d.]+, writes chargpt's greedy text .* reproduces its logits", said)
 
 
@@ -247,6 +252,7 @@ def test_the_page_in_chromium_from_file_offline(browser, pages, gen, tmp_path):
     page.goto(pages["float32"][0].as_uri())
     page.wait_for_selector("body[data-ready='1']")
     assert page.text_content("#name") == "tiny" and "1 layers x 16 wide" in page.text_content("#facts")
+    assert page.evaluate("chargpt.info.simd") is True  # the page's policy lets its WebAssembly kernel run
     page.fill("#prompt", PROMPT)
     page.fill("#temperature", "0")
     page.fill("#length", "200")

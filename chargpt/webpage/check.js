@@ -5,7 +5,8 @@ own (chargpt/webpage/check.py).
     node check.js PAGE.html REQUEST   ->  {"ids": [...], "logits": [[...], ...]} on stdout
 
 REQUEST, JSON: {"prompt": "The ", "steps": 24}. Also used by the tests, with {"seed": ..., "temperature": ...}
-to sample, and "text": true to print the text alone ({"text": "..."}).
+to sample, "text": true to print the text alone ({"text": "...", "simd": whether WebAssembly SIMD computed it}),
+and "simd": false for the plain JavaScript loops.
 */
 "use strict";
 const fs = require("fs");
@@ -24,10 +25,11 @@ async function main() {
   new Function("module", scriptText(html, 'id="chargpt-decoder"'))(module);  // the page's decoder, as it is there
   const decoder = module.exports;
   const description = JSON.parse(scriptText(html, 'id="chargpt-model"'));
+  if (request.simd === false) description.simd = false;  // the plain JavaScript loops instead of WebAssembly SIMD
   const gen = new decoder.Generator(description, decoder.base64Bytes(scriptText(html, 'id="chargpt-weights"').trim()));
   if (request.text) {
     const text = await gen.generate(request.prompt, request);
-    process.stdout.write(JSON.stringify({text}));
+    process.stdout.write(JSON.stringify({text, simd: gen.model.simd}));
     return;
   }
   const ids = gen.encode(request.prompt, "error");

@@ -39,6 +39,7 @@ of a few tens of milliseconds, so Stop and the text on screen keep up.
     const bytes = chargptDecoder.base64Bytes($("chargpt-weights").textContent.trim());
     gen = new chargptDecoder.Generator(description, bytes);
     const info = description.info, d = description.defaults;
+    info.simd = gen.model.simd;  // whether the products run in WebAssembly SIMD (else the JavaScript loops, slower)
     $("name").textContent = info.name;
     $("facts").textContent = describe(info);
     $("temperature").value = d.temperature;
