@@ -478,6 +478,25 @@ def test_bad_folders_ports_and_hosts_are_one_line_errors(tmp_path):
     assert r.returncode == 1 and r.stderr.startswith("error: no checkpoints folder") and r.stderr.count("\n") == 1
 
 
+def test_a_first_start_makes_the_default_folder_when_the_page_can_train(tmp_path, monkeypatch):
+    """A newcomer's `chargpt serve` before any training: the page can train, so checkpoints/ is made (and said);
+    without training there is nothing to show, and the error stays."""
+    with pytest.raises(ChargptError, match="no checkpoints folder"):
+        serve.serve(training=False)
+    assert not (tmp_path / "checkpoints").exists()
+
+    class Bound(Exception):
+        pass
+
+    def bound(host, port):
+        raise Bound
+    monkeypatch.setattr(serve, "bind", bound)
+    said = []
+    with pytest.raises(Bound):  # the folder check passed: the server went on to bind its port
+        serve.serve(say=said.append)
+    assert (tmp_path / "checkpoints").is_dir() and "New run" in said[0]
+
+
 @pytest.mark.parametrize("host,warned", [("127.0.0.1", False), ("0.0.0.0", True)])
 def test_the_command_prints_its_url_and_warns_off_localhost(served, host, warned):
     proc = subprocess.Popen([sys.executable, "-m", "chargpt.serve", "--checkpoints", str(served), "--host", host,

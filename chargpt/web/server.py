@@ -203,14 +203,20 @@ def running(app, host="127.0.0.1", port=0, timeout=30):
         sock.close()
 
 
-def serve(checkpoints="checkpoints", host="127.0.0.1", port=8000, device="auto", say=None, training=True,
+DEFAULT_CHECKPOINTS = "checkpoints"  # serve's --checkpoints default, and train's default parent folder
+
+
+def serve(checkpoints=DEFAULT_CHECKPOINTS, host="127.0.0.1", port=8000, device="auto", say=None, training=True,
           data_dir=None):
     """Run the playground until Ctrl-C. data_dir: the texts the page may train on (None: ./data if there)."""
     say = say or (lambda line: print(line, file=sys.stderr))
     need_web()
     if not Path(checkpoints).is_dir():
-        raise ChargptError(f"no checkpoints folder {checkpoints}; train a run first with python train.py, or pass "
-                           f"--checkpoints DIR")
+        if not (training and str(checkpoints) == DEFAULT_CHECKPOINTS):  # a folder named by hand: a typo, most likely
+            raise ChargptError(f"no checkpoints folder {checkpoints}; train a run first with python train.py, or pass "
+                               f"--checkpoints DIR")
+        Path(checkpoints).mkdir(parents=True, exist_ok=True)  # a first start: the page's New run view trains into it
+        say(f"no runs yet: made {checkpoints}/ for them; train one in the page's New run view, or with python train.py")
     if data_dir is not None and not Path(data_dir).is_dir():
         raise ChargptError(f"no data folder {data_dir}; pass --data-dir a folder of text files")
     data_dir = data_dir if data_dir is not None or not Path("data").is_dir() else "data"
