@@ -231,3 +231,16 @@ def test_batches_draw_labels_by_their_rule(rule, dropout, small_share):
     assert abs((x[:, 0] == 9).float().mean().item() - dropout) < 0.03  # NULL, for --label-dropout of the windows
     x, _ = batches.get("val", torch.Generator().manual_seed(0), label=1)
     assert (x[:, 0] == 11).all()  # one label's own validation windows, never unlabelled
+
+
+def test_samples_while_training_a_labels_run_start_unlabelled(monkeypatch):
+    """--sample-every on a labels run: the sample starts with the "no label" token, as the unlabelled windows it
+    trained on; a run without labels starts from the prompt alone."""
+    from chargpt.components import samples
+    from chargpt.labels import NULL
+    seen = []
+    monkeypatch.setattr(samples, "sample_text", lambda model, vocab, device, prompt, *a: seen.append(prompt) or "x")
+    quiet = type("Quiet", (), {"score": lambda self, text: None, "write": lambda self, *a: None})()
+    for chars in ("ab\n" + NULL, "ab\n"):
+        samples.Samples(None, Vocab(sorted(chars)), "cpu", "a", 5, 0, quiet, quiet, lambda *a: None).write(10)
+    assert seen == [NULL + "a", "a"]

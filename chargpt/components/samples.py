@@ -7,6 +7,7 @@ samples differ only by what the model learned, and training's random streams are
 import time
 
 from ..errors import ChargptError
+from ..labels import NULL
 
 SAMPLE_TEMPERATURE = 0.8  # engine.Generator's default: what the closing sample's header says
 
@@ -58,7 +59,8 @@ class Samples:
     def write(self, step):
         """The sample at `step` -> seconds it took (left out of the training speed)."""
         t0 = time.perf_counter()
-        text = sample_text(self.model, self.vocab, self.device, self.prompt, self.chars, self.seed)
+        start = NULL if NULL in self.vocab.stoi else ""  # a --labels run: "no label" first, as its unlabelled windows
+        text = sample_text(self.model, self.vocab, self.device, start + self.prompt, self.chars, self.seed)
         report = self.novelty.score(text)
         self.sinks.write("sample", {"step": step, "prompt": self.prompt, "text": text,
                                     **({"novelty": report.summary()} if report else {})})
