@@ -18,21 +18,28 @@ class RequestError(Exception):
         self.status, self.extra = status, extra
 
 
-async def read_json(request, limit=MAX_BODY_BYTES):
-    """The body as a JSON object, read no further than `limit` bytes."""
-    if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
-        raise RequestError(415, "send the request body as JSON with Content-Type: application/json")
+async def read_capped(request, limit, what="request body"):
+    """The raw body, refused with a 413 past `limit` bytes, whether declared (Content-Length) or sent: nothing past
+    the limit is read into memory. what: the body, as the errors name it."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        raise RequestError(413, f"request body is {int(declared)} bytes; the limit is {limit}")
+        raise RequestError(413, f"{what} is {int(declared):,} bytes; the limit is {limit:,}")
     body = bytearray()
     try:
         async for chunk in request.stream():
             body += chunk
             if len(body) > limit:
-                raise RequestError(413, f"request body is over {limit} bytes")
+                raise RequestError(413, f"{what} is over {limit:,} bytes, the limit")
     except ClientDisconnect:  # the client left mid-body: no one to answer (a 400 that is never read, not a traceback)
-        raise RequestError(400, "the client disconnected before sending the whole body") from None
+        raise RequestError(400, f"the client disconnected before sending the whole {what}") from None
+    return bytes(body)
+
+
+async def read_json(request, limit=MAX_BODY_BYTES):
+    """The body as a JSON object, read no further than `limit` bytes."""
+    if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+        raise RequestError(415, "send the request body as JSON with Content-Type: application/json")
+    body = await read_capped(request, limit)
     try:
         value = json.loads(body.decode("utf-8"), parse_constant=no_constant, parse_int=_bounded_int)
     except (UnicodeDecodeError, ValueError) as e:

@@ -20,11 +20,10 @@ from typing import Literal
 
 from pydantic import Field
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from ..body import RequestError, read_json
+from ..body import RequestError, read_capped, read_json
 from ..limits import MAX_NAME_CHARS, MAX_TRAIN_SECONDS, MAX_UPLOAD_BYTES
 from ..schemas import Request
 from ..training import TEXT_PRESETS
@@ -75,24 +74,8 @@ async def upload(request):
     name = request.query_params.get("name", "")
     if len(name) > 4 * MAX_NAME_CHARS:
         raise RequestError(400, f"the file name is {len(name)} characters; the limit is {4 * MAX_NAME_CHARS}")
-    data = await read_capped(request, MAX_UPLOAD_BYTES)
+    data = await read_capped(request, MAX_UPLOAD_BYTES, "the uploaded file")
     return JSONResponse({"corpus": await run_in_threadpool(t.upload, name, data)})
-
-
-async def read_capped(request, limit):
-    """The raw body, refused (413, nothing kept) past `limit` bytes, whether declared or sent."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise RequestError(413, f"the file is {int(declared):,} bytes; the limit is {limit:,} ({limit // 2**20} MB)")
-    body = bytearray()
-    try:
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise RequestError(413, f"the file is over {limit:,} bytes ({limit // 2**20} MB), the limit")
-    except ClientDisconnect:
-        raise RequestError(400, "the client disconnected before sending the whole file") from None
-    return bytes(body)
 
 
 async def start(request):
