@@ -388,6 +388,17 @@ PARTS = 10**6  # val_fraction in millionths: which blocks validate is exact inte
 
 
 @dataclass(frozen=True)
+def split_whole(n, val_fraction, empty):
+    """-> (train indices, validation indices), each sorted: a fixed pseudo-random choice of whole units (sentence
+    pairs, list items), seed 0 and not --seed, so every run on the same data validates on the same units.
+    empty("validation" or "training") -> the DataError for a split that would hold none."""
+    n_val = int(n * val_fraction)
+    if n_val == 0 or n_val == n:
+        raise empty("validation" if n_val == 0 else "training")
+    order = np.random.default_rng(0).permutation(n)
+    return np.sort(order[n_val:]), np.sort(order[:n_val])
+
+
 class Split:
     """Which stretches of the corpus train and which validate: (n, 2) arrays of [start, end) character offsets."""
     how: str  # "blocks" or "tail"

@@ -16,13 +16,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .data import Split
+from .data import Split, split_whole
 from .errors import ConfigError, DataError
 from .flags import param
 from .textio import write_output
 
 MAX_ITEMS_CHARS = 200_000_000  # a list larger than this is not a list: train it as plain text
-ITEMS_SEED = 0  # the split's own seed: the same items validate in every run on the list
 MAX_TRIES = 10  # sampling makes at most this many generations per item asked for (empty items, copies)
 
 
@@ -45,13 +44,9 @@ def item_bounds(ids, newline, carriage=None):
 
 def split_items(n_items, val_fraction):
     """-> (train item indices, validation item indices), each sorted: a fixed pseudo-random choice of whole items."""
-    n_val = int(n_items * val_fraction)
-    if n_val == 0 or n_val == n_items:
-        raise DataError(f"{n_items:,} items x {param('val_fraction', val_fraction)} leaves the "
-                        f"{'validation' if n_val == 0 else 'training'} split without an item; give more items (one "
-                        f"per line) or change {param('val_fraction')}")
-    order = np.random.default_rng(ITEMS_SEED).permutation(n_items)
-    return np.sort(order[n_val:]), np.sort(order[:n_val])
+    return split_whole(n_items, val_fraction, lambda which: DataError(
+        f"{n_items:,} items x {param('val_fraction', val_fraction)} leaves the {which} split without an item; give "
+        f"more items (one per line) or change {param('val_fraction')}"))
 
 
 @dataclass

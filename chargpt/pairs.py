@@ -36,7 +36,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .data import corpus_key, corpus_sources, default_cache_dir, iter_text, remove_dead_temps, write_json_atomic
+from .data import (
+    corpus_key,
+    corpus_sources,
+    default_cache_dir,
+    iter_text,
+    remove_dead_temps,
+    split_whole,
+    write_json_atomic,
+)
 from .errors import DataError
 from .flags import param
 from .rundir import temp_suffix
@@ -277,13 +285,9 @@ def _read_cache(meta_path, paths):
 
 def split_pairs(n_pairs, val_fraction):
     """-> (train rows, validation rows), sorted pair indices; a fixed pseudo-random choice of whole pairs."""
-    n_val = int(n_pairs * val_fraction)
-    if n_val == 0 or n_val == n_pairs:
-        raise DataError(f"{n_pairs:,} pairs x --val-fraction {val_fraction} leaves an empty "
-                        f"{'validation' if n_val == 0 else 'training'} split; give more pairs or change "
-                        f"--val-fraction")
-    order = np.random.default_rng(0).permutation(n_pairs)
-    return np.sort(order[n_val:]), np.sort(order[:n_val])
+    return split_whole(n_pairs, val_fraction, lambda which: DataError(
+        f"{n_pairs:,} pairs x --val-fraction {val_fraction} leaves an empty {which} split; give more pairs or change "
+        f"--val-fraction"))
 
 
 def context_needed(index, arch):
