@@ -354,6 +354,13 @@ def _raise_stopped(signum, frame):
     raise Stopped(signum)
 
 
+def stopped_error(e: Stopped, target, what="export"):
+    """A Stopped export -> the one-line Interrupted that says whether `target` was written or left as it was."""
+    where = f"after the {what} was written to {target}" if e.done else \
+        f"before the {what} was written; {target} was not changed"
+    return Interrupted(f"{signal.Signals(e.signum).name}: stopped {where}", e.signum)
+
+
 @contextlib.contextmanager
 def locked(folder):
     """An exclusive lock on `folder` while the export writes into it, or the one-line error that another export
@@ -532,9 +539,7 @@ def export(checkpoint, to=None, format="hf", force=False, log=print):
         try:
             diff = write_folder(target, fill, lambda: check_target(target, path, settings.force))
         except Stopped as e:
-            what = f"after the export was written to {target}" if e.done else f"before the export was written; " \
-                                                                              f"{target} was not changed"
-            raise Interrupted(f"{signal.Signals(e.signum).name}: stopped {what}", e.signum) from None
+            raise stopped_error(e, target) from None
     log(f"exported {path} ({describe_model(model.config)}, {len(vocab)} characters) to {target}; transformers "
         f"reproduces its logits (largest difference {diff:.1g})")
     return target

@@ -20,15 +20,23 @@ page is never left.
 import contextlib
 import math
 import os
-import signal
 from pathlib import Path
 
 from .. import __version__
 from ..checkpoint import load_model, read_meta
 from ..components.interrupt import handling
 from ..config import WEB_WEIGHTS, ExportSettings, SampleSettings, describe_model
-from ..errors import ChargptError, ConfigError, Interrupted
-from ..export import TERM_SIGNALS, Stopped, _fsync, _plain_mode, _raise_stopped, make_folders, write_error
+from ..errors import ChargptError, ConfigError
+from ..export import (
+    TERM_SIGNALS,
+    Stopped,
+    _fsync,
+    _plain_mode,
+    _raise_stopped,
+    make_folders,
+    stopped_error,
+    write_error,
+)
 from ..flags import param
 from ..labels import LabelSet
 from ..platforms import STOP_SIGNALS, replace
@@ -202,9 +210,7 @@ def export_web(checkpoint, to, force=False, weights="float32", log=print):
                     else f"int8's cost in loss was not measured: {where}")
             checked = write_page(target, text, lambda tmp: check_page(tmp, reference, vocab), settings.force)
         except Stopped as e:
-            what = f"after the page was written to {target}" if e.done else f"before the page was written; {target} " \
-                                                                            f"was not changed"
-            raise Interrupted(f"{signal.Signals(e.signum).name}: stopped {what}", e.signum) from None
+            raise stopped_error(e, target, "page") from None
     log(f"exported {path} ({describe_model(model.config)}, {len(vocab)} characters, {settings.web_weights} weights) "
         f"to {target}, {size_text(target.stat().st_size)}; {checked}")
     return target
