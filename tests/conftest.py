@@ -4,7 +4,6 @@
 import pytest
 import torch
 
-from chargpt.components import interrupt
 from chargpt.config import ModelConfig
 
 
@@ -27,9 +26,6 @@ def hermetic(tmp_path, monkeypatch, request):
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
         monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     torch.set_num_threads(1)
-    # a Ctrl-C a test sent is remembered by the process (interrupt.interrupted()); the next test in it is a new
-    # command, which must not read it as its own (the order of tests in a process varies with the -n workers)
-    monkeypatch.setattr(interrupt, "_interrupted", [])
     yield
 
 

@@ -42,7 +42,9 @@ def _interrupt(signum, frame):
 def work_begins():
     """From here on Ctrl-C raises KeyboardInterrupt again, for the command to handle (or training's handlers), and
     is remembered: a library that catches the exception (torch's import may, while it is being loaded lazily by a
-    command) does not make the Ctrl-C disappear (see interrupted)."""
+    command) does not make the Ctrl-C disappear (see interrupted). A process that runs several commands (the test
+    suite, a notebook) starts each with none remembered: a Ctrl-C handled by the last one is not this one's."""
+    _interrupted.clear()
     try:
         if signal.getsignal(signal.SIGINT) is _exit:
             signal.signal(signal.SIGINT, _interrupt)
