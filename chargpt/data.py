@@ -387,7 +387,6 @@ MIN_SPLIT_BLOCKS = 100  # a smaller corpus gets smaller blocks (at least two win
 PARTS = 10**6  # val_fraction in millionths: which blocks validate is exact integer arithmetic, on any machine
 
 
-@dataclass(frozen=True)
 def split_whole(n, val_fraction, empty):
     """-> (train indices, validation indices), each sorted: a fixed pseudo-random choice of whole units (sentence
     pairs, list items), seed 0 and not --seed, so every run on the same data validates on the same units.
@@ -399,6 +398,7 @@ def split_whole(n, val_fraction, empty):
     return np.sort(order[n_val:]), np.sort(order[:n_val])
 
 
+@dataclass(frozen=True)
 class Split:
     """Which stretches of the corpus train and which validate: (n, 2) arrays of [start, end) character offsets."""
     how: str  # "blocks" or "tail"
