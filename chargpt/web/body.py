@@ -23,13 +23,13 @@ async def read_capped(request, limit, what="request body"):
     the limit is read into memory. what: the body, as the errors name it."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        raise RequestError(413, f"{what} is {int(declared):,} bytes; the limit is {limit:,}")
+        raise RequestError(413, f"{what} is {int(declared)} bytes; the limit is {limit}")
     body = bytearray()
     try:
         async for chunk in request.stream():
             body += chunk
             if len(body) > limit:
-                raise RequestError(413, f"{what} is over {limit:,} bytes, the limit")
+                raise RequestError(413, f"{what} is over {limit} bytes")
     except ClientDisconnect:  # the client left mid-body: no one to answer (a 400 that is never read, not a traceback)
         raise RequestError(400, f"the client disconnected before sending the whole {what}") from None
     return bytes(body)
