@@ -27,6 +27,7 @@ import torch.nn as nn
 from torch.nn import functional as F
 
 from .config import ModelConfig, describe_model
+from .dropout import Dropout
 from .errors import ConfigError
 from .flags import param
 from .loss import head_loss, use_fused
@@ -136,8 +137,8 @@ class Attention(nn.Module):
         else:
             self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # q, k, v for all heads at once
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
-        self.attn_dropout = nn.Dropout(cfg.dropout)
-        self.resid_dropout = nn.Dropout(cfg.dropout)
+        self.attn_dropout = Dropout(cfg.dropout)
+        self.resid_dropout = Dropout(cfg.dropout)
         self.kernel = "auto"  # "auto" | "fused" | "manual"; set with set_attention
 
     def heads(self, t):
@@ -239,7 +240,7 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
         self.act = nn.GELU() if cfg.activation == "gelu" else nn.ReLU()
         self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
 
     def forward(self, x):
         return self.dropout(self.c_proj(self.act(self.c_fc(x))))
@@ -292,7 +293,7 @@ class Transformer(nn.Module):
             self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)  # learned position embedding
         else:  # a buffer, not a parameter: rebuilt from the config, never stored in a checkpoint
             self.register_buffer("pe", sinusoidal_positions(cfg.block_size, cfg.n_embd), persistent=False)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
 
     def build_head(self, cfg: ModelConfig):
         # post-LN already normalises every block's output, so the paper has no final LayerNorm

@@ -22,7 +22,7 @@ LAYERS = [
     ["config", "rundir", "runtime", "textio", "schedules", "tokenizer", "flat", "corpora", "forms", "novelty.score",
      "novelty.suffixarray", "novelty.cache"],
     # 2: models, data and checkpoints
-    ["model", "optim", "quantize", "sampling", "data", "pairs", "checkpoint", "sizing", "inside", "settings",
+    ["dropout", "model", "optim", "quantize", "sampling", "data", "pairs", "checkpoint", "sizing", "inside", "settings",
      "helptext", "init_from", "translate", "constraints", "items", "labels"],
     # 3: what uses a model: sampling engine, evaluation, novelty, run information, and training's parts
     ["engine", "evaluate", "runinfo", "plot", "export", "webpage", "webpage.*", "novelty", "novelty.*", "components",
