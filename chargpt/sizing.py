@@ -7,8 +7,9 @@ A fixed model is the wrong model for most runs. Compute-optimal size grows with 
 Hoffmann et al. 2022: about 20 tokens per parameter), so a longer budget wants a larger model; and a small corpus
 read many times over is memorised (nanoGPT's shakespeare_char run is best at step ~2,000 of 5,000), so a small
 corpus wants dropout, fewer passes and a model that cannot learn it by heart. The rule below is those two facts
-with constants fitted to a grid of rungs on tiny Shakespeare, CPython's standard library and a 40,000-character
-corpus, at 120 s and 600 s on a 2-core CPU (benchmarks/RESULTS.md, --preset auto). It is a table and a few numbers,
+with constants fitted to a grid of rungs on tiny Shakespeare, CPython's standard library (at 120 s and 600 s), and
+20,000-100,000 characters of Tang poems, code and English prose (at 120 s) on a 2-core CPU (benchmarks/RESULTS.md,
+--preset auto). It is a table and a few numbers,
 not a search: each rung's speed is measured here (a few steps, about a second), because machines differ several
 times over in speed and in how a step's cost grows with the model.
 
@@ -34,14 +35,18 @@ HEAD_SIZE = 32  # channels per attention head in every rung (a given --n-embd ge
 # Fitted (benchmarks/RESULTS.md, --preset auto). Characters seen per block parameter below which a larger rung
 # loses to the one below it at the same budget:
 TOKENS_PER_PARAM = 3.0
-# A rung may hold at most this many block parameters per training character (on 40,000 characters with dropout:
-# 2 x 64, 2.7 a character, beat 2 x 96, 6.1, which beat 2 x 128, 11):
-PARAMS_PER_CHAR = 4.0
+# A rung may hold at most this many block parameters per training character. Refit with dropout's cheap CPU mask
+# (chargpt/dropout.py) at 120 s: on 36,000 characters of code 2 x 64 (2.7 a character) beat 2 x 96 (6.1) by 0.019
+# nats and 2 x 128 (10.9) by 0.058; on 18,000 characters of Tang poems 2 x 64 (5.5) beat 2 x 96 (12.3) by 0.12;
+# on 90,000 characters of English prose 2 x 128 (4.4) beat 2 x 96 (2.5) by 0.048, and 3 x 160 (10.2), 0.005 better
+# still, was out of the budget's reach anyway (TOKENS_PER_PARAM). All with dropout 0.2 (0.4 lost on both corpora
+# tried), each far ahead of the cpu preset's 2 x 128 without it (benchmarks/RESULTS.md):
+PARAMS_PER_CHAR = 5.0
 # Dropout when passes over the training text x block parameters per training character exceed this: a model
 # learns text by heart sooner the more parameters it has per character. Measured: 40,000 characters, 2 x 128 was
 # best after ~13 passes (x 11 parameters a character: 143) and then only got worse, and dropout 0.2 fixed it; tiny
 # Shakespeare at 600 s, 4 x 256 (10 passes x 3.2 = 33) was the best run without dropout, and 4 x 192 with dropout
-# 0.2 lost 0.1 nats to it (dropout halves a CPU step and slows learning): 60 lies between
+# 0.2 lost 0.1 nats to it (with the old dropout, which halved a CPU step; it now costs a third): 60 lies between
 MEMORISE = 60.0
 DROPOUT = 0.2  # shakespeare-char's; on the 40,000-character corpus it took 2 x 96 from overfit to still improving
 WARN_EPOCHS = 100.0  # more passes than this: the log warns that the model may memorise the text
