@@ -154,11 +154,18 @@ def pick_decode_dtype(name, device):
 
 # torch.compile: where it wins. Inductor fuses the chains of small elementwise kernels (LayerNorm, GELU, residual
 # adds, dtype casts) that dominate small models; on CUDA that removes launch overhead and wins clearly, so auto
-# compiles there, wherever Triton (the GPU code generator behind it) can run. On CPU, eager mode is kept: compiling
-# costs tens of seconds up front and needs a C++ compiler, and no CPU measurement here has shown a win yet
-# (`python -m chargpt.bench --only compile` measures it per shape and dtype; change this rule when it does).
-def pick_compile(setting, device):
-    """--compile auto|on|off -> (whether to compile, reason printed at start)."""
+# compiles there, wherever Triton (the GPU code generator behind it) can run. On a CPU it wins in bf16 only, and only
+# once paid for: `python -m chargpt.bench --only compile` on a 2-core Xeon with native bf16 (benchmarks/RESULTS.md)
+# measured bf16 steps 1.17-1.43x faster compiled (float32: 0.93-1.16x), after a first step of 23-49 s that compiles
+# (about 3 s once torch's on-disk cache holds the code). At 1.17x a run gains 15% of its budget in steps, so the
+# first compile is repaid from about 5 minutes; auto waits for CPU_COMPILE_MIN_S, where it is a few percent of the
+# budget even cold, and needs a C++ compiler.
+CPU_COMPILE_MIN_S = 900.0
+
+
+def pick_compile(setting, device, dtype=None, budget_s=None):
+    """--compile auto|on|off -> (whether to compile, reason printed at start). dtype: the training dtype; budget_s:
+    the run's --max-time (None: a step budget), which decide a CPU's auto."""
     if setting == "on":
         require_compiler(device, "train")
         return True, "torch.compile (requested)"
@@ -172,7 +179,18 @@ def pick_compile(setting, device):
         if missing:
             return False, f"eager (--compile auto: {missing})"
         return True, "torch.compile (--compile auto: it wins on CUDA)"
-    return False, f"eager (--compile auto: torch.compile has not measured faster on {device.type.upper()})"
+    if device.type != "cpu":
+        return False, f"eager (--compile auto: torch.compile has not measured faster on {device.type.upper()})"
+    if dtype != torch.bfloat16:
+        return False, "eager (--compile auto: on a CPU a compiled step wins in bfloat16 only)"
+    if budget_s is None or budget_s < CPU_COMPILE_MIN_S:
+        budget = "a step budget" if budget_s is None else f"a {budget_s:g} s budget"
+        return False, (f"eager (--compile auto: {budget} would not repay compiling, 20-50 s the first time; from "
+                       f"--max-time {CPU_COMPILE_MIN_S:g} it compiles)")
+    if cpp_compiler() is None:
+        return False, "eager (--compile auto: no C++ compiler for torch.compile)"
+    return True, (f"torch.compile (--compile auto: a {budget_s:g} s budget repays compiling, 20-50 s the first time, "
+                  f"a few seconds from torch's on-disk cache; bf16 steps measured 1.2-1.4x faster compiled)")
 
 
 TRITON_MIN_CAPABILITY = (7, 0)  # Triton's oldest NVIDIA GPU: Volta. A P100 (6.0) fails at its first compiled step

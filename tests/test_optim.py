@@ -3,6 +3,7 @@ the state in state.safetensors and exact resume; the warmup-stable-decay schedul
 --save-state end."""
 
 import math
+import os
 
 import pytest
 import torch
@@ -213,7 +214,44 @@ def test_compile_auto_uses_torch_compile_on_cuda_only_and_says_so(tmp_path, corp
     logs = []
     chargpt.train(log=logs.append, data="corpus.txt", out_dir="run", max_iters=2, eval_interval=2, **TINY_KW)
     device_line = next(line for line in logs if line.startswith("device: cpu"))
-    assert device_line.endswith("; eager (--compile auto: torch.compile has not measured faster on CPU)")
+    assert device_line.endswith("; eager (--compile auto: a step budget would not repay compiling, 20-50 s the "
+                                "first time; from --max-time 900 it compiles)")
+
+
+def test_compile_auto_on_a_cpu_compiles_long_bf16_runs_only(monkeypatch):
+    monkeypatch.setattr(runtime, "cpp_compiler", lambda: "/usr/bin/g++")
+    bf16 = torch.bfloat16
+    assert pick_compile("auto", CPU, bf16, 1800.0)[0] is True
+    assert "a 1800 s budget repays compiling" in pick_compile("auto", CPU, bf16, 1800.0)[1]
+    assert pick_compile("auto", CPU, bf16, 900.0)[0] is True  # the threshold itself compiles
+    assert pick_compile("auto", CPU, bf16, 600.0) == (False, "eager (--compile auto: a 600 s budget would not repay "
+                                                          "compiling, 20-50 s the first time; from --max-time 900 it "
+                                                          "compiles)")
+    assert pick_compile("auto", CPU, bf16, None)[0] is False  # steps, not time: nothing says it pays
+    assert pick_compile("auto", CPU, torch.float32, 1e5) == (False, "eager (--compile auto: on a CPU a compiled "
+                                                                 "step wins in bfloat16 only)")
+    assert pick_compile("off", CPU, bf16, 1e5)[0] is False  # the user's word wins both ways
+    monkeypatch.setattr(runtime, "cpp_compiler", lambda: None)
+    assert pick_compile("auto", CPU, bf16, 1e5) == (False, "eager (--compile auto: no C++ compiler for "
+                                                         "torch.compile)")
+
+
+def test_a_run_that_compiles_keeps_torch_s_compile_cache_under_chargpt_s(tmp_path, corpus, monkeypatch):
+    """Runs share the compiled code (a later run of the same shapes loads it in seconds), in a folder a reboot keeps;
+    a cache folder the user chose wins."""
+    from chargpt.components import start
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")  # so that the teardown restores what was there before
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    monkeypatch.setenv("CHARGPT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(start, "pick_compile", lambda *a: (True, "torch.compile (--compile auto: a test)"))
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: model)  # compiling itself is not what is tested
+    logs = []
+    chargpt.train(log=logs.append, data="corpus.txt", out_dir="run", max_iters=2, eval_interval=2, **TINY_KW)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "torchinductor")
+    assert any("torch.compile (--compile auto: a test)" in line for line in logs)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    chargpt.train(log=logs.append, data="corpus.txt", out_dir="run2", max_iters=2, eval_interval=2, **TINY_KW)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
 
 
 @pytest.mark.parametrize("args,want", [([], None), (["--compile"], "on"), (["--no-compile"], "off"),

@@ -12,6 +12,7 @@ leaves no lock and no empty run directory behind. What start-up says is describe
 """
 
 import json
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import torch
 from .. import checkpoint as ckpt
 from .. import errors, init_from, rundir, sizing
 from ..config import ModelConfig, TrainConfig, check_task, split_overrides
-from ..data import corpus_sources
+from ..data import corpus_sources, default_cache_dir
 from ..errors import ChargptError, CheckpointError, ConfigError
 from ..flags import param, spelled
 from ..model import build_model, check_model_fits, estimated_params
@@ -373,7 +374,9 @@ def build(mcfg, cfg, device, dtype, dist, init=lambda model: None):
 def wrap(run: Run):
     """What the loop calls: the model, compiled and/or wrapped for DDP (run.model stays the plain one); how often
     the host reads the stop flags; the bf16 weight copies the forward reads on a CPU."""
-    run.compiled, run.compile_reason = pick_compile(run.cfg.compile, run.device)
+    run.compiled, run.compile_reason = pick_compile(run.cfg.compile, run.device, run.dtype, run.cfg.max_time)
+    if run.compiled:  # torch's compile cache under chargpt's, not the temporary folder a reboot empties: runs share it
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(default_cache_dir() / "torchinductor"))
     run.train_model = torch.compile(run.model) if run.compiled else run.model
     if run.dist.enabled:
         run.train_model = ddp(run.train_model, run.device)  # one graph when compiled; its options are rules
