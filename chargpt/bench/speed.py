@@ -428,32 +428,40 @@ def time_vocab_step(mcfg, tcfg, device, dtype, loss="auto", compile=False, steps
     return statistics.median(times[warmup:]), step_peak(step, device)
 
 
-def vocab_rows(device, args):
+def vocab_rows(device, args, peaks=None):
     """ms/step per vocabulary size on the cpu and gpu presets' shapes, in the dtype training picks, each against
     vocabulary 65 in the same run; the loss as training computes it (auto) and, where auto fuses, the full logits
     (what it replaced). Peak: the step's own allocations (step_peak); logits: one float32 copy of them. Eager or
-    compiled as training is by default (--compile auto)."""
+    compiled as training is by default (--compile auto). Floor: the output layer's three matrix products (logits,
+    and the gradients of the hidden states and of the weights: 6 x characters x width x vocabulary FLOPs) at the
+    machine's measured matmul peak; "vs 65 + floor" is the step against vocabulary 65's step plus that floor, the
+    most a large alphabet can be made to cost without computing fewer logits."""
     from ..loss import use_fused
     from ..runtime import pick_compile, pick_dtype
     dtype, compiled = pick_dtype("auto", device)[0], pick_compile("auto", device)[0]
+    peak = (peaks or {}).get(dtype) or (None if args.quick else matmul_peak(device, dtype))
     step_kw = dict(steps=2, warmup=1) if args.quick else dict(steps=5, warmup=2)
     step_kw["compile"] = compiled and not args.quick
     how = "torch.cuda.max_memory_allocated" if device.type == "cuda" else "torch.profiler memory events"
     rows = [f"training step by vocabulary size, {name_of(dtype)}, {'compiled' if step_kw['compile'] else 'eager'}; "
-            f"peak: above what the step began with ({how})", "",
-            "| shape | vocab | loss | ms/step | vs vocab 65 | peak MB | float32 logits MB |",
-            "|---|---|---|---|---|---|---|"]
+            f"peak: above what the step began with ({how}); head floor at the measured matmul peak "
+            + (f"{peak:.0f} GFLOP/s" if peak else "(not measured with --quick)"), "",
+            "| shape | vocab | loss | ms/step | vs vocab 65 | head floor ms | vs 65 + floor | peak MB | "
+            "float32 logits MB |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for name, (mcfg, tcfg) in vocab_shapes(args.quick, args.batch).items():
         base = None
         for V in VOCAB_SIZES:
             cfg = ModelConfig(**{**vars(mcfg), "vocab_size": V})
+            chars = tcfg.batch_size * cfg.block_size
+            floor = 6 * chars * cfg.n_embd * V / (peak * 1e9) if peak else None
             for loss in ("auto", "full") if use_fused("auto", V) else ("auto",):
-                t, peak = time_vocab_step(cfg, tcfg, device, dtype, loss, **step_kw)
+                t, mem = time_vocab_step(cfg, tcfg, device, dtype, loss, **step_kw)
                 base = base or t
                 label = ("fused" if use_fused(loss, V) else "full") + (" (auto)" if loss == "auto" else "")
-                logits = tcfg.batch_size * cfg.block_size * V * 4
-                rows.append(f"| {name} | {V:,} | {label} | {t * 1e3:.1f} | {t / base:.2f}x | {peak / 2**20:,.1f} | "
-                            f"{logits / 2**20:,.1f} |")
+                floor_cells = (f"{floor * 1e3:.1f} | {t / (base + floor):.2f}x" if floor is not None else "- | -")
+                rows.append(f"| {name} | {V:,} | {label} | {t * 1e3:.1f} | {t / base:.2f}x | {floor_cells} | "
+                            f"{mem / 2**20:,.1f} | {chars * V * 4 / 2**20:,.1f} |")
     return rows + [""]
 
 
@@ -470,7 +478,7 @@ def speed(parts, device, args):
     if "decode" in parts:
         rows += decode_rows(device, args)
     if "vocab" in parts:
-        rows += vocab_rows(device, args)
+        rows += vocab_rows(device, args, peaks)
     if args.nanogpt:
         from .nanogpt import side_by_side
         rows += side_by_side(args.nanogpt, args.data, device, steps=20 if args.quick else args.steps)
