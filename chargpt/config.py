@@ -130,7 +130,7 @@ class ModelConfig:
     n_head: int = opt(6, "attention heads per block; must divide --n-embd")
     n_embd: int = opt(384, "width of the residual stream (embedding size)")
     dropout: float = opt(0.2, "dropout on embeddings, attention weights and residual outputs: what keeps a "
-                                 "small text from being learned by heart (auto sets 0.2 where the budget would, else 0)")
+                                 "small text from being learned by heart (auto: 0.2 where the budget would, else 0)")
     bias: bool = opt(True, "bias in Linear and LayerNorm layers, like GPT-2 (--no-bias: a bit faster, often as good)")
     tie_weights: bool = opt(True, "share the token embedding with the output head (fewer parameters)")
     # Architecture options. The defaults are the GPT above, bit for bit; the alternatives rebuild the
@@ -273,7 +273,7 @@ class TrainConfig:
                              "line 'numerics:' says which",
                      choices=("auto", "float32", "bfloat16", "float16"))
     compile: str | bool = opt("auto", "torch.compile the model: auto where it measurably wins (CUDA: yes; CPU: bf16 "
-                                      "runs of --max-time 900 or more; the rule is runtime.pick_compile, printed at "
+                                      "runs of --max-time 1800 or more; the rule is runtime.pick_compile, printed at "
                                       "start), on, off; --compile alone "
                                       "means on, --no-compile off", choices=COMPILE_CHOICES, switch=("on", "off"))
     attention: str = opt("auto", "attention kernel: auto picks the fastest for the device; fused (torch SDPA) or "

@@ -5,6 +5,7 @@ import importlib.util
 import inspect
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -154,13 +155,13 @@ def pick_decode_dtype(name, device):
 
 # torch.compile: where it wins. Inductor fuses the chains of small elementwise kernels (LayerNorm, GELU, residual
 # adds, dtype casts) that dominate small models; on CUDA that removes launch overhead and wins clearly, so auto
-# compiles there, wherever Triton (the GPU code generator behind it) can run. On a CPU it wins in bf16 only, and only
-# once paid for: `python -m chargpt.bench --only compile` on a 2-core Xeon with native bf16 (benchmarks/RESULTS.md)
-# measured bf16 steps 1.17-1.43x faster compiled (float32: 0.93-1.16x), after a first step of 23-49 s that compiles
-# (about 3 s once torch's on-disk cache holds the code). At 1.17x a run gains 15% of its budget in steps, so the
-# first compile is repaid from about 5 minutes; auto waits for CPU_COMPILE_MIN_S, where it is a few percent of the
-# budget even cold, and needs a C++ compiler.
-CPU_COMPILE_MIN_S = 900.0
+# compiles there, wherever Triton (the GPU code generator behind it) can run. On a CPU it wins in bf16 only, by
+# little, and only once paid for. On a 2-core Xeon with native bf16 (benchmarks/RESULTS.md), against the eager step
+# as training runs it (bf16 weight copies, Muon): 4 x 256 1.02x, 5 x 320 1.10x, 3 x 160 with dropout 1.35x, after a
+# first step of 31-34 s that compiles (a few seconds once torch's on-disk cache holds the code); float32 measured
+# 0.93-1.16x. So auto compiles a CPU run only from CPU_COMPILE_MIN_S, where 10% of the budget is several times the
+# first compile, and only with a C++ compiler.
+CPU_COMPILE_MIN_S = 1800.0
 
 
 def pick_compile(setting, device, dtype=None, budget_s=None):
@@ -185,12 +186,12 @@ def pick_compile(setting, device, dtype=None, budget_s=None):
         return False, "eager (--compile auto: on a CPU a compiled step wins in bfloat16 only)"
     if budget_s is None or budget_s < CPU_COMPILE_MIN_S:
         budget = "a step budget" if budget_s is None else f"a {budget_s:g} s budget"
-        return False, (f"eager (--compile auto: {budget} would not repay compiling, 20-50 s the first time; from "
-                       f"--max-time {CPU_COMPILE_MIN_S:g} it compiles)")
+        return False, (f"eager (--compile auto: {budget} would not repay compiling, 30 s or more the first time; "
+                       f"from --max-time {CPU_COMPILE_MIN_S:g} it compiles)")
     if cpp_compiler() is None:
         return False, "eager (--compile auto: no C++ compiler for torch.compile)"
-    return True, (f"torch.compile (--compile auto: a {budget_s:g} s budget repays compiling, 20-50 s the first time, "
-                  f"a few seconds from torch's on-disk cache; bf16 steps measured 1.2-1.4x faster compiled)")
+    return True, (f"torch.compile (--compile auto: a {budget_s:g} s budget repays compiling, 30 s or more the first "
+                  f"time, a few seconds from torch's on-disk cache; bf16 steps measured 1.02-1.35x faster compiled)")
 
 
 TRITON_MIN_CAPABILITY = (7, 0)  # Triton's oldest NVIDIA GPU: Volta. A P100 (6.0) fails at its first compiled step
@@ -280,6 +281,24 @@ def cpu_count():
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         return os.cpu_count() or 1
+
+
+def others_cpu_use(seconds, sleep=time.sleep):
+    """CPUs' worth of work other processes did on this machine over the next `seconds` (Linux: /proc/stat's busy
+    time of all CPUs less this process's own), or None where the system does not say."""
+    def sample():
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+        busy = sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)  # all but idle and iowait
+        own = os.times()
+        return busy / os.sysconf("SC_CLK_TCK"), own.user + own.system, time.perf_counter()
+    try:
+        b0, o0, t0 = sample()
+        sleep(seconds)
+        b1, o1, t1 = sample()
+    except (OSError, ValueError, IndexError, AttributeError):  # not Linux, or an unreadable /proc
+        return None
+    return max(0.0, (b1 - b0) - (o1 - o0)) / max(t1 - t0, 1e-9)
 
 
 def check_threads(threads):

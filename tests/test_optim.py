@@ -214,19 +214,18 @@ def test_compile_auto_uses_torch_compile_on_cuda_only_and_says_so(tmp_path, corp
     logs = []
     chargpt.train(log=logs.append, data="corpus.txt", out_dir="run", max_iters=2, eval_interval=2, **TINY_KW)
     device_line = next(line for line in logs if line.startswith("device: cpu"))
-    assert device_line.endswith("; eager (--compile auto: a step budget would not repay compiling, 20-50 s the "
-                                "first time; from --max-time 900 it compiles)")
+    assert device_line.endswith("; eager (--compile auto: on a CPU a compiled step wins in bfloat16 only)")
 
 
 def test_compile_auto_on_a_cpu_compiles_long_bf16_runs_only(monkeypatch):
     monkeypatch.setattr(runtime, "cpp_compiler", lambda: "/usr/bin/g++")
     bf16 = torch.bfloat16
-    assert pick_compile("auto", CPU, bf16, 1800.0)[0] is True
-    assert "a 1800 s budget repays compiling" in pick_compile("auto", CPU, bf16, 1800.0)[1]
-    assert pick_compile("auto", CPU, bf16, 900.0)[0] is True  # the threshold itself compiles
+    assert pick_compile("auto", CPU, bf16, 3600.0)[0] is True
+    assert "a 3600 s budget repays compiling" in pick_compile("auto", CPU, bf16, 3600.0)[1]
+    assert pick_compile("auto", CPU, bf16, runtime.CPU_COMPILE_MIN_S)[0] is True  # the threshold itself
     assert pick_compile("auto", CPU, bf16, 600.0) == (False, "eager (--compile auto: a 600 s budget would not repay "
-                                                          "compiling, 20-50 s the first time; from --max-time 900 it "
-                                                          "compiles)")
+                                                          "compiling, 30 s or more the first time; from --max-time "
+                                                          "1800 it compiles)")
     assert pick_compile("auto", CPU, bf16, None)[0] is False  # steps, not time: nothing says it pays
     assert pick_compile("auto", CPU, torch.float32, 1e5) == (False, "eager (--compile auto: on a CPU a compiled "
                                                                  "step wins in bfloat16 only)")
