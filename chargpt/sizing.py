@@ -24,6 +24,7 @@ The rule, in order:
 Anything the user sets (a flag or a config file) wins over what the rule picks, for that setting alone.
 """
 
+import os
 import time
 from dataclasses import dataclass, field, fields
 
@@ -60,6 +61,16 @@ PROBE_SHARE = 0.02  # measuring rungs may cost at most this share of the budget
 # a 2 ms step is not a busy machine) say the machine was busy: then up to PROBE_MAX_STEPS are timed, within the
 # rung's share of the budget, and start-up says so (Probe.busy_note).
 PROBE_MAX_STEPS = 8
+# A step timed while another process keeps a core busy is no fastest-of-a-few away from the truth: torch's threads
+# meet at every operator, and one of them waiting for a shared core slowed every step alike, 8-19x (a 2 x 64 step
+# 413 and 1,052 ms against 54 ms quiet, on 2 cores with one busy loop beside it), so no step looks unusual. So before
+# measuring, the probe asks the system how busy the machine is, and while other processes use more than the CPUs
+# this run leaves free (and QUIET_CPUS more) it waits, up to WAIT_SHARE of the budget and WAIT_MAX_S, for them
+# to finish. A load that lasts is what the run will get: then the sizes are measured with it.
+QUIET_CPUS = 0.5
+WAIT_SHARE = 0.1
+WAIT_MAX_S = 30.0
+WAIT_STEP_S = 0.5
 BUSY_SPREAD = 2.0
 BUSY_MIN_S = 0.05
 
@@ -288,20 +299,58 @@ def time_steps(step, clock, limit_s):
     return times
 
 
+def wait_until_quiet(others_use, limit_s, allowed):
+    """Before measuring: while other processes use more than `allowed` CPUs, wait (up to limit_s) for them to
+    finish. others_use(seconds) -> CPUs other processes used over that long (it takes that long), or None where
+    the system does not say. -> (seconds waited, CPUs others used at the end, or None)."""
+    waited, use = 0.0, others_use(WAIT_STEP_S / 2)
+    while use is not None and use > allowed and waited < limit_s:
+        use = others_use(WAIT_STEP_S)
+        waited += WAIT_STEP_S
+    return waited, use
+
+
+def quiet_note(waited, use, allowed, cpus):
+    """The start-up line about other processes' load before measuring, or None when there was none."""
+    if use is None or (waited == 0 and use <= allowed):
+        return None
+    if use <= allowed:
+        return f"other processes were keeping the CPUs busy: waited {waited:.0f} s for them before measuring the sizes"
+    return (f"other processes use {use:.1f} of this machine's {cpus} CPUs, and still did after {waited:.0f} s: the "
+            f"model is sized for the speed the machine has with them")
+
+
+def wait_for_quiet_cpus(max_time, threads, others_use=None, cpus=None):
+    """wait_until_quiet for a run of `threads` threads on this machine's CPUs, within the budget's share -> the
+    start-up note (quiet_note), or None."""
+    from .runtime import others_cpu_use
+    cpus = cpus or os.cpu_count() or 1
+    allowed = max(0.0, cpus - threads) + QUIET_CPUS  # the CPUs this run leaves to others, and some slack
+    waited, use = wait_until_quiet(others_use or others_cpu_use, min(WAIT_SHARE * max_time, WAIT_MAX_S), allowed)
+    return quiet_note(waited, use, allowed, cpus)
+
+
 class Probe:
     """step_seconds for choose(): times training steps (forward, backward, optimizer) of each rung on this machine,
     at the run's vocabulary, dtype and optimizer, on random characters; a rung's speed is its fastest step
     (time_steps). Memoised per rung. clock and make_step(rung, dropout) -> step() stand in for the machine in
     tests."""
 
-    def __init__(self, vocab_size, cfg, device, dtype, clock=None, make_step=None):
+    def __init__(self, vocab_size, cfg, device, dtype, clock=None, make_step=None, others_use=None):
         self.vocab_size, self.cfg, self.device, self.dtype, self.times = vocab_size, cfg, device, dtype, {}
         self.clock, self.make_step = clock or time.perf_counter, make_step or self.training_step
         self.samples = {}  # (rung, dropout) -> every timed step's seconds
+        # before the first measurement on a CPU: other processes' load waited out (None: not yet, or not asked)
+        self.others_use = others_use if others_use is not None or device.type == "cpu" else (lambda s: None)
+        self.quiet_note, self.waited = None, False
 
     def __call__(self, rung, dropout=0.0):
         if (rung, dropout) not in self.times:
             import torch
+            if not self.waited:
+                self.waited = True
+                self.quiet_note = wait_for_quiet_cpus(self.cfg.max_time or 0.0, torch.get_num_threads(),
+                                                      self.others_use)
             with torch.random.fork_rng(devices=[]):  # the run's own random streams are untouched (dropout's too)
                 times = time_steps(self.make_step(rung, dropout), self.clock,
                                    PROBE_SHARE * (self.cfg.max_time or 0))

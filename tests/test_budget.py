@@ -9,6 +9,8 @@ busy this machine is."""
 import itertools
 import json
 import re
+import subprocess
+import sys
 import time
 from types import SimpleNamespace
 
@@ -18,7 +20,7 @@ from helpers import TINY_RUN_KW
 
 import chargpt
 from chargpt import checkpoint as ckpt
-from chargpt import rundir, sizing
+from chargpt import rundir, runtime, sizing
 from chargpt.components.budget import EVAL_SHARE, MIN_EVALS, EvalFit, Pace, fit_evaluations, pace_lines
 from chargpt.components.describe import brief_lines, start_lines
 from chargpt.components.overfit import RISEN_EVALS, OverfitWatch, overfitting
@@ -60,7 +62,7 @@ class FakeMachine:
 
 def probe_on(machine, max_time=600.0):
     return sizing.Probe(65, TrainConfig(max_time=max_time), torch.device("cpu"), torch.float32, clock=machine.clock,
-                        make_step=machine.make_step)
+                        make_step=machine.make_step, others_use=lambda seconds: 0.0)
 
 
 @pytest.mark.parametrize("slow", [{1}, {1, 2}])  # the first timed step busy; or most of the three
@@ -77,6 +79,54 @@ def test_a_busy_moment_does_not_decide_the_size_and_start_up_says_so(slow):
     assert note.startswith("the machine looks busy: the probe's steps of ") and "sized for the fastest" in note
     fastest, slowest = (float(x.replace(",", "")) for x in re.search(r"from ([\d,]+) to ([\d,]+) ms", note).groups())
     assert slowest / fastest > sizing.BUSY_SPREAD
+
+
+class OtherProcesses:
+    """Other processes' load as the system reports it: `busy_for` seconds of `cpus` CPUs' work, then none."""
+
+    def __init__(self, busy_for, cpus=1.0):
+        self.busy_for, self.cpus, self.now = busy_for, cpus, 0.0
+
+    def __call__(self, seconds):
+        self.now += seconds
+        return self.cpus if self.now <= self.busy_for else 0.0
+
+
+def test_a_load_that_passes_is_waited_out_before_the_sizes_are_measured():
+    """A busy loop beside a 2-core run slowed every probe step alike (8-19x), so the fastest step did not help: the
+    probe waits for the load to pass, then measures the machine quiet, and start-up says so."""
+    others = OtherProcesses(busy_for=6.0)
+    note = sizing.wait_for_quiet_cpus(150.0, threads=2, others_use=others, cpus=2)
+    assert 6.0 <= others.now <= 7.0  # waited for it, and not much longer
+    assert note == "other processes were keeping the CPUs busy: waited 6 s for them before measuring the sizes"
+    assert sizing.wait_for_quiet_cpus(150.0, threads=2, others_use=lambda s: 0.1, cpus=2) is None  # quiet: no line
+
+
+def test_a_load_that_lasts_is_measured_with_and_the_wait_is_bounded():
+    for budget, limit in ((150.0, 15.0), (1e9, sizing.WAIT_MAX_S)):
+        others = OtherProcesses(busy_for=1e12)
+        note = sizing.wait_for_quiet_cpus(budget, threads=2, others_use=others, cpus=2)
+        assert limit <= others.now <= limit + 1.0
+        assert note.startswith("other processes use 1.0 of this machine's 2 CPUs, and still did after ")
+
+
+def test_others_using_cpus_this_run_leaves_free_are_not_waited_for():
+    others = OtherProcesses(busy_for=1e12, cpus=1.0)  # one CPU's work, beside a one-thread run on two
+    assert sizing.wait_for_quiet_cpus(150.0, threads=1, others_use=others, cpus=2) is None and others.now < 1.0
+    assert sizing.wait_until_quiet(lambda s: None, 100.0, 0.5) == (0.0, None)  # a system that does not say
+
+
+def test_the_system_reports_a_busy_process_beside_this_one():
+    """runtime.others_cpu_use on this machine: a process spinning beside the test is seen (Linux only)."""
+    if runtime.others_cpu_use(0.01) is None:
+        pytest.skip("the system does not report CPU time (/proc/stat)")
+    spinner = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 5: pass"])
+    try:
+        time.sleep(0.3)  # it has started
+        assert runtime.others_cpu_use(0.5) >= 0.5
+    finally:
+        spinner.kill()
+        spinner.wait()
 
 
 def test_measuring_again_stays_within_the_rungs_share_of_the_budget():
@@ -97,7 +147,8 @@ def test_measuring_again_stays_within_the_rungs_share_of_the_budget():
 
 def test_start_up_says_the_machine_looked_busy_and_keeps_the_probes_speed(tmp_path, corpus, monkeypatch):
     machine, probe = FakeMachine(slow={1}), sizing.Probe
-    monkeypatch.setattr(sizing, "Probe", lambda *a: probe(*a, clock=machine.clock, make_step=machine.make_step))
+    monkeypatch.setattr(sizing, "Probe", lambda *a: probe(*a, clock=machine.clock, make_step=machine.make_step,
+                                                          others_use=lambda seconds: 0.0))
     run = start_run(dict(data=str(corpus), out_dir="run", max_time=150, threads=1, dtype="float32"), log=quiet)
     try:
         lines = start_lines(run)

@@ -217,4 +217,4 @@ def test_a_probe_that_misreads_one_rung_by_a_few_percent_picks_the_same_model():
         for budget in (120, 600):
             want = choose(budget, measured_speed, train_chars).rung
             for noise in (0.95, 1.05):
-                assert choose(budget, lambda r, d=0.0: measured_speed(r, d) * noise, train_chars).rung == want
+                assert choose(budget, lambda r, d=0.0, k=noise: measured_speed(r, d) * k, train_chars).rung == want

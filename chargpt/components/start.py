@@ -336,8 +336,9 @@ def auto_size(settings, model_kw, cfg, task, corpus, device, dtype, dist):
         lines = sizing.describe(plan, cfg.max_time, train_chars, kept, spelled)
         if plan.warning:
             lines.append(f"warning: {plan.warning}")
-        if busy := probe.busy_note():
-            lines.append(f"note: {busy}")
+        for note in (probe.quiet_note, probe.busy_note()):
+            if note:
+                lines.append(f"note: {note}")
         step_s = plan.step_s if not [name for name, _ in kept if name != "max_iters"] else None  # its model's
         decided = json.dumps({"model": model_kw, "train": train_kw, "lines": lines, "step_s": step_s})
     decided = json.loads(broadcast_str(decided, dist))
