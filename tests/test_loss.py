@@ -244,11 +244,19 @@ def test_the_vocabulary_benchmark_times_every_size_against_65_on_tiny_shapes():
     from argparse import Namespace
 
     from chargpt.bench.speed import vocab_rows
-    rows = vocab_rows(torch.device("cpu"), Namespace(quick=True, batch=None))
+    peak = 1.0  # GFLOP/s, as if measured (a slow one, so that the floors are whole milliseconds)
+    rows = vocab_rows(torch.device("cpu"), Namespace(quick=True, batch=None), {torch.float32: peak,
+                                                                                torch.bfloat16: peak})
     table = [r.split(" | ") for r in rows if r.startswith("| cpu preset")]
     assert [(r[1], r[2]) for r in table] == [("65", "full (auto)"), ("2,000", "fused (auto)"), ("2,000", "full"),
                                              ("10,000", "fused (auto)"), ("10,000", "full")]
-    assert table[0][4] == "1.00x" and all(float(r[5]) > 0 for r in table)
+    assert table[0][4] == "1.00x" and all(float(r[7].replace(",", "")) > 0 for r in table)  # peak MB
+    floors = {r[1]: float(r[5]) for r in table}  # 6 x characters x width x vocabulary FLOPs at the peak
+    assert floors["10,000"] == pytest.approx(floors["2,000"] * 5, rel=0.01)
+    assert floors["65"] == pytest.approx(6 * 4 * 16 * 16 * 65 / (peak * 1e9) * 1e3, abs=0.05)
+    assert all(float(r[6].rstrip("x")) <= float(r[4].rstrip("x")) + 0.01 for r in table)  # the floor is credited
+    unmeasured = vocab_rows(torch.device("cpu"), Namespace(quick=True, batch=None))  # --quick measures no peak
+    assert all(r.split(" | ")[5:7] == ["-", "-"] for r in unmeasured if r.startswith("| cpu preset"))
 
 
 @pytest.mark.cuda
