@@ -340,7 +340,8 @@ class Probe:
         self.vocab_size, self.cfg, self.device, self.dtype, self.times = vocab_size, cfg, device, dtype, {}
         self.clock, self.make_step = clock or time.perf_counter, make_step or self.training_step
         self.samples = {}  # (rung, dropout) -> every timed step's seconds
-        # before the first measurement on a CPU: other processes' load waited out (None: not yet, or not asked)
+        # others_use(seconds) -> other processes' CPUs (default runtime.others_cpu_use; a GPU's speed does not
+        # depend on them): waited out before the first measurement, and start-up says so with quiet_note
         self.others_use = others_use if others_use is not None or device.type == "cpu" else (lambda s: None)
         self.quiet_note, self.waited = None, False
 
