@@ -11,6 +11,8 @@ a run and a resumed run's saved random state continues it.
 On other devices torch's kernels (Philox on a GPU) are already cheap, and they are used.
 """
 
+import math
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -22,10 +24,7 @@ def keep_mask(shape, p, dtype=torch.float32, device=None, generator=None):
     """A mask of `shape` in `dtype`, each element 1 with probability 1 - p quantised to 1/256 and 0 otherwise ->
     (mask, the rate actually dropped). In the tensor's own dtype, so that applying it and its gradient converts
     nothing (a bool mask cost a conversion in the forward and the backward: more than drawing it)."""
-    threshold = round(p * LEVELS)
-    n = 1
-    for size in shape:
-        n *= size
+    threshold, n = round(p * LEVELS), math.prod(shape)
     words = torch.randint(-2 ** 63, 2 ** 63 - 1, ((n + 7) // 8,), dtype=torch.int64, device=device,
                           generator=generator)
     return words.view(torch.uint8)[:n].view(shape).to(dtype).ge_(threshold), threshold / LEVELS

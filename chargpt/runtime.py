@@ -288,7 +288,7 @@ def others_cpu_use(seconds, sleep=time.sleep):
     time of all CPUs less this process's own), or None where the system does not say."""
     def sample():
         with open("/proc/stat", encoding="ascii") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
+            fields = [int(v) for v in f.readline().split()[1:9]]  # guest time, after these, is already in user
         busy = sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0)  # all but idle and iowait
         own = os.times()
         return busy / os.sysconf("SC_CLK_TCK"), own.user + own.system, time.perf_counter()

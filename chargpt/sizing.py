@@ -340,15 +340,14 @@ class Probe:
         self.vocab_size, self.cfg, self.device, self.dtype, self.times = vocab_size, cfg, device, dtype, {}
         self.clock, self.make_step = clock or time.perf_counter, make_step or self.training_step
         self.samples = {}  # (rung, dropout) -> every timed step's seconds
-        # others_use(seconds) -> other processes' CPUs (default runtime.others_cpu_use; a GPU's speed does not
-        # depend on them): waited out before the first measurement, and start-up says so with quiet_note
-        self.others_use = others_use if others_use is not None or device.type == "cpu" else (lambda s: None)
-        self.quiet_note, self.waited = None, False
+        # others_use(seconds) -> other processes' CPUs (None: runtime.others_cpu_use): on a CPU their load is
+        # waited out before the first measurement, and start-up says so with quiet_note
+        self.others_use, self.quiet_note, self.waited = others_use, None, False
 
     def __call__(self, rung, dropout=0.0):
         if (rung, dropout) not in self.times:
             import torch
-            if not self.waited:
+            if not self.waited and self.device.type == "cpu":  # a GPU's speed does not depend on them
                 self.waited = True
                 self.quiet_note = wait_for_quiet_cpus(self.cfg.max_time or 0.0, torch.get_num_threads(),
                                                       self.others_use)
