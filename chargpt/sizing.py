@@ -73,6 +73,13 @@ WAIT_MAX_S = 30.0
 WAIT_STEP_S = 0.5
 BUSY_SPREAD = 2.0
 BUSY_MIN_S = 0.05
+# A rung whose measured speed puts it within NEAR of a threshold of the rule (TOKENS_PER_PARAM, MEMORISE) decides
+# on that speed's noise: the same command picked 3 x 128 once and 3 x 160 three times on 400,000 characters of Tang
+# poems at 150 s (3 x 160 read 2.6-3.3 characters per parameter there). The fastest of 3 steps of a VM's 2 cores
+# varied 90-114 ms between six processes, the fastest of 12 by half as much (83-98 ms), so such a rung is timed
+# up to PROBE_NEAR_STEPS (Probe.closer), within its share of the budget, before the rule decides.
+NEAR = 0.2
+PROBE_NEAR_STEPS = 12
 
 
 @dataclass(frozen=True)
@@ -146,11 +153,18 @@ def dropout_for(epochs, params_per_char):
     return DROPOUT if epochs * params_per_char > MEMORISE else 0.0
 
 
-def choose(budget_s, step_seconds, train_chars, world_size=1, grad_accum=1):
+def near(value, threshold):
+    """Whether a measured value is within NEAR of a threshold of the rule (either side)."""
+    return threshold / (1 + NEAR) < value < threshold * (1 + NEAR)
+
+
+def choose(budget_s, step_seconds, train_chars, world_size=1, grad_accum=1, closer=None):
     """The rule (module docstring). budget_s: seconds of training; step_seconds(rung, dropout) -> measured seconds
     per optimizer step (called for each rung considered, smallest first); train_chars: characters of training
-    text. -> Plan."""
+    text; closer(rung, dropout) -> the same, measured more closely (more steps), asked where a rung lies near a
+    threshold (None: step_seconds is exact). -> Plan."""
     scale = world_size * grad_accum  # characters per step of one micro-batch on one process -> per optimizer step
+    closer = closer or step_seconds
     picked, why_not = None, None
     for i, rung in enumerate(RUNGS):
         if picked is not None:
@@ -164,10 +178,16 @@ def choose(budget_s, step_seconds, train_chars, world_size=1, grad_accum=1):
                 break
         step_s = step_seconds(rung, 0.0)
         passes = budget_s / step_s * rung.chars_per_step * scale / max(train_chars, 1)
+        if near(passes * rung.params / max(train_chars, 1), MEMORISE):
+            step_s = closer(rung, 0.0)
+            passes = budget_s / step_s * rung.chars_per_step * scale / max(train_chars, 1)
         dropout = dropout_for(passes, rung.params / max(train_chars, 1))
         if dropout:  # dropout's masks cost time too (on a CPU about as much as the rest of a small step)
             step_s = step_seconds(rung, dropout)
         chars = budget_s / step_s * rung.chars_per_step * scale
+        if picked is not None and near(chars, TOKENS_PER_PARAM * rung.params):
+            step_s = closer(rung, dropout)
+            chars = budget_s / step_s * rung.chars_per_step * scale
         if picked is not None and chars < TOKENS_PER_PARAM * rung.params:
             why_not = (f"{rung.describe()} would see {chars / rung.params:.1f} characters per block parameter (at "
                        f"least {TOKENS_PER_PARAM:g} pay)")
@@ -232,7 +252,7 @@ def plan_run(cfg, given, train_chars, probe, world_size=1):
     if all(name in given for name in ("n_layer", "n_embd", "block_size", "batch_size")):
         rung = Rung(given["n_layer"], given["n_embd"], given["block_size"], given["batch_size"])
         return Plan(rung, {}, reasons=["the model's size is given: nothing to choose"])
-    return choose(cfg.max_time, probe, train_chars, world_size, cfg.grad_accum)
+    return choose(cfg.max_time, probe, train_chars, world_size, cfg.grad_accum, getattr(probe, "closer", None))
 
 
 def apply(plan, model_kw, train_kw, given):
@@ -286,13 +306,15 @@ def looks_busy(times):
     return max(times) > BUSY_SPREAD * min(times) and max(times) - min(times) > BUSY_MIN_S
 
 
-def time_steps(step, clock, limit_s):
-    """Seconds of PROBE_STEPS calls of step(), after one untimed; where they vary as on a busy machine, more, up to
-    PROBE_MAX_STEPS while their total stays within limit_s. clock() -> seconds (time.perf_counter)."""
-    step()  # the first call allocates and warms caches
-    times = []
-    while len(times) < PROBE_STEPS or (looks_busy(times) and len(times) < PROBE_MAX_STEPS
-                                       and sum(times) + min(times) <= limit_s):
+def time_steps(step, clock, limit_s, steps=PROBE_STEPS, before=None):
+    """Seconds of `steps` calls of step(), after one untimed; where they vary as on a busy machine, more, up to
+    PROBE_MAX_STEPS while their total stays within limit_s. clock() -> seconds (time.perf_counter). before: seconds
+    this step() already took (it is warm: no untimed call), counted in; more are timed, up to `steps` in all."""
+    if before is None:
+        step()  # the first call allocates and warms caches
+    times = list(before or ())
+    while len(times) < PROBE_STEPS or (len(times) < steps and sum(times) + min(times) <= limit_s) or (
+            looks_busy(times) and len(times) < PROBE_MAX_STEPS and sum(times) + min(times) <= limit_s):
         t0 = clock()
         step()
         times.append(clock() - t0)
@@ -343,6 +365,7 @@ class Probe:
         # others_use(seconds) -> other processes' CPUs (None: runtime.others_cpu_use): on a CPU their load is
         # waited out before the first measurement, and start-up says so with quiet_note
         self.others_use, self.quiet_note, self.waited = others_use, None, False
+        self.last = None  # ((rung, dropout), step) of the rung timed last
 
     def __call__(self, rung, dropout=0.0):
         if (rung, dropout) not in self.times:
@@ -351,12 +374,29 @@ class Probe:
                 self.waited = True
                 self.quiet_note = wait_for_quiet_cpus(self.cfg.max_time or 0.0, torch.get_num_threads(),
                                                       self.others_use)
-            with torch.random.fork_rng(devices=[]):  # the run's own random streams are untouched (dropout's too)
-                times = time_steps(self.make_step(rung, dropout), self.clock,
-                                   PROBE_SHARE * (self.cfg.max_time or 0))
-            self.samples[rung, dropout] = times
-            self.times[rung, dropout] = min(times)
+            self.last = (rung, dropout), self.make_step(rung, dropout)  # kept for closer(): one model at a time
+            self._time(rung, dropout, self.last[1])
         return self.times[rung, dropout]
+
+    def closer(self, rung, dropout=0.0):
+        """The rung's seconds a step measured more closely: timed up to PROBE_NEAR_STEPS in all (NEAR)."""
+        self(rung, dropout)
+        before = self.samples[rung, dropout]
+        if len(before) < PROBE_NEAR_STEPS:
+            if self.last[0] == (rung, dropout):  # still warm: its times go on
+                self._time(rung, dropout, self.last[1], PROBE_NEAR_STEPS, before)
+            else:
+                self.last = (rung, dropout), self.make_step(rung, dropout)
+                self._time(rung, dropout, self.last[1], PROBE_NEAR_STEPS - len(before))
+                self.samples[rung, dropout] = before + self.samples[rung, dropout]
+                self.times[rung, dropout] = min(self.samples[rung, dropout])
+        return self.times[rung, dropout]
+
+    def _time(self, rung, dropout, step, steps=PROBE_STEPS, before=None):
+        import torch
+        with torch.random.fork_rng(devices=[]):  # the run's own random streams are untouched (dropout's too)
+            times = time_steps(step, self.clock, PROBE_SHARE * (self.cfg.max_time or 0), steps, before)
+        self.samples[rung, dropout], self.times[rung, dropout] = times, min(times)
 
     def busy_note(self):
         """The start-up line where the machine looked busy while it was measured (the rung whose steps varied

@@ -81,6 +81,23 @@ def test_a_busy_moment_does_not_decide_the_size_and_start_up_says_so(slow):
     assert slowest / fastest > sizing.BUSY_SPREAD
 
 
+def test_the_probe_times_a_rung_near_a_threshold_longer_and_only_that_one():
+    rung = sizing.RUNGS[4]
+    machine = FakeMachine()
+    built = []
+    make_step = machine.make_step
+    machine.make_step = lambda r, d: built.append(r) or make_step(r, d)
+    step_s = 0.005 + 0.01 * rung.flops() / 1e9
+    budget = 3.1 * rung.params * step_s / rung.chars_per_step  # 3 x 160 reads 3.1 characters per parameter
+    probe = probe_on(machine, max_time=budget)
+    plan = sizing.plan_run(TrainConfig(max_time=budget), {}, 100_000_000, probe)
+    assert plan.rung == rung and plan.step_s == pytest.approx(step_s)
+    assert {r: len(t) for (r, _), t in probe.samples.items()} == {
+        r: sizing.PROBE_NEAR_STEPS if r == rung else sizing.PROBE_STEPS for r in sizing.RUNGS[:6]}
+    assert built == list(sizing.RUNGS[:6])  # timed on, not built again
+    assert probe.busy_note() is None
+
+
 class OtherProcesses:
     """Other processes' load as the system reports it: `busy_for` seconds of `cpus` CPUs' work, then none."""
 
