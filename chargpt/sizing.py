@@ -24,6 +24,8 @@ The rule, in order:
 Anything the user sets (a flag or a config file) wins over what the rule picks, for that setting alone.
 """
 
+import hashlib
+import json
 import os
 import time
 from dataclasses import dataclass, field, fields
@@ -158,14 +160,16 @@ def near(value, threshold):
     return threshold / (1 + NEAR) < value < threshold * (1 + NEAR)
 
 
-def choose(budget_s, step_seconds, train_chars, world_size=1, grad_accum=1, closer=None):
+def choose(budget_s, step_seconds, train_chars, world_size=1, grad_accum=1, closer=None, previous=None):
     """The rule (module docstring). budget_s: seconds of training; step_seconds(rung, dropout) -> measured seconds
     per optimizer step (called for each rung considered, smallest first); train_chars: characters of training
     text; closer(rung, dropout) -> the same, measured more closely (more steps), asked where a rung lies near a
-    threshold (None: step_seconds is exact). -> Plan."""
+    threshold (None: step_seconds is exact); previous: (rung, dropout) the last run of the same command picked
+    (recall), whose decision stands where a rung lies near a threshold. -> Plan."""
     scale = world_size * grad_accum  # characters per step of one micro-batch on one process -> per optimizer step
     closer = closer or step_seconds
-    picked, why_not = None, None
+    last = RUNGS.index(previous[0]) if previous is not None and previous[0] in RUNGS else None
+    picked, why_not, held = None, None, []
     for i, rung in enumerate(RUNGS):
         if picked is not None:
             if rung.params > PARAMS_PER_CHAR * train_chars:
@@ -182,13 +186,22 @@ def choose(budget_s, step_seconds, train_chars, world_size=1, grad_accum=1, clos
             step_s = closer(rung, 0.0)
             passes = budget_s / step_s * rung.chars_per_step * scale / max(train_chars, 1)
         dropout = dropout_for(passes, rung.params / max(train_chars, 1))
+        if last == i and near(passes * rung.params / max(train_chars, 1), MEMORISE) and dropout != previous[1]:
+            dropout = previous[1]
+            held.append(f"dropout {dropout:g} for {rung.describe()}")
         if dropout:  # dropout's masks cost time too (on a CPU about as much as the rest of a small step)
             step_s = step_seconds(rung, dropout)
         chars = budget_s / step_s * rung.chars_per_step * scale
+        pays = chars >= TOKENS_PER_PARAM * rung.params
         if picked is not None and near(chars, TOKENS_PER_PARAM * rung.params):
             step_s = closer(rung, dropout)
             chars = budget_s / step_s * rung.chars_per_step * scale
-        if picked is not None and chars < TOKENS_PER_PARAM * rung.params:
+            pays = chars >= TOKENS_PER_PARAM * rung.params
+            if last is not None and pays != (last >= i):
+                pays = last >= i
+                kept, other = (rung, picked[0]) if pays else (picked[0], rung)
+                held.append(f"{kept.describe()} (not {other.describe()})")
+        if picked is not None and not pays:
             why_not = (f"{rung.describe()} would see {chars / rung.params:.1f} characters per block parameter (at "
                        f"least {TOKENS_PER_PARAM:g} pay)")
             break
@@ -204,6 +217,9 @@ def choose(budget_s, step_seconds, train_chars, world_size=1, grad_accum=1, clos
                             f"{rung.params / train_chars:.1f} block parameters per character")
     if why_not:
         plan.reasons.append(f"not larger: {why_not}")
+    if held:
+        plan.reasons.append(f"kept {' and '.join(held)} as the last run of this command did: the speed measured now "
+                            f"lies within {NEAR:.0%} of a threshold of the rule, where the choice would follow noise")
     if epochs > MAX_EPOCHS:
         cap = max(1, int(MAX_EPOCHS * train_chars / (rung.chars_per_step * scale)))
         settings["max_iters"] = cap
@@ -243,7 +259,7 @@ def width_for(n_embd, n_head):
     return max(n_head, round(n_embd / n_head) * n_head)
 
 
-def plan_run(cfg, given, train_chars, probe, world_size=1):
+def plan_run(cfg, given, train_chars, probe, world_size=1, previous=None):
     """The Plan for a run of TrainConfig `cfg` whose settings `given` ({name: value}, from a flag or a config
     file) win: sized by time (--max-time; the probe is measured), or by steps. Nothing is measured when the
     user gave every setting of the model's size."""
@@ -252,7 +268,8 @@ def plan_run(cfg, given, train_chars, probe, world_size=1):
     if all(name in given for name in ("n_layer", "n_embd", "block_size", "batch_size")):
         rung = Rung(given["n_layer"], given["n_embd"], given["block_size"], given["batch_size"])
         return Plan(rung, {}, reasons=["the model's size is given: nothing to choose"])
-    return choose(cfg.max_time, probe, train_chars, world_size, cfg.grad_accum, getattr(probe, "closer", None))
+    return choose(cfg.max_time, probe, train_chars, world_size, cfg.grad_accum, getattr(probe, "closer", None),
+                  previous)
 
 
 def apply(plan, model_kw, train_kw, given):
@@ -293,6 +310,60 @@ def describe(plan, budget_s, train_chars, kept=(), spelled=lambda name, value: f
     if kept:
         lines.append("auto left to you: " + ", ".join(spelled(k, v) for k, v in kept))
     return lines
+
+
+# --- the same command, the same model ---------------------------------------------------------------------------
+# What auto picked for a command is remembered beside the encoded corpus (MEMORY_FILE, the MEMORY_MAX most recent
+# commands): where a rung lies near a threshold, the next run of the same command keeps that decision (choose's
+# previous) instead of following its own probe's noise, and a measurement clearly past the threshold still decides.
+MEMORY_FILE = "sizing.json"
+MEMORY_MAX = 64
+MEMORY_MAX_BYTES = 1 << 20  # a larger file is not this one's: ignored
+# the settings of a command that change what auto picks or how fast the probe's steps run (where the output goes,
+# the seed or the log do not: a command with another --out-dir is the same command)
+SIZING_SETTINGS = {f.name for f in fields(ModelConfig)} | {"batch_size", "optimizer", "grad_clip", "max_iters"}
+
+
+def memory_key(**command):
+    """A key for a command's sizing: what it was given and where it runs (JSON-able values), and the rule itself
+    (a refit rule decides afresh)."""
+    rule = (TOKENS_PER_PARAM, PARAMS_PER_CHAR, MEMORISE, DROPOUT, [(r.n_layer, r.n_embd, r.block_size, r.batch_size)
+                                                                   for r in RUNGS])
+    return hashlib.sha256(json.dumps([command, rule], sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _read_memory(path):
+    try:
+        if path.stat().st_size > MEMORY_MAX_BYTES:
+            return {}
+        memory = json.loads(path.read_text(encoding="utf-8"))
+        return memory if isinstance(memory, dict) else {}
+    except (OSError, ValueError):  # none yet, unreadable or torn: a cache, so start afresh
+        return {}
+
+
+def recall(path, key):
+    """(Rung, dropout) the last run of the command `key` picked, from the memory file at `path`, or None."""
+    entry = _read_memory(path).get(key)
+    try:
+        rung = Rung(*(int(v) for v in entry["rung"]))
+        return (rung, float(entry["dropout"])) if rung in RUNGS else None
+    except (TypeError, KeyError, ValueError):
+        return None
+
+
+def remember(path, key, plan):
+    """Keep the plan's rung and dropout for the command `key` (the oldest commands forgotten past MEMORY_MAX). A
+    memory that cannot be written is only a memory lost: nothing fails."""
+    from .rundir import write_text_atomic
+    memory = _read_memory(path)
+    memory.pop(key, None)
+    r = plan.rung
+    memory[key] = {"rung": [r.n_layer, r.n_embd, r.block_size, r.batch_size], "dropout": plan.settings["dropout"]}
+    try:
+        write_text_atomic(path, json.dumps(dict(list(memory.items())[-MEMORY_MAX:])))
+    except OSError:
+        pass
 
 
 def count(x):

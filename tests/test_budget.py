@@ -178,6 +178,19 @@ def test_start_up_says_the_machine_looked_busy_and_keeps_the_probes_speed(tmp_pa
         run.release()
 
 
+def test_the_next_run_of_the_same_command_is_given_the_last_ones_choice(tmp_path, corpus, monkeypatch):
+    machine, probe, plan_run, seen = FakeMachine(), sizing.Probe, sizing.plan_run, []
+    monkeypatch.setattr(sizing, "Probe", lambda *a: probe(*a, clock=machine.clock, make_step=machine.make_step,
+                                                          others_use=lambda seconds: 0.0))
+    monkeypatch.setattr(sizing, "plan_run", lambda *a: seen.append(a[-1]) or plan_run(*a))
+    for out, budget in (("a", 150), ("b", 150), ("c", 300)):
+        run = start_run(dict(data=str(corpus), out_dir=str(tmp_path / out), max_time=budget, threads=1,
+                             dtype="float32"), log=quiet)
+        run.release()
+    first = (sizing.Rung(run.model.config.n_layer, run.model.config.n_embd), run.model.config.dropout)
+    assert seen == [None, first, None]  # the same command is given the last choice; another budget is not
+
+
 # --- the speed the run gets ------------------------------------------------------------------------------------
 def test_a_speed_far_from_the_probes_is_said_with_the_steps_now_expected():
     lines = pace_lines(0.96, 0.32, step=20, left_s=130.0, max_iters=UNLIMITED, budget_s=150.0)

@@ -239,3 +239,39 @@ def test_a_rung_near_a_threshold_is_measured_closer_and_that_speed_decides():
     assert want == rung and choose(budget, misread, 100_000_000).rung != want  # the misreading alone flips it
     assert choose(budget, misread, 100_000_000, closer=closer).rung == want
     assert asked == [rung]  # only the rung near a threshold is measured again
+
+
+def test_near_a_threshold_the_last_run_of_the_command_decides_and_far_from_it_the_measurement():
+    """The same command picks the same model: where this run's speed puts a rung within NEAR of a threshold, the
+    last run's choice stands; a speed clearly past the threshold still decides."""
+    small, large = (next(r for r in RUNGS if (r.n_layer, r.n_embd) == shape) for shape in ((3, 128), (3, 160)))
+    budget = sizing.TOKENS_PER_PARAM * large.params * measured_speed(large) / large.chars_per_step
+    for k in (0.95, 1.05):  # this run's probe: 3 x 160 reads 5% more, or 5% fewer, characters a parameter
+        def speed(r, d=0.0, k=k):
+            return measured_speed(r, d) / k
+        for last in (small, large):
+            plan = choose(budget, speed, 100_000_000, previous=(last, 0.0))
+            assert plan.rung == last
+            said = any("as the last run of this command did" in r for r in plan.reasons)
+            assert said == ((last == large) != (k > 1))  # said where it differs from what the speed alone picks
+    for k, want in ((0.7, small), (1.4, large)):  # clearly past the threshold: the measurement decides
+        for last in (small, large):
+            assert choose(budget, lambda r, d=0.0, k=k: measured_speed(r, d) / k, 100_000_000,
+                          previous=(last, 0.0)).rung == want
+
+
+def test_what_auto_picked_is_remembered_per_command_within_bounds(tmp_path):
+    path = tmp_path / sizing.MEMORY_FILE
+    plan = choose(120, measured_speed, 90_000)
+    key = sizing.memory_key(corpus="abc", budget=120.0, threads=2)
+    assert sizing.recall(path, key) is None  # nothing yet
+    sizing.remember(path, key, plan)
+    assert sizing.recall(path, key) == (plan.rung, plan.settings["dropout"])
+    assert sizing.recall(path, sizing.memory_key(corpus="abc", budget=600.0, threads=2)) is None  # another command
+    for i in range(sizing.MEMORY_MAX + 5):
+        sizing.remember(path, sizing.memory_key(corpus=str(i)), plan)
+    assert len(json.loads(path.read_text())) == sizing.MEMORY_MAX and sizing.recall(path, key) is None  # forgotten
+    path.write_text("{torn")
+    assert sizing.recall(path, key) is None  # a torn file is no memory, not an error
+    sizing.remember(path, key, plan)
+    assert sizing.recall(path, key) == (plan.rung, plan.settings["dropout"])

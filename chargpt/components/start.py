@@ -331,7 +331,15 @@ def auto_size(settings, model_kw, cfg, task, corpus, device, dtype, dist):
     decided = ""
     if dist.is_main:
         probe = sizing.Probe(len(corpus.vocab), cfg, device, dtype)
-        plan = sizing.plan_run(cfg, given, train_chars, probe, dist.world_size)
+        # the same command on the same machine keeps its last model where the probe's speed is near a threshold
+        memory = corpus.cache_dir / sizing.MEMORY_FILE
+        key = sizing.memory_key(corpus=corpus.key, vocab=len(corpus.vocab), budget=cfg.max_time, chars=train_chars,
+                                world=dist.world_size, accum=cfg.grad_accum, device=device.type, dtype=str(dtype),
+                                threads=torch.get_num_threads(),
+                                given=sorted((k, v) for k, v in given.items() if k in sizing.SIZING_SETTINGS))
+        plan = sizing.plan_run(cfg, given, train_chars, probe, dist.world_size, sizing.recall(memory, key))
+        if plan.step_s is not None:  # sized by the probe
+            sizing.remember(memory, key, plan)
         model_kw, train_kw, kept = sizing.apply(plan, model_kw, {}, given)
         lines = sizing.describe(plan, cfg.max_time, train_chars, kept, spelled)
         if plan.warning:
