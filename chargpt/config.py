@@ -21,18 +21,13 @@ import os
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
+from .architecture import ACTIVATIONS, ARCH_FIELDS, ARCHS, NORMS, POS_EMBS, SOFTMAXES, validate_arch
 from .errors import ConfigError
-from .flags import flag, opt, param
+from .flags import opt, param
 
-ARCHS = ("decoder", "encoder-decoder")
-POS_EMBS = ("learned", "sinusoidal")
-NORMS = ("pre", "post")
-ACTIVATIONS = ("gelu", "relu")
 TASKS = ("text", "pairs")
 VAL_SPLITS = ("blocks", "tail")
 LABEL_SAMPLING = ("proportional", "balanced")  # --labels: how batches draw labels (chargpt/labels.py)
-# ModelConfig fields added after format 1 was released: a checkpoint without them gets the defaults (the GPT).
-ARCH_FIELDS = ("arch", "n_enc_layer", "pos_emb", "emb_scale", "norm", "activation")
 UNLIMITED = 10**12  # max_iters when only --max-time bounds a run
 FORMAT_VERSION = 1  # bump when the checkpoint layout changes incompatibly
 MAX_INT = 2**63 - 1  # torch's sizes and indices are signed 64-bit
@@ -146,6 +141,11 @@ class ModelConfig:
                            "(norm(x + f(x)), the 2017 paper; needs warmup)", choices=NORMS)
     activation: str = opt("gelu", "feed-forward activation: gelu (GPT) or relu (the 2017 paper)",
                           choices=ACTIVATIONS)
+    softmax: str = opt("full", "output layer: full (one score per character) or adaptive (the most used characters "
+                               "scored in full, the rare ones in smaller clusters: a faster step over thousands of "
+                               "characters; docs/training.md)", choices=SOFTMAXES)
+    shortlist: int = opt(0, "characters --softmax adaptive scores in full [default: 0, the most used ones that "
+                            "cover 80% of the training text]")
     cpu_defaults: ClassVar[dict] = CPU_DEFAULTS
 
     def validate(self):
@@ -509,7 +509,9 @@ def describe_model(cfg: ModelConfig):
         f"{cfg.n_layer} layers"
     options = [name for name, on in (("sinusoidal positions", cfg.pos_emb == "sinusoidal"),
                                      ("embeddings x sqrt(width)", cfg.emb_scale), ("post-LN", cfg.norm == "post"),
-                                     ("ReLU", cfg.activation == "relu")) if on]
+                                     ("ReLU", cfg.activation == "relu"),
+                                     (f"adaptive softmax (shortlist {cfg.shortlist:,})", cfg.softmax == "adaptive"))
+               if on]
     return ", ".join([(f"{cfg.arch}, " if cfg.arch != "decoder" else "") + f"{layers} x {cfg.n_embd} wide",
                       f"{cfg.n_head} heads", f"context {cfg.block_size}", *options])
 
@@ -519,18 +521,6 @@ def check_task(arch, cfg: TrainConfig):
     if arch == "encoder-decoder" and cfg.task != "pairs":
         raise ConfigError(f"{param('arch', 'encoder-decoder')} translates a source into a target: it needs "
                           f"{param('task', 'pairs')} and {param('data')} with source<TAB>target lines")
-
-
-def validate_arch(cfg: ModelConfig):
-    """The architecture options: names from the untrusted checkpoint metadata are checked here too."""
-    for name, allowed in (("arch", ARCHS), ("pos_emb", POS_EMBS), ("norm", NORMS), ("activation", ACTIVATIONS)):
-        if getattr(cfg, name) not in allowed:
-            raise ConfigError(f"--{flag(name)} must be one of {', '.join(allowed)} (got {getattr(cfg, name)!r})")
-    if cfg.n_enc_layer < 0:
-        raise ConfigError(f"--n-enc-layer must be at least 0 (got {cfg.n_enc_layer})")
-    if cfg.n_enc_layer and cfg.arch != "encoder-decoder":
-        raise ConfigError(f"--n-enc-layer {cfg.n_enc_layer} needs --arch encoder-decoder (a decoder has no encoder); "
-                          f"drop --n-enc-layer or add --arch encoder-decoder")
 
 
 def field_names(cls):

@@ -83,6 +83,9 @@ def check_exportable(cfg):
     if cfg.norm != "pre":
         raise ConfigError(f"{param('norm', cfg.norm)} cannot be exported as GPT-2, which puts each LayerNorm before "
                           f"its block (pre-LN) and has a final one; only {param('norm', 'pre')} runs export")
+    if cfg.softmax != "full":
+        raise ConfigError(f"{param('softmax', cfg.softmax)} cannot be exported as GPT-2, whose output layer scores "
+                          f"every character in full (no clusters); only {param('softmax', 'full')} runs export")
     if cfg.emb_scale and cfg.tie_weights:
         raise ConfigError(f"{param('emb_scale')} with tied embeddings cannot be exported as GPT-2: it would have to "
                           f"scale the token embedding by sqrt({cfg.n_embd}) but not the output head that shares it "

@@ -26,6 +26,8 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
+from .adaptive import AdaptiveSoftmax, default_shortlist
+from .adaptive import weights as adaptive_weights
 from .config import ModelConfig, describe_model
 from .dropout import Dropout
 from .errors import ConfigError
@@ -298,6 +300,11 @@ class Transformer(nn.Module):
     def build_head(self, cfg: ModelConfig):
         # post-LN already normalises every block's output, so the paper has no final LayerNorm
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias) if cfg.norm == "pre" else nn.Identity()
+        if cfg.softmax == "adaptive":  # log-probabilities by frequency clusters (chargpt/adaptive.py)
+            shortlist = cfg.shortlist or default_shortlist(cfg.vocab_size)
+            self.lm_head = AdaptiveSoftmax(cfg.n_embd, cfg.vocab_size, shortlist, bias=cfg.bias)
+            self.loss_kernel = "auto"
+            return
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if cfg.tie_weights:
             self.lm_head.weight = self.wte.weight  # weight tying (Press & Wolf 2017)
@@ -306,7 +313,13 @@ class Transformer(nn.Module):
     def head(self, x, targets=None, loss_mask=None, label_smoothing=0.0):
         """decoder_stack's output x (B, T, C) -> (logits (B, T, V), loss or None) against targets (B, T) over the
         positions where loss_mask (B, T) is set (default all). With targets and the fused loss (chargpt.loss: the
-        default for large vocabularies), the loss comes without the logits, and logits is None."""
+        default for large vocabularies) or an adaptive softmax, the loss comes without the logits, and logits is
+        None; without targets an adaptive softmax's logits are log-probabilities."""
+        if targets is not None and isinstance(self.lm_head, AdaptiveSoftmax):
+            if label_smoothing:
+                raise ConfigError("--label-smoothing needs --softmax full (an adaptive softmax scores the rare "
+                                  "characters only for rows whose target is one)")
+            return None, self.lm_head.loss(x, targets, loss_mask)
         if targets is not None and use_fused(self.loss_kernel, self.config.vocab_size):
             C = x.size(-1)
             mask = None if loss_mask is None else loss_mask.reshape(-1)
@@ -473,9 +486,11 @@ def estimated_params(cfg: ModelConfig):
     blocks = cfg.n_layer * (block + (4 * d * d + 6 * d if cross else 0))
     if cross:
         blocks += (cfg.n_enc_layer or cfg.n_layer) * block
-    embeddings = cfg.vocab_size * d * (1 if cfg.tie_weights else 2) + (cfg.block_size * d if cfg.pos_emb == "learned"
-                                                                       else 0)
-    return blocks + embeddings
+    positions = cfg.block_size * d if cfg.pos_emb == "learned" else 0
+    if cfg.softmax == "adaptive":  # the head's own layers (their biases left out)
+        head = adaptive_weights(d, cfg.vocab_size, cfg.shortlist or default_shortlist(cfg.vocab_size))
+        return blocks + cfg.vocab_size * d + head + positions
+    return blocks + cfg.vocab_size * d * (1 if cfg.tie_weights else 2) + positions
 
 
 def check_model_fits(cfg: ModelConfig, memory_bytes, where, source=lambda name: None):

@@ -26,6 +26,7 @@ Anything the user sets (a flag or a config file) wins over what the rule picks, 
 
 import hashlib
 import json
+import math
 import os
 import time
 from dataclasses import dataclass, field, fields
@@ -429,8 +430,12 @@ class Probe:
     (time_steps). Memoised per rung. clock and make_step(rung, dropout) -> step() stand in for the machine in
     tests."""
 
-    def __init__(self, vocab_size, cfg, device, dtype, clock=None, make_step=None, others_use=None):
+    def __init__(self, vocab_size, cfg, device, dtype, clock=None, make_step=None, others_use=None,
+                 head=("full", 0, None)):
         self.vocab_size, self.cfg, self.device, self.dtype, self.times = vocab_size, cfg, device, dtype, {}
+        # the run's output layer: (--softmax, --shortlist, the text's character counts for an adaptive one, whose
+        # step depends on which characters the batch holds: the probe's batch is then drawn from those counts)
+        self.softmax, self.shortlist, self.counts = head
         self.clock, self.make_step = clock or time.perf_counter, make_step or self.training_step
         self.samples = {}  # (rung, dropout) -> every timed step's seconds
         # others_use(seconds) -> other processes' CPUs (None: runtime.others_cpu_use): on a CPU their load is
@@ -488,11 +493,19 @@ class Probe:
         from .runtime import autocast
         g = torch.Generator().manual_seed(0)
         mcfg = ModelConfig(vocab_size=self.vocab_size, n_layer=rung.n_layer, n_embd=rung.n_embd,
-                           n_head=rung.n_head, block_size=rung.block_size, dropout=dropout)
-        model = build_model(mcfg).to(self.device)
+                           n_head=rung.n_head, block_size=rung.block_size, dropout=dropout, softmax=self.softmax,
+                           shortlist=self.shortlist).validate()
+        model = build_model(mcfg)
+        shape = (rung.batch_size, rung.block_size + 1)
+        if self.counts is not None:
+            model.lm_head.set_frequencies(self.counts)
+            x = torch.multinomial(self.counts.double(), math.prod(shape), replacement=True, generator=g).view(shape)
+        else:
+            x = torch.randint(self.vocab_size, shape, generator=g)
+        model.to(self.device)
         optimizer = make_optimizer(model, self.cfg, self.device, self.dtype)
         copies = low_precision_copies(model, optimizer, self.device, self.dtype, wrapped=False)  # as training
-        x = torch.randint(self.vocab_size, (rung.batch_size, rung.block_size + 1), generator=g).to(self.device)
+        x = x.to(self.device)
         batch = dict(idx=x[:, :-1], targets=x[:, 1:])
 
         def step():

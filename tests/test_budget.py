@@ -164,8 +164,9 @@ def test_measuring_again_stays_within_the_rungs_share_of_the_budget():
 
 def test_start_up_says_the_machine_looked_busy_and_keeps_the_probes_speed(tmp_path, corpus, monkeypatch):
     machine, probe = FakeMachine(slow={1}), sizing.Probe
-    monkeypatch.setattr(sizing, "Probe", lambda *a: probe(*a, clock=machine.clock, make_step=machine.make_step,
-                                                          others_use=lambda seconds: 0.0))
+    monkeypatch.setattr(sizing, "Probe", lambda *a, **kw: probe(*a, **kw, clock=machine.clock,
+                                                                make_step=machine.make_step,
+                                                                others_use=lambda seconds: 0.0))
     run = start_run(dict(data=str(corpus), out_dir="run", max_time=150, threads=1, dtype="float32"), log=quiet)
     try:
         lines = start_lines(run)
@@ -180,8 +181,9 @@ def test_start_up_says_the_machine_looked_busy_and_keeps_the_probes_speed(tmp_pa
 
 def test_the_next_run_of_the_same_command_is_given_the_last_ones_choice(tmp_path, corpus, monkeypatch):
     machine, probe, plan_run, seen = FakeMachine(), sizing.Probe, sizing.plan_run, []
-    monkeypatch.setattr(sizing, "Probe", lambda *a: probe(*a, clock=machine.clock, make_step=machine.make_step,
-                                                          others_use=lambda seconds: 0.0))
+    monkeypatch.setattr(sizing, "Probe", lambda *a, **kw: probe(*a, **kw, clock=machine.clock,
+                                                                make_step=machine.make_step,
+                                                                others_use=lambda seconds: 0.0))
     monkeypatch.setattr(sizing, "plan_run", lambda *a: seen.append(a[-1]) or plan_run(*a))
     for out, budget in (("a", 150), ("b", 150), ("c", 300)):
         run = start_run(dict(data=str(corpus), out_dir=str(tmp_path / out), max_time=budget, threads=1,

@@ -19,11 +19,11 @@ LAYERS = [
     ["errors", "platforms", "loss", "tang", "flags", "components.interrupt", "novelty.report", "web.limits",
      "web.middleware"],
     # 1: settings' vocabulary, files and devices
-    ["config", "rundir", "runtime", "textio", "schedules", "tokenizer", "flat", "corpora", "forms", "novelty.score",
-     "novelty.suffixarray", "novelty.cache"],
+    ["architecture", "config", "rundir", "runtime", "textio", "schedules", "tokenizer", "flat", "corpora", "forms",
+     "novelty.score", "novelty.suffixarray", "novelty.cache"],
     # 2: models, data and checkpoints
-    ["dropout", "model", "optim", "quantize", "sampling", "data", "pairs", "checkpoint", "sizing", "inside", "settings",
-     "helptext", "init_from", "translate", "constraints", "items", "labels"],
+    ["dropout", "adaptive", "model", "optim", "quantize", "sampling", "data", "pairs", "checkpoint", "sizing", "inside",
+     "settings", "helptext", "init_from", "translate", "constraints", "items", "labels"],
     # 3: what uses a model: sampling engine, evaluation, novelty, run information, and training's parts
     ["engine", "evaluate", "runinfo", "plot", "export", "webpage", "webpage.*", "novelty", "novelty.*", "components",
      "components.*", "tasks"],

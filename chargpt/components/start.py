@@ -20,6 +20,7 @@ import torch
 
 from .. import checkpoint as ckpt
 from .. import errors, init_from, rundir, sizing
+from ..adaptive import char_counts, shortlist_for
 from ..config import ModelConfig, TrainConfig, check_task, split_overrides
 from ..data import corpus_sources, default_cache_dir
 from ..errors import ChargptError, CheckpointError, ConfigError
@@ -43,7 +44,7 @@ from ..runtime import (
 )
 from ..settings import FLAGS, HARDWARE, Settings, init_settings, new_run_settings, resume_settings
 from ..tasks import make_task
-from ..tokenizer import describe_chars
+from ..tokenizer import MAX_CODEPOINT, describe_chars
 from . import trackers
 from .budget import for_run as fit_budget
 from .checkpointer import Checkpointer, restore
@@ -204,7 +205,7 @@ def _build(settings, given, dist, device, log, claimed, extra_sinks, logfile):
     early = origin.model_kw
     if sizes and "n_head" in settings.given() and "n_embd" not in settings.given():  # auto fits the width to it
         early = {**early, "n_embd": sizing.width_for(early["n_embd"], early["n_head"])}
-    check_task(ModelConfig(**early).validate().arch, cfg)  # before the corpus is read and cached
+    check_task(ModelConfig(**early, vocab_size=MAX_CODEPOINT + 1).validate().arch, cfg)  # before the corpus is read
     task = make_task(cfg)
     task.labels_from = origin.meta or (origin.base.meta if origin.base is not None else None)  # --labels: its ids
     dtype, dtype_reason = pick_dtype(cfg.dtype, device)
@@ -220,14 +221,19 @@ def _build(settings, given, dist, device, log, claimed, extra_sinks, logfile):
                                      f"lines, or start a text run from a text run") from None
     distinct = len(corpus.vocab)
     corpus = origin.in_run_vocab(corpus, log)
-    model_kw, sizing_lines, step_s = origin.model_kw, [], None
+    model_kw, counts = adaptive_softmax(origin, corpus)
+    sizing_lines, step_s = [], None
     if sizes:
-        model_kw, cfg, sizing_lines, step_s = auto_size(settings, model_kw, cfg, task, corpus, device, dtype, dist)
+        model_kw, cfg, sizing_lines, step_s = auto_size(settings, model_kw, cfg, task, corpus, device, dtype, dist,
+                                                        counts)
     if origin.meta is not None and origin.meta["vocab"] != corpus.vocab:
         raise ConfigError(f"--resume: the corpus's vocabulary ({len(corpus.vocab)} characters) differs from "
                           f"the checkpoint's ({len(origin.meta['vocab'])}); resume with the same --data")
     mcfg = ModelConfig(**model_kw, vocab_size=len(corpus.vocab)).validate()
     check_model_fits(mcfg, *device_memory(device), lambda name: file_setting(settings, name))  # before allocating
+    if mcfg.softmax == "adaptive" and cfg.label_smoothing:
+        raise ConfigError(f"{param('label_smoothing')} needs {param('softmax', 'full')}: an adaptive softmax scores "
+                          f"the rare characters only for the rows whose target is one of them")
     unknown = corpus.vocab.unknown(cfg.sample_prompt or "")
     if unknown:
         raise ConfigError(f"{param('sample_prompt')} has characters the corpus does not: "
@@ -235,6 +241,8 @@ def _build(settings, given, dist, device, log, claimed, extra_sinks, logfile):
     batches = task.batches(corpus, cfg, mcfg, device, log)
     chars_per_step = cfg.batch_size * task.chars_per_example * cfg.grad_accum * dist.world_size
     model, optimizer, scaler, data_gen = build(mcfg, cfg, device, dtype, dist, origin.load_base)
+    if counts is not None:  # a new run's adaptive softmax ranks the characters by their use in the text
+        model.lm_head.set_frequencies(counts)
     run = Run(settings=settings, origin=origin, dist=dist, device=device, dtype=dtype, dtype_reason=dtype_reason,
               threads=threads, out_dir=out_dir, cfg=cfg, mcfg=mcfg, state=origin.state, task=task, corpus=corpus,
               distinct=distinct, sizing_lines=sizing_lines, batches=batches, chars_per_step=chars_per_step,
@@ -320,7 +328,20 @@ def encode(task, cfg, block_size, dist, log):
     return corpus
 
 
-def auto_size(settings, model_kw, cfg, task, corpus, device, dtype, dist):
+def adaptive_softmax(origin, corpus):
+    """--softmax adaptive on a new run: the corpus's character counts, and the shortlist they give unless one is
+    set -> (model fields, counts or None). A resumed run keeps its own (stored with its weights)."""
+    model_kw = origin.model_kw
+    if model_kw.get("softmax") != "adaptive" or origin.meta is not None:
+        return model_kw, None
+    if origin.base is not None:
+        raise ConfigError(f"{param('init_from')} cannot carry {param('softmax', 'adaptive')} yet (its clusters follow "
+                          f"one text's counts); train with {param('softmax', 'full')} to extend a model")
+    counts = char_counts(corpus.ids(), len(corpus.vocab))
+    return {**model_kw, "shortlist": model_kw.get("shortlist") or shortlist_for(counts)}, counts
+
+
+def auto_size(settings, model_kw, cfg, task, corpus, device, dtype, dist, counts=None):
     """--preset auto: the model for this corpus, budget and machine (chargpt/sizing.py), decided on rank 0 (its
     speed measured there) for every rank -> (model fields, TrainConfig, start-up lines, the probe's seconds a step
     of the model that trains, or None where a size setting of the user's changed it)."""
@@ -330,7 +351,8 @@ def auto_size(settings, model_kw, cfg, task, corpus, device, dtype, dist):
     train_chars = int(corpus.length * (1 - cfg.val_fraction))
     decided = ""
     if dist.is_main:
-        probe = sizing.Probe(len(corpus.vocab), cfg, device, dtype)
+        probe = sizing.Probe(len(corpus.vocab), cfg, device, dtype, head=(model_kw.get("softmax", "full"),
+                                                                         model_kw.get("shortlist", 0), counts))
         # the same command on the same machine keeps its last model where the probe's speed is near a threshold
         memory = corpus.cache_dir / sizing.MEMORY_FILE
         key = sizing.memory_key(corpus=corpus.key, vocab=len(corpus.vocab), budget=cfg.max_time, chars=train_chars,

@@ -65,6 +65,10 @@ def check_exportable(cfg, task, labels=None):
     if task != "text":
         raise ConfigError(f"a run trained on sentence pairs ({param('task', task)}) translates, and the web page "
                           f"writes text; export it with {param('format', 'hf')}, or a run trained on text")
+    if cfg.softmax != "full":
+        raise ConfigError(f"a run trained with {param('softmax', cfg.softmax)} cannot be exported as a web page yet: "
+                          f"its decoder computes the full output layer only; train with {param('softmax', 'full')} "
+                          f"to share a model as a page")
     if labels is not None:
         raise ConfigError(f"a run trained with {param('labels')} cannot be exported as a web page: its decoder does "
                           f"not keep a label first in the window, nor guide with one; export it with "
