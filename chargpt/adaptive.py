@@ -131,8 +131,8 @@ class AdaptiveSoftmax(nn.Module):
         cluster = torch.bucketize(r, torch.tensor(self.cutoffs, device=r.device), right=True)  # 0: the shortlist
         logp = head.gather(1, torch.where(cluster == 0, r, s + cluster - 1)[:, None]).squeeze(1)  # (N,)
         for i, tail in enumerate(self.tails):  # each cluster for the rows whose target is in it
+            # (with none, on no rows: every parameter is still in the graph, as DDP expects of each step)
             rows = ((cluster == i + 1) & (w > 0)).nonzero().squeeze(1)  # (n,)
-            if rows.numel():
-                within = F.log_softmax(tail(x[rows]).float(), dim=-1)  # (n, cluster size)
-                logp = logp.index_add(0, rows, within.gather(1, (r[rows] - self.cutoffs[i])[:, None]).squeeze(1))
+            within = F.log_softmax(tail(x[rows]).float(), dim=-1)  # (n, cluster size)
+            logp = logp.index_add(0, rows, within.gather(1, (r[rows] - self.cutoffs[i])[:, None]).squeeze(1))
         return -(logp * w).sum() * inv

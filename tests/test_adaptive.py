@@ -1,7 +1,7 @@
 """--softmax adaptive (chargpt/adaptive.py): an exact distribution over the whole vocabulary whose cost follows the
 characters the text uses. Its loss is the full distribution's cross-entropy, its gradient that loss's, the most used
 characters are the shortlist, a checkpoint rebuilds the same ranking, a run trains, samples, resumes and evaluates
-with it, and what cannot carry it (the GPT-2 and web exports, --init-from, label smoothing) says so in one line.
+with it, and what cannot carry it (the GPT-2 export, --init-from, label smoothing) says so in one line.
 Numbers are compared in float32, the dtype pinned."""
 
 import math
@@ -160,14 +160,51 @@ def test_what_cannot_go_with_it_is_one_line(tmp_path, alphabet_corpus, args, pat
     assert not (tmp_path / "bad").exists()  # nothing left behind
 
 
-def test_the_exports_and_init_from_refuse_it_by_name(tmp_path, alphabet_corpus):
+def test_the_gpt2_export_and_init_from_refuse_it_by_name(tmp_path, alphabet_corpus):
+    """(The web page computes it: tests/test_webpage.py.)"""
     train(tmp_path, alphabet_corpus, max_iters=2, eval_interval=1)
-    from chargpt import export, webpage
+    from chargpt import export
     cfg = load_model(tmp_path / "run")[0].config
     with pytest.raises(ConfigError, match=r"softmax\W+adaptive\W+cannot be exported as GPT-2"):
         export.check_exportable(cfg)
-    with pytest.raises(ConfigError, match=r"softmax\W+adaptive\W+cannot be exported as a web page"):
-        webpage.check_exportable(cfg, "text")
     result = CliRunner().invoke(train_cli, [*TINY_FLAGS, "--max-iters", "2", "--data", str(alphabet_corpus),
                                             "--out-dir", str(tmp_path / "more"), "--init-from", str(tmp_path / "run")])
     assert_one_line_error(result, r"--init-from cannot carry --softmax adaptive")
+
+
+class FixedProbe:
+    """sizing.Probe's stand-in: every rung a fixed speed in proportion to its work; keeps the head it was given."""
+    made = []
+
+    def __init__(self, vocab_size, cfg, device, dtype, head=("full", 0, None)):
+        self.head, self.quiet_note = head, None
+        FixedProbe.made.append(self)
+
+    def __call__(self, rung, dropout=0.0):
+        return 0.01 * rung.flops() / RUNGS[0].flops()
+
+    closer = __call__
+
+    def busy_note(self):
+        return None
+
+
+@pytest.mark.parametrize("given,want", [({}, "full"), ({"softmax": "adaptive"}, "adaptive")])
+def test_auto_sizes_the_output_layer_the_run_trains(tmp_path, monkeypatch, given, want):
+    """On a large alphabet auto keeps the full layer (the adaptive one lost at 600 s on the Tang poems); a given
+    --softmax adaptive is what the probe times, on a batch drawn from the text's counts."""
+    from chargpt import sizing
+    from chargpt.training import start_run
+    rng = random.Random(0)
+    chars = [chr(0x4E00 + i) for i in range(5000)]
+    text = "".join(chars) + "".join(rng.choices(chars, [1 / (i + 1) for i in range(5000)], k=30_000))
+    (tmp_path / "big.txt").write_text(text, encoding="utf-8")
+    monkeypatch.setattr(sizing, "Probe", FixedProbe)
+    FixedProbe.made.clear()
+    run = start_run(dict(data=str(tmp_path / "big.txt"), out_dir=str(tmp_path / "run"), max_time=60, threads=1,
+                         dtype="float32", **given), log=lambda msg: None)
+    run.release()
+    softmax, shortlist, counts = FixedProbe.made[0].head
+    assert run.mcfg.softmax == softmax == want and (counts is not None) == (want == "adaptive")
+    if want == "adaptive":
+        assert shortlist == run.mcfg.shortlist and run.model.lm_head.frequency.sum() == len(text)

@@ -240,7 +240,8 @@ def test_ddp_averages_the_fused_gradients_as_one_process_on_the_whole_batch(tmp_
 
 
 def test_the_vocabulary_benchmark_times_every_size_against_65_on_tiny_shapes():
-    """python -m chargpt.bench --only vocab, on a tiny shape: a row per vocabulary size and loss, 65 the unit."""
+    """python -m chargpt.bench --only vocab, on a tiny shape: a row per vocabulary size and loss (the adaptive softmax
+    on a Zipf text's characters too), 65 the unit."""
     from argparse import Namespace
 
     from chargpt.bench.speed import vocab_rows
@@ -249,7 +250,8 @@ def test_the_vocabulary_benchmark_times_every_size_against_65_on_tiny_shapes():
                                                                                 torch.bfloat16: peak})
     table = [r.split(" | ") for r in rows if r.startswith("| cpu preset")]
     assert [(r[1], r[2]) for r in table] == [("65", "full (auto)"), ("2,000", "fused (auto)"), ("2,000", "full"),
-                                             ("10,000", "fused (auto)"), ("10,000", "full")]
+                                             ("2,000", "adaptive (Zipf text)"), ("10,000", "fused (auto)"),
+                                             ("10,000", "full"), ("10,000", "adaptive (Zipf text)")]
     assert table[0][4] == "1.00x" and all(float(r[7].replace(",", "")) > 0 for r in table)  # peak MB
     floors = {r[1]: float(r[5]) for r in table}  # 6 x characters x width x vocabulary FLOPs at the peak
     assert floors["10,000"] == pytest.approx(floors["2,000"] * 5, rel=0.01)

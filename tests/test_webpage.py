@@ -129,13 +129,16 @@ def test_the_file_is_self_contained(pages):
 
 
 @pytest.mark.parametrize("options", [dict(bias=False, tie_weights=False), dict(pos_emb="sinusoidal", norm="post",
-                                     activation="relu", emb_scale=True)], ids=["nobias-untied", "2017-parts"])
+                                     activation="relu", emb_scale=True), dict(softmax="adaptive", shortlist=2)],
+                         ids=["nobias-untied", "2017-parts", "adaptive-softmax"])
 def test_every_decoder_option_exports_and_checks(tmp_path, options):
-    """The export's own check (node: the page's logits against chargpt's) passes for the options chargpt has."""
+    """The export's own check (node: the page's logits against chargpt's) passes for the options chargpt has, in
+    float32 and int8 (the adaptive softmax: a shortlist of 2, two clusters, characters ranked by made-up counts)."""
     ckpt = save_random(tmp_path, **options)
-    lines = []
-    webpage.export_web(ckpt, tmp_path / "page.html", log=lines.append)
-    assert "reproduces" in lines[-1] and (tmp_path / "page.html").is_file()
+    for weights in ("float32", "int8"):
+        lines = []
+        webpage.export_web(ckpt, tmp_path / f"{weights}.html", weights=weights, log=lines.append)
+        assert "reproduces" in lines[-1] and (tmp_path / f"{weights}.html").is_file()
 
 
 VOCAB = Vocab("\n abcdefghij")
@@ -147,6 +150,8 @@ def save_random(tmp_path, task="text", **options):
     cfg = ModelConfig(vocab_size=len(vocab), block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.0, **options)
     torch.manual_seed(0)
     model = build_model(cfg.validate())
+    if cfg.softmax == "adaptive":
+        model.lm_head.set_frequencies(torch.randint(1, 100, (len(vocab),)))
     ckpt = tmp_path / "model.safetensors"
     save_model(ckpt, model, vocab, {"task": task} if task != "text" else None, step=3, val_loss=2.0)
     return ckpt

@@ -19,6 +19,7 @@ logits). The machine's kind (CUDA, CPU with or without native bf16) decides whic
 
 import contextlib
 import copy
+import math
 import os
 import platform
 import re
@@ -26,10 +27,11 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import fields
+from dataclasses import fields, replace
 
 import torch
 
+from ..adaptive import shortlist_for
 from ..config import ModelConfig, SampleSettings, TrainConfig
 from ..flags import field_type
 from ..model import CharGPT
@@ -399,6 +401,11 @@ def step_peak(step, device):
     return peak
 
 
+def zipf_counts(vocab_size):
+    """How often a text uses each of vocab_size characters under Zipf's law (1 / rank; Tang poems are close)."""
+    return 1.0 / torch.arange(1, vocab_size + 1, dtype=torch.float64)
+
+
 def time_vocab_step(mcfg, tcfg, device, dtype, loss="auto", compile=False, steps=8, warmup=3):
     """-> (median seconds of a training step as train.py takes it: forward and backward under autocast, clipping,
     the preset's optimizer; peak bytes of one more step (step_peak)). loss: the model's loss kernel (set_loss);
@@ -408,7 +415,13 @@ def time_vocab_step(mcfg, tcfg, device, dtype, loss="auto", compile=False, steps
     model.set_loss(loss)
     opt = make_optimizer(model, tcfg, device)  # AdamW, or Muon + AdamW
     step_model = torch.compile(model) if compile else model
-    x, y = (torch.randint(0, mcfg.vocab_size, (tcfg.batch_size, mcfg.block_size), device=device) for _ in range(2))
+    shape = (tcfg.batch_size, mcfg.block_size)
+    if mcfg.softmax == "adaptive":  # its cost follows the characters used: a text's, as Zipf's law has them
+        counts = zipf_counts(mcfg.vocab_size)
+        model.lm_head.set_frequencies(counts)
+        x, y = (torch.multinomial(counts, math.prod(shape), replacement=True).view(shape).to(device) for _ in range(2))
+    else:
+        x, y = (torch.randint(0, mcfg.vocab_size, shape, device=device) for _ in range(2))
 
     def step():
         with autocast(device, dtype):
@@ -455,10 +468,13 @@ def vocab_rows(device, args, peaks=None):
             cfg = ModelConfig(**{**vars(mcfg), "vocab_size": V})
             chars = tcfg.batch_size * cfg.block_size
             floor = 6 * chars * cfg.n_embd * V / (peak * 1e9) if peak else None
-            for loss in ("auto", "full") if use_fused("auto", V) else ("auto",):
-                t, mem = time_vocab_step(cfg, tcfg, device, dtype, loss, **step_kw)
+            adaptive = replace(cfg, softmax="adaptive", shortlist=shortlist_for(zipf_counts(V))).validate()
+            for loss in ("auto", "full", "adaptive") if use_fused("auto", V) else ("auto",):
+                t, mem = time_vocab_step(adaptive if loss == "adaptive" else cfg, tcfg, device, dtype,
+                                         "auto" if loss == "adaptive" else loss, **step_kw)
                 base = base or t
-                label = ("fused" if use_fused(loss, V) else "full") + (" (auto)" if loss == "auto" else "")
+                label = "adaptive (Zipf text)" if loss == "adaptive" else \
+                    ("fused" if use_fused(loss, V) else "full") + (" (auto)" if loss == "auto" else "")
                 floor_cells = (f"{floor * 1e3:.1f} | {t / (base + floor):.2f}x" if floor is not None else "- | -")
                 rows.append(f"| {name} | {V:,} | {label} | {t * 1e3:.1f} | {t / base:.2f}x | {floor_cells} | "
                             f"{mem / 2**20:,.1f} | {chars * V * 4 / 2**20:,.1f} |")

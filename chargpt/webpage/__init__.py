@@ -65,10 +65,6 @@ def check_exportable(cfg, task, labels=None):
     if task != "text":
         raise ConfigError(f"a run trained on sentence pairs ({param('task', task)}) translates, and the web page "
                           f"writes text; export it with {param('format', 'hf')}, or a run trained on text")
-    if cfg.softmax != "full":
-        raise ConfigError(f"a run trained with {param('softmax', cfg.softmax)} cannot be exported as a web page yet: "
-                          f"its decoder computes the full output layer only; train with {param('softmax', 'full')} "
-                          f"to share a model as a page")
     if labels is not None:
         raise ConfigError(f"a run trained with {param('labels')} cannot be exported as a web page: its decoder does "
                           f"not keep a label first in the window, nor guide with one; export it with "
@@ -117,7 +113,7 @@ def describe(model, vocab, meta, tensors, weights, name):
         "format": "chargpt-web", "version": 1, "weights": weights, "tensors": tensors,
         "config": {"vocab_size": cfg.vocab_size, "block_size": cfg.block_size, "n_layer": cfg.n_layer,
                    "n_head": cfg.n_head, "n_embd": cfg.n_embd, "norm": cfg.norm, "activation": cfg.activation,
-                   "emb_scale": cfg.emb_scale, "eps": model.h[0].ln_1.eps},
+                   "emb_scale": cfg.emb_scale, "eps": model.h[0].ln_1.eps, "softmax": cfg.softmax},
         "chars": vocab.chars, "start_text": Generator(model, vocab, "cpu").start_text(),
         "replacement": vocab.replacement(),
         "defaults": {"temperature": SampleSettings.temperature, "max_new_tokens": SampleSettings.max_new_tokens},

@@ -149,6 +149,7 @@ Nothing here allocates per character: the buffers are made once for the model. M
   /** Give the model's matrices the SIMD product (m.simd) where WebAssembly SIMD runs and memory allows; -> whether. */
   function useSimd(model) {
     const seen = new Set(), mats = [model.head];
+    if (model.ada) mats.push(model.ada.head, ...model.ada.tails.flatMap((tail) => [tail.proj, tail.out]));
     for (const L of model.layers) mats.push(L.attn, L.proj, L.fc, L.out);
     const todo = mats.filter((m) => m && m.cols % 4 === 0 && !seen.has(m) && seen.add(m));
     if (!todo.length || typeof WebAssembly !== "object" || !WebAssembly.validate(MATVEC_WASM)) return false;
@@ -185,6 +186,47 @@ Nothing here allocates per character: the buffers are made once for the model. M
     return true;
   }
 
+  // --- the adaptive softmax (chargpt/adaptive.py): log-probabilities, the rare characters by cluster ----------------
+  /** The layers of an adaptive softmax, and its ranking: ids by the text's counts, most used first, ties by id. */
+  function adaptiveHead(t, vec, V) {
+    const tails = [];
+    for (let i = 0; t(`lm_head.tails.${i}.0.weight`); i++) {
+      const out = t(`lm_head.tails.${i}.1.weight`);
+      tails.push({proj: t(`lm_head.tails.${i}.0.weight`), out, outB: vec(`lm_head.tails.${i}.1.bias`),
+                  mid: new Float32Array(out.cols), lp: new Float32Array(out.rows)});
+    }
+    const head = t("lm_head.head.weight"), f = vec("lm_head.frequency");
+    const order = Array.from({length: V}, (_, i) => i).sort((a, b) => f[b] - f[a] || a - b);
+    return {head, headB: vec("lm_head.head.bias"), tails, order, shortlist: head.rows - tails.length,
+            lp: new Float32Array(head.rows)};
+  }
+
+  /** x's values, in place, minus their logsumexp (torch's log_softmax, summed in float64). */
+  function logSoftmax(x) {
+    let max = -Infinity, sum = 0;
+    for (let i = 0; i < x.length; i++) if (x[i] > max) max = x[i];
+    for (let i = 0; i < x.length; i++) sum += Math.exp(x[i] - max);
+    const lse = max + Math.log(sum);
+    for (let i = 0; i < x.length; i++) x[i] -= lse;
+  }
+
+  /** The hidden state h -> out[id] = log P(id): the shortlist's log-softmax, then each cluster's own log-softmax
+   * plus its entry in the shortlist's, each written at its characters' ids. */
+  function adaptiveLogProbs(A, h, out) {
+    const s = A.shortlist;
+    linear(A.head, h, 1, A.lp, A.headB);
+    logSoftmax(A.lp);
+    for (let r = 0; r < s; r++) out[A.order[r]] = A.lp[r];
+    let at = s;
+    A.tails.forEach((tail, i) => {
+      linear(tail.proj, h, 1, tail.mid, null);
+      linear(tail.out, tail.mid, 1, tail.lp, tail.outB);
+      logSoftmax(tail.lp);
+      for (let j = 0; j < tail.lp.length; j++) out[A.order[at + j]] = tail.lp[j] + A.lp[s + i];
+      at += tail.lp.length;
+    });
+  }
+
   /** LayerNorm of x's n values at xo into out at oo (torch's nn.LayerNorm: biased variance, eps inside the root). */
   function layerNorm(x, xo, out, oo, [w, b], n, eps) {
     let mean = 0;
@@ -210,7 +252,8 @@ Nothing here allocates per character: the buffers are made once for the model. M
       const t = (name) => tensor(meta, bytes, name);
       const vec = (name) => { const m = t(name); return m ? m.w : null; };
       this.wte = t("wte.weight"); this.wpe = t("wpe.weight");
-      this.head = t("lm_head.weight") || this.wte;  // tied: the head is the token embedding
+      this.head = c.softmax === "adaptive" ? null : t("lm_head.weight") || this.wte;  // tied: the token embedding
+      this.ada = c.softmax === "adaptive" ? adaptiveHead(t, vec, this.V) : null;
       this.lnf = c.norm === "pre" ? [vec("ln_f.weight"), vec("ln_f.bias")] : null;
       this.layers = [];
       for (let l = 0; l < c.n_layer; l++) {
@@ -266,7 +309,8 @@ Nothing here allocates per character: the buffers are made once for the model. M
       const last = (T - 1) * C;
       if (this.lnf) layerNorm(x, last, h, 0, this.lnf, C, this.eps);
       else for (let i = 0; i < C; i++) h[i] = x[last + i];
-      linear(this.head, h, 1, this.logits, null);
+      if (this.ada) adaptiveLogProbs(this.ada, h, this.logits);
+      else linear(this.head, h, 1, this.logits, null);
       return this.logits;
     }
 

@@ -22,7 +22,9 @@ def page_tensors(model):
     """{name: float32 tensor} the page needs, in the order they are stored."""
     cfg, sd = model.config, model.state_dict()
     out = {"wte.weight": sd["wte.weight"], "wpe.weight": sd["wpe.weight"] if cfg.pos_emb == "learned" else model.pe}
-    if not cfg.tie_weights:
+    if cfg.softmax == "adaptive":  # its layers and the text's counts, from which the page ranks the characters
+        out.update((k, v) for k, v in sd.items() if k.startswith("lm_head."))
+    elif not cfg.tie_weights:
         out["lm_head.weight"] = sd["lm_head.weight"]
     out.update((k, v) for k, v in sd.items() if k.startswith(("h.", "ln_f.")))
     return {k: v.detach().float().cpu().contiguous() for k, v in out.items()}
