@@ -221,7 +221,9 @@ class Attention(nn.Module):
         B, nh, T, hs = q.shape
         S = k.size(2)
         if self.causal and key_mask is None:  # the common case in one call: scale, q k^T and the mask's -inf added
-            bias = causal_bias(T, S, start, q.device, q.dtype)  # (T, S)
+            # (T, S); compiled, the graph holds it, and the cache would only earn dynamo's warning about it
+            bias = (causal_bias.__wrapped__ if torch.compiler.is_compiling() else causal_bias)(T, S, start, q.device,
+                                                                                               q.dtype)
             att = torch.baddbmm(bias, q.reshape(B * nh, T, hs), k.reshape(B * nh, S, hs).transpose(1, 2),
                                 alpha=1.0 / math.sqrt(hs)).view(B, nh, T, S)
         else:

@@ -333,13 +333,21 @@ def memory_key(**command):
     return hashlib.sha256(json.dumps([command, rule], sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
+def command_settings(given):
+    """The user's settings that change what auto picks (SIZING_SETTINGS), as one command gives them however they
+    were written (150 from a config file and --max-time 150.0 alike) -> a sorted list of (name, value)."""
+    def same(v):
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+    return sorted((k, same(v)) for k, v in given.items() if k in SIZING_SETTINGS)
+
+
 def _read_memory(path):
     try:
         if path.stat().st_size > MEMORY_MAX_BYTES:
             return {}
         memory = json.loads(path.read_text(encoding="utf-8"))
         return memory if isinstance(memory, dict) else {}
-    except (OSError, ValueError):  # none yet, unreadable or torn: a cache, so start afresh
+    except (OSError, ValueError, RecursionError):  # none yet, unreadable, torn, or not this file: start afresh
         return {}
 
 
@@ -347,8 +355,8 @@ def recall(path, key):
     """(Rung, dropout) the last run of the command `key` picked, from the memory file at `path`, or None."""
     entry = _read_memory(path).get(key)
     try:
-        rung = Rung(*(int(v) for v in entry["rung"]))
-        return (rung, float(entry["dropout"])) if rung in RUNGS else None
+        rung, dropout = Rung(*(int(v) for v in entry["rung"])), float(entry["dropout"])
+        return (rung, dropout) if rung in RUNGS and dropout in (0.0, DROPOUT) else None  # only what auto picks
     except (TypeError, KeyError, ValueError):
         return None
 
@@ -450,7 +458,8 @@ class Probe:
                 self.waited = True
                 self.quiet_note = wait_for_quiet_cpus(self.cfg.max_time or 0.0, torch.get_num_threads(),
                                                       self.others_use)
-            self.last = (rung, dropout), self.make_step(rung, dropout)  # kept for closer(): one model at a time
+            self.last = None  # the last rung's model freed before the next is built: one model at a time
+            self.last = (rung, dropout), self.make_step(rung, dropout)  # kept for closer()
             self._time(rung, dropout, self.last[1])
         return self.times[rung, dropout]
 
@@ -462,6 +471,7 @@ class Probe:
             if self.last[0] == (rung, dropout):  # still warm: its times go on
                 self._time(rung, dropout, self.last[1], PROBE_NEAR_STEPS, before)
             else:
+                self.last = None
                 self.last = (rung, dropout), self.make_step(rung, dropout)
                 self._time(rung, dropout, self.last[1], PROBE_NEAR_STEPS - len(before))
                 self.samples[rung, dropout] = before + self.samples[rung, dropout]

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from helpers import TINY_FLAGS, assert_one_line_error
 
 import chargpt
-from chargpt import adaptive, engine
+from chargpt import adaptive, engine, sizing
 from chargpt.adaptive import AdaptiveSoftmax, char_counts, cutoffs, shortlist_for
 from chargpt.checkpoint import load_model
 from chargpt.cli import train_cli
@@ -110,7 +110,7 @@ def test_a_large_alphabet_step_costs_less_than_the_full_heads():
 def alphabet_corpus(tmp_path):
     """A text over 300 characters used as a Zipf law uses them, in lines of a repeated pattern (learnable)."""
     rng = random.Random(0)
-    chars = [chr(0x4E00 + i) for i in range(V)]
+    chars = [chr(0x4E00 + V - 1 - i) for i in range(V)]  # the most used last in the vocabulary (sorted by code point)
     weights = [1.0 / (i + 1) for i in range(V)]
     lines = ["".join(rng.choices(chars, weights, k=20)) for _ in range(40)]
     path = tmp_path / "poems.txt"
@@ -135,8 +135,13 @@ def test_a_run_trains_samples_resumes_and_evaluates_with_it(tmp_path, alphabet_c
     assert len(text) >= 40 and set(text) <= set(vocab.chars)
     resumed = train(tmp_path, alphabet_corpus, max_iters=70, eval_interval=30, optimizer="adamw", resume=True)
     assert resumed["step"] == 70
+    text = alphabet_corpus.read_text(encoding="utf-8")
+    counts = torch.tensor([text.count(c) for c in vocab.chars], dtype=torch.float32)
+    rank = torch.empty(len(counts), dtype=torch.long)
+    rank[torch.sort(-counts, stable=True).indices] = torch.arange(len(counts))  # most used first, ties by id
     again, _, _ = load_model(tmp_path / "run")
-    assert torch.equal(again.lm_head.rank, model.lm_head.rank)  # the ranking of the first run's text, kept
+    assert torch.equal(model.lm_head.frequency, counts) and torch.equal(again.lm_head.rank, rank)  # kept on resume
+    assert not torch.equal(rank, torch.arange(len(counts)))  # (a ranking that is not the vocabulary's own order)
 
 
 def test_auto_sizes_with_the_adaptive_head(tmp_path, alphabet_corpus):
@@ -144,8 +149,7 @@ def test_auto_sizes_with_the_adaptive_head(tmp_path, alphabet_corpus):
     counts = zipf_counts()
     probe = Probe(V, chargpt.config.TrainConfig(max_time=60.0), torch.device("cpu"), torch.float32,
                   others_use=lambda s: 0.0, head=("adaptive", 64, counts))
-    step = probe.training_step(RUNGS[0], 0.0)
-    step()  # runs: the adaptive head's step, its ranking set from the counts
+    assert probe(RUNGS[0]) > 0 and len(probe.samples[RUNGS[0], 0.0]) >= sizing.PROBE_STEPS  # its steps ran
 
 
 @pytest.mark.parametrize("args,pattern", [

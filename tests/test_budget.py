@@ -185,11 +185,13 @@ def test_the_next_run_of_the_same_command_is_given_the_last_ones_choice(tmp_path
                                                                 make_step=machine.make_step,
                                                                 others_use=lambda seconds: 0.0))
     monkeypatch.setattr(sizing, "plan_run", lambda *a: seen.append(a[-1]) or plan_run(*a))
-    for out, budget in (("a", 150), ("b", 150), ("c", 300)):
+    picked = []
+    for out, budget in (("a", 150), ("b", 150.0), ("c", 300)):  # 150 and 150.0: the same command
         run = start_run(dict(data=str(corpus), out_dir=str(tmp_path / out), max_time=budget, threads=1,
                              dtype="float32"), log=quiet)
         run.release()
-    first = (sizing.Rung(run.model.config.n_layer, run.model.config.n_embd), run.model.config.dropout)
+        picked.append((sizing.Rung(run.mcfg.n_layer, run.mcfg.n_embd), run.mcfg.dropout))
+    first = picked[0]
     assert seen == [None, first, None]  # the same command is given the last choice; another budget is not
 
 

@@ -63,6 +63,23 @@ def test_fused_attention_equals_masked_softmax(tiny_config, bias, tie):
     torch.testing.assert_close(fused, manual, rtol=1e-5, atol=1e-5)
 
 
+def test_a_compiled_bf16_cpu_step_traces_the_explicit_attention_in_one_graph_without_warnings(tiny_config):
+    """--compile auto compiles long bf16 CPU runs, whose attention is the explicit softmax with its cached causal
+    mask: one graph, and no dynamo warning about the cache (it printed 8 lines into every such run's log).
+    aot_eager: dynamo's tracing as inductor sees it, without a C++ compiler."""
+    import warnings
+
+    from torch._dynamo.testing import CompileCounterWithBackend
+    model = CharGPT(tiny_config)
+    idx = torch.randint(0, tiny_config.vocab_size, (2, 16))
+    counter = CompileCounterWithBackend("aot_eager")
+    with warnings.catch_warnings(record=True) as seen, torch.autocast("cpu", torch.bfloat16):
+        warnings.simplefilter("always")
+        loss = torch.compile(model, backend=counter)(idx, idx)[1]
+    assert counter.frame_count == 1 and torch.isfinite(loss)
+    assert not [w for w in seen if "lru_cache" in str(w.message)]
+
+
 def test_cached_forward_equals_full_forward(tiny_config):
     """Prefill + one position at a time through the KV cache gives the full forward's logits."""
     torch.manual_seed(0)

@@ -335,6 +335,7 @@ def adaptive_softmax(origin, corpus):
     model_kw = origin.model_kw
     if model_kw.get("softmax") != "adaptive" or origin.meta is not None:
         return model_kw, None
+    ModelConfig(**model_kw, vocab_size=len(corpus.vocab)).validate()  # --shortlist against this text, on every rank
     if origin.base is not None:
         raise ConfigError(f"{param('init_from')} cannot carry {param('softmax', 'adaptive')} yet (its clusters follow "
                           f"one text's counts); train with {param('softmax', 'full')} to extend a model")
@@ -356,10 +357,11 @@ def auto_size(settings, model_kw, cfg, task, corpus, device, dtype, dist, counts
                                                                          model_kw.get("shortlist", 0), counts))
         # the same command on the same machine keeps its last model where the probe's speed is near a threshold
         memory = corpus.cache_dir / sizing.MEMORY_FILE
-        key = sizing.memory_key(corpus=corpus.key, vocab=len(corpus.vocab), budget=cfg.max_time, chars=train_chars,
+        budget = None if cfg.max_time is None else float(cfg.max_time)  # 150 and 150.0: the same command
+        key = sizing.memory_key(corpus=corpus.key, vocab=len(corpus.vocab), budget=budget, chars=train_chars,
                                 world=dist.world_size, accum=cfg.grad_accum, device=device.type, dtype=str(dtype),
                                 threads=torch.get_num_threads(),
-                                given=sorted((k, v) for k, v in given.items() if k in sizing.SIZING_SETTINGS))
+                                given=sizing.command_settings(given))
         plan = sizing.plan_run(cfg, given, train_chars, probe, dist.world_size, sizing.recall(memory, key))
         if plan.step_s is not None:  # sized by the probe
             sizing.remember(memory, key, plan)
