@@ -120,7 +120,6 @@ class AdaptiveSoftmax(nn.Module):
                                    for i, tail in enumerate(self.tails)]
         return torch.cat(parts, dim=-1).index_select(-1, self.rank)  # by rank -> by id
 
-    @torch.compiler.disable  # its row counts change every batch: compiled, each would recompile (and sync a GPU)
     def loss(self, x, targets, loss_mask=None):
         """The mean cross-entropy of x (..., C) against targets (...) over the counted positions (all, or where
         loss_mask is set; targets of -100 count nothing): lm_loss's definition, without the (N, V) logits."""
