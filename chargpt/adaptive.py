@@ -99,6 +99,7 @@ class AdaptiveSoftmax(nn.Module):
                                    for d, size in dims)
         self.register_buffer("frequency", torch.zeros(vocab_size))  # (V,) the training text's use of each id
         self.register_buffer("rank", torch.arange(vocab_size), persistent=False)  # (V,) id -> rank
+        self.register_buffer("bounds", torch.tensor(self.cutoffs), persistent=False)  # on the device, made once
         self.register_load_state_dict_post_hook(lambda module, keys: module.rerank())
 
     def set_frequencies(self, counts):
@@ -128,7 +129,7 @@ class AdaptiveSoftmax(nn.Module):
         r = self.rank[targets.reshape(-1).clamp(min=0)]  # (N,) each target's rank
         s = self.cutoffs[0]
         head = F.log_softmax(self.head(x).float(), dim=-1)  # (N, s + k)
-        cluster = torch.bucketize(r, torch.tensor(self.cutoffs, device=r.device), right=True)  # 0: the shortlist
+        cluster = torch.bucketize(r, self.bounds, right=True)  # 0: the shortlist
         logp = head.gather(1, torch.where(cluster == 0, r, s + cluster - 1)[:, None]).squeeze(1)  # (N,)
         for i, tail in enumerate(self.tails):  # each cluster for the rows whose target is in it
             # (with none, on no rows: every parameter is still in the graph, as DDP expects of each step)
