@@ -420,6 +420,10 @@ def test_stopping_the_server_ends_open_streams_with_done(served):
     with response:  # the server stopped (Ctrl-C does the same): the stream was ended properly, not cut
         rest = list(events)
     assert rest[-1][0] == "done" and rest[-1][1]["stopped"] and rest[-1][1]["chars"] < 8 * 5000
+    # it decodes eager: a compile in the request (sample.py's --compile auto at 40,000 characters) held the stream
+    # past the server's 5 s to stop, and the stream was cut instead of ended
+    runner, why = app.state.models.get(app.state.runs.checkpoint("tiny")).decode_runner(8 * 5000)
+    assert runner is None and "--compile off" in why
     client = TestClient(app, base_url=HERE)
     r = client.post("/api/generate", json={"run": "tiny"})  # a request that arrives while it stops
     assert r.status_code == 503 and "shutting down" in r.json()["error"] and app.state.busy.count == 0

@@ -28,7 +28,10 @@ class Models:
             if key not in self.loaded:
                 for old in [k for k in self.loaded if k[0] == key[0]]:  # an older save of the same run
                     del self.loaded[old]
-                gen = load(path, device=self.device)
+                # Eager decoding: compiling the decode step (sample.py's --compile auto, from 30,000 characters)
+                # would hold a request's first character for seconds, a minute cold, where Stop cannot reach it;
+                # and a run still training would be compiled again at each save.
+                gen = load(path, device=self.device, compile="off")
                 warm_up = gen.vocab.chars[0] if gen.task == "pairs" else ""  # a pairs model needs a source
                 gen.generate(warm_up, max_new_tokens=2, seed=0)  # torch's first-call setup is not the user's wait
                 self.loaded[key] = gen
