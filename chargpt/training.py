@@ -40,7 +40,8 @@ class Trainer:
         self.profiler = None  # a torch.profiler.profile: the loop labels its phases and steps it (chargpt.bench)
         self.signals = SignalFlag(say=run.log, distributed=run.dist.enabled)
         self.validator = Validator(run.cfg, run.eval_period, run.eval_steps, run.state.elapsed, run.state.step,
-                                   run.model, run.batches, run.device, run.dtype, run.dist, run.budget.eval_fit)
+                                   run.model, run.batches, run.device, run.dtype, run.dist, run.budget.eval_fit,
+                                   passes=run.eval_passes)
         novelty = NoveltyScorer(run.corpus, run.cfg.val_fraction, getattr(run.task, "split", None), run.log)
         self.samples = Samples(run.model, run.corpus.vocab, run.device, run.cfg.sample_prompt, run.cfg.sample_chars,
                                run.cfg.seed, novelty, run.sinks, run.log)

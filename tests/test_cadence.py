@@ -4,12 +4,21 @@ for a short run), the running training loss is logged every few steps (a dense t
 import itertools
 import json
 import time
+from types import SimpleNamespace
 
 import torch
 
 import chargpt
+from chargpt.components.budget import EVAL_SHARE, EvalFit
 from chargpt.components.progress import RunningLoss
-from chargpt.components.validate import EVALS_PER_BUDGET, eval_period, time_to_evaluate
+from chargpt.components.validate import (
+    EVALS_PER_BUDGET,
+    PASSES_PER_EVAL,
+    Validator,
+    eval_period,
+    pass_steps,
+    time_to_evaluate,
+)
 from chargpt.config import TrainConfig
 from chargpt.rundir import LOSSES, METRICS
 
@@ -71,3 +80,36 @@ def test_a_time_budget_that_a_step_cap_ends_first_evaluates_and_saves_along_the_
     assert any(line.startswith("evaluating every 2 steps or ") for line in logs)
     evals = [json.loads(ln) for ln in (tmp_path / "run" / METRICS).read_text().splitlines()]
     assert [e["step"] for e in evals] == list(range(0, 41, 2))
+
+
+def test_a_small_text_is_evaluated_every_few_passes_as_often_as_a_tenth_of_the_budget_allows():
+    """600 s on 18,000 training characters at 2,048 a step: a twentieth of the budget (30 s) is about 100 passes,
+    enough to memorise the text between two evaluations. So also every PASSES_PER_EVAL passes, no closer than
+    keeps evaluation within its share."""
+    assert PASSES_PER_EVAL == 10
+    assert pass_steps(30.0, 18_000, 2048) == 88  # ceil(10 * 18,000 / 2,048)
+    assert pass_steps(None, 18_000, 2048) is None  # a step budget: --eval-interval decides
+    cfg = TrainConfig(max_time=600.0, eval_iters=20)
+    validator = Validator(cfg, 30.0, None, 0.0, 0, None, None, "cpu", None, SimpleNamespace(enabled=False),
+                          passes=88)
+    EvalFit(600.0, 2048, lambda m: None).refit(0.2, validator)  # cheap: twenty by the clock stay
+    assert validator.period == 30.0 and abs(validator.min_gap - 0.2 * (1 - EVAL_SHARE) / EVAL_SHARE) < 1e-9
+    assert validator.due(0, 0.0)
+    validator.evaluated(0, 0.2)
+    assert not validator.due(87, 3.0)  # not yet 10 passes
+    assert not validator.due(88, 1.9)  # 10 passes, but sooner than a tenth of the budget allows
+    assert validator.due(88, 2.1) and validator.due(50, 30.5)  # the gap allows; or the clock's period passed
+    validator.evaluated(88, 2.0)
+    assert not validator.due(100, 10.0) and validator.due(100, 32.0)  # the clock still decides as before
+
+
+def test_the_start_says_a_small_text_is_evaluated_by_its_passes_and_a_large_one_by_the_clock(tmp_path, corpus):
+    big = tmp_path / "big.txt"
+    big.write_text(corpus.read_text(encoding="utf-8") * 10, encoding="utf-8")  # 53,000: 10 passes > 30 s of steps
+    said = {}
+    for name, path in (("small", corpus), ("big", big)):
+        logs = said[name] = []
+        chargpt.train(data=str(path), out_dir=name, max_time=600.0, max_iters=2, log=logs.append, **TINY_KW)
+    line = f"after {PASSES_PER_EVAL} passes over the training text"
+    assert any(ln.startswith("evaluating every") and line in ln for ln in said["small"])
+    assert any(ln.startswith("evaluating every") for ln in said["big"]) and not any(line in ln for ln in said["big"])

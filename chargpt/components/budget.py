@@ -137,6 +137,8 @@ class EvalFit:
         first_s = float(broadcast_str(repr(first_s), validator.dist))
         min_iters = math.ceil(MIN_EVAL_CHARS / max(self.chars_per_batch, 1))
         evals, iters = fit_evaluations(self.budget_s, first_s, cfg.eval_iters, min_iters, fit_iters=self.fit_iters)
+        # evaluations by the passes over a small text come no closer than keeps them within EVAL_SHARE
+        validator.min_gap = first_s * iters / cfg.eval_iters * (1 - EVAL_SHARE) / EVAL_SHARE
         if (evals, iters) == (EVALS_PER_BUDGET, cfg.eval_iters):
             return
         before = first_s * (1 + EVALS_PER_BUDGET) / self.budget_s

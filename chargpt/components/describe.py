@@ -16,7 +16,9 @@ from ..plot import curves_note
 from ..rundir import LOG
 from ..schedules import describe_budget, seconds
 from ..settings import HARDWARE
-from .validate import EVALS_PER_BUDGET
+from .validate import EVALS_PER_BUDGET, PASSES_PER_EVAL
+
+FAST_STEP_S = 0.01  # about the fastest CPU step: a passes cadence of more steps than a period holds is not said
 
 
 def start_lines(run):
@@ -45,13 +47,16 @@ def start_lines(run):
                      f"--max-time SECONDS or --max-iters N for another)" if default else ""))
     if run.budget is not None:  # a warm-up or decay the budget cannot reach (components/budget.py)
         lines += run.budget.lines
+    passes = (f", and after {PASSES_PER_EVAL} passes over the training text ({run.eval_passes:,} steps) where "
+              f"evaluation's share of the budget allows, so a small text's best checkpoint is not missed"
+              if run.eval_period and run.eval_passes and run.eval_passes * FAST_STEP_S < run.eval_period else "")
     if run.eval_period and run.eval_steps:
         lines.append(f"evaluating every {run.eval_steps:,} steps or {seconds(run.eval_period)} of training, whichever "
-                     f"comes first (1/{EVALS_PER_BUDGET} of the budget); --eval-interval N to evaluate every N steps "
-                     f"instead")
+                     f"comes first (1/{EVALS_PER_BUDGET} of the budget){passes}; --eval-interval N to evaluate every "
+                     f"N steps instead")
     elif run.eval_period:
-        lines.append(f"evaluating every {run.eval_period:.3g} s of training (1/{EVALS_PER_BUDGET} of --max-time); "
-                     f"--eval-interval N to evaluate every N steps instead")
+        lines.append(f"evaluating every {run.eval_period:.3g} s of training (1/{EVALS_PER_BUDGET} of --max-time)"
+                     f"{passes}; --eval-interval N to evaluate every N steps instead")
     if cfg.curves and dist.is_main and (note := curves_note()):  # without matplotlib: said once, not silence
         lines.append(note)
     return lines + notes

@@ -51,7 +51,7 @@ from .checkpointer import Checkpointer, restore
 from .overfit import OverfitWatch, history_of
 from .sinks import LogFile, make_sinks
 from .state import RunState, resumed_state
-from .validate import eval_period, eval_steps, per_byte
+from .validate import eval_period, eval_steps, pass_steps, per_byte
 
 GPU_SYNC_EVERY = 10  # steps between the host syncs that read the stop flags on a GPU (every step on a CPU)
 
@@ -141,6 +141,7 @@ class Run:
     sync_every: int = 1  # steps between host reads of the stop flags
     eval_period: float | None = None  # seconds between evaluations by the clock, or None (by steps)
     eval_steps: int | None = None  # with eval_period: also every this many steps (a step cap may end the run first)
+    eval_passes: int | None = None  # with eval_period: also every this many steps (passes over a small text)
     bytes_per_char: dict = None  # {"train": b, "val": b}: UTF-8 bytes per character of each split (bits per byte)
     budget: object = None  # components/budget.Budget: the warm-up, speed and evaluation fitted to a time budget
     checkpointer: Checkpointer = None
@@ -254,6 +255,7 @@ def _build(settings, given, dist, device, log, claimed, extra_sinks, logfile):
     wrap(run)
     run.eval_period = eval_period(cfg, settings.source("eval_interval"))  # None: by steps alone
     run.eval_steps = eval_steps(cfg, run.eval_period, run.state.budget_step)
+    run.eval_passes = pass_steps(run.eval_period, int(corpus.length * (1 - cfg.val_fraction)), chars_per_step)
     run.budget = fit_budget(run, settings.given(), step_s)
     run.bytes_per_char = per_byte(corpus, batches)
     about = dict(corpus=corpus.name, corpus_key=corpus.key, hardware=run.hardware(), world_size=dist.world_size,

@@ -20,6 +20,10 @@ from ..evaluate import utf8_bytes, utf8_lengths
 from ..runtime import autocast, stream_seed
 
 EVALS_PER_BUDGET = 20  # evaluations over a time budget (with the first and the last: about 21)
+# A small text passed over many times between two evaluations can be memorised between them: at 600 s a 20,000-
+# character text (2 x 128, 30 s between evaluations: about 100 passes) had its best checkpoint at step 0. So a run
+# also evaluates every this many passes over its training text, as often as evaluation's share of the budget allows.
+PASSES_PER_EVAL = 10
 LN2 = math.log(2)
 
 
@@ -39,6 +43,15 @@ def eval_steps(cfg: TrainConfig, period, budget_step=0):
     if period is None or cfg.max_iters >= UNLIMITED:
         return None
     return max(1, math.ceil((cfg.max_iters - budget_step) / EVALS_PER_BUDGET))
+
+
+def pass_steps(period, train_chars, chars_per_step):
+    """With a time budget (`period` not None): the steps of PASSES_PER_EVAL passes over the training text (the
+    Validator evaluates after them once evaluation's share of the budget allows: EvalFit sets its gap). None:
+    by the clock or the step cap alone."""
+    if period is None or not train_chars or not chars_per_step:
+        return None
+    return max(1, math.ceil(PASSES_PER_EVAL * train_chars / chars_per_step))
 
 
 def time_to_evaluate(elapsed, last_eval_elapsed, period):
@@ -79,12 +92,15 @@ def estimate_loss(model, batches, cfg: TrainConfig, device, dtype, dist, check_s
 
 class Validator:
     """Decides when to evaluate (every cfg.eval_interval steps; or by the clock, every `period` seconds, and then
-    also every `steps` steps where a step cap may end the run first: see above) and evaluates: the plain model (no
-    DDP sync is needed under no_grad, and torch.compile would recompile for eval mode) on the run's batches. The
-    task's scores (translations of a pairs run) are the loop's to ask for, on rank 0."""
+    also every `steps` steps where a step cap may end the run first, and every `passes` steps (PASSES_PER_EVAL
+    passes over the text) once `min_gap` seconds passed: see above) and evaluates: the plain model (no DDP sync is
+    needed under no_grad, and torch.compile would recompile for eval mode) on the run's batches. The task's scores
+    (translations of a pairs run) are the loop's to ask for, on rank 0."""
 
-    def __init__(self, cfg: TrainConfig, period, steps, elapsed, step, model, batches, device, dtype, dist, fit=None):
+    def __init__(self, cfg: TrainConfig, period, steps, elapsed, step, model, batches, device, dtype, dist, fit=None,
+                 passes=None):
         self.cfg, self.period, self.steps, self.fit = cfg, period, steps, fit  # fit: components/budget.EvalFit
+        self.passes, self.min_gap = passes, 0.0  # min_gap: EvalFit's, from the first evaluation's cost
         self.last_eval_at, self.last_eval_step = elapsed, step
         self.model, self.batches, self.device, self.dtype, self.dist = model, batches, device, dtype, dist
 
@@ -92,8 +108,10 @@ class Validator:
         """Whether an evaluation falls at `step` (from step 0; `elapsed`: the agreed clock)."""
         if self.period is None:
             return step % self.cfg.eval_interval == 0
+        since = step - self.last_eval_step
         return (step == 0 or time_to_evaluate(elapsed, self.last_eval_at, self.period)
-                or (self.steps is not None and step - self.last_eval_step >= self.steps))
+                or (self.steps is not None and since >= self.steps)
+                or (self.passes is not None and since >= self.passes and elapsed - self.last_eval_at >= self.min_gap))
 
     def evaluate(self, step, lr, check_stop):
         """-> {"train": loss, "val": loss}; weights that evaluate to a non-finite loss stop the run (they are never
