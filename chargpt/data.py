@@ -39,6 +39,14 @@ def default_cache_dir():
     return Path(os.environ.get("CHARGPT_CACHE_DIR") or Path.home() / ".cache" / "chargpt")
 
 
+def share_compile_cache():
+    """torch.compile's on-disk cache under chargpt's, not the temporary folder a reboot empties: training runs and
+    samplings of the same shapes load its compiled code in seconds. A TORCHINDUCTOR_CACHE_DIR of the user's wins.
+    Called before anything imports torch._dynamo (torch's optimizers do), since its import sets the variable to
+    torch's default when it is unset."""
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(default_cache_dir() / "torchinductor"))
+
+
 def default_corpus_text():
     """The built-in corpus: CPython's English help topics (pydoc_data), present in every installation."""
     try:

@@ -20,6 +20,7 @@ import torch
 from . import constraints
 from .checkpoint import load_model, unwrap
 from .config import SampleSettings, check_sample_options
+from .data import share_compile_cache
 from .errors import ChargptError, ConfigError
 from .flags import param
 from .items import corpus_items, is_items_run, sample_items, write_items
@@ -309,6 +310,8 @@ def load(path, device="auto", dtype="auto", quantize=None, compile="auto"):
     device = pick_device(device)
     check_precision(device, dtype, quantize)  # a bad choice fails before the checkpoint is read
     pick_decode_compile(compile, device, 0)  # so does a bad --compile
+    if compile != "off":
+        share_compile_cache()  # before loading imports torch's dynamo (sampling.StepRunner says why)
     model, vocab, meta = load_model(path, device)
     model, torch_dtype, precision = inference_model(model, device, dtype, quantize)
     gen = Generator(model, vocab, device, torch_dtype, meta, compile=compile, quantized=uses_dynamic_int8(model))

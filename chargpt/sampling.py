@@ -18,6 +18,7 @@ that changes the logits before each choice and records the choice after it; with
 
 import torch
 
+from .data import share_compile_cache
 from .model import KVCache
 from .runtime import autocast
 
@@ -53,12 +54,14 @@ def sample_next(logits, generator, temperature=1.0, top_k=None, top_p=None, min_
 class StepRunner:
     """The decode step after the prefill: CharGPT.decode_step, eager or torch.compile'd. Its shapes never change
     (model.KVCache.write), so a compiled step is compiled once for a model, batch size and dtype and serves every
-    position and every later call; torch keeps the compiled code in its on-disk cache (TORCHINDUCTOR_CACHE_DIR,
-    by default under the temporary directory), so another process with the same shapes loads it instead of
-    compiling again."""
+    position and every later call; torch keeps the compiled code in its on-disk cache (data.share_compile_cache:
+    TORCHINDUCTOR_CACHE_DIR, by default under chargpt's cache folder), so another process with the same shapes
+    loads it instead of compiling again."""
 
     def __init__(self, model, compiled=False):
         self.model, self.compiled = model, compiled
+        if compiled:
+            share_compile_cache()
         self.fn = torch.compile(model.decode_step, fullgraph=True, dynamic=False) if compiled else model.decode_step
 
     def __call__(self, idx, cache):

@@ -251,6 +251,12 @@ def test_a_run_that_compiles_keeps_torch_s_compile_cache_under_chargpt_s(tmp_pat
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     chargpt.train(log=logs.append, data="corpus.txt", out_dir="run2", max_iters=2, eval_interval=2, **TINY_KW)
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")  # sampling's compiled decode step shares the same folder
+    from chargpt.config import ModelConfig
+    from chargpt.model import CharGPT
+    from chargpt.sampling import StepRunner
+    StepRunner(CharGPT(ModelConfig(vocab_size=8, n_layer=1, n_head=1, n_embd=8, block_size=8)), compiled=True)
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "torchinductor")
 
 
 @pytest.mark.parametrize("args,want", [([], None), (["--compile"], "on"), (["--no-compile"], "off"),

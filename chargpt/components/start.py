@@ -12,7 +12,6 @@ leaves no lock and no empty run directory behind. What start-up says is describe
 """
 
 import json
-import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from .. import checkpoint as ckpt
 from .. import errors, init_from, rundir, sizing
 from ..adaptive import char_counts, shortlist_for
 from ..config import ModelConfig, TrainConfig, check_task, split_overrides
-from ..data import corpus_sources, default_cache_dir
+from ..data import corpus_sources, share_compile_cache
 from ..errors import ChargptError, CheckpointError, ConfigError
 from ..flags import param, spelled
 from ..model import build_model, check_model_fits, estimated_params
@@ -170,6 +169,8 @@ def start_run(overrides, log=print, sinks=()) -> Run:
     """The keyword arguments of chargpt.train (the flags, with underscores) -> a Run ready to train; `sinks`:
     loggers beside the run's own files (components/sinks.py). Settings are checked before any work."""
     model_kw, train_kw = split_overrides(overrides)  # unknown names and wrong types fail before any work
+    # before torch's optimizers import dynamo, which points the variable at the temporary folder when it is unset
+    share_compile_cache()
     if "vocab_size" in model_kw:
         raise ConfigError("vocab_size is set from the corpus, not by a setting; drop it")
     settings = Settings({**model_kw, **train_kw})  # reads --config: its mistakes too fail before any work
@@ -411,8 +412,6 @@ def wrap(run: Run):
     """What the loop calls: the model, compiled and/or wrapped for DDP (run.model stays the plain one); how often
     the host reads the stop flags; the bf16 weight copies the forward reads on a CPU."""
     run.compiled, run.compile_reason = pick_compile(run.cfg.compile, run.device, run.dtype, run.cfg.max_time)
-    if run.compiled:  # torch's compile cache under chargpt's, not the temporary folder a reboot empties: runs share it
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(default_cache_dir() / "torchinductor"))
     run.train_model = torch.compile(run.model) if run.compiled else run.model
     if run.dist.enabled:
         run.train_model = ddp(run.train_model, run.device)  # one graph when compiled; its options are rules
