@@ -49,7 +49,7 @@ def start_lines(run):
         lines += run.budget.lines
     passes = (f", and after {PASSES_PER_EVAL} passes over the training text ({run.eval_passes:,} steps) where "
               f"evaluation's share of the budget allows, so a small text's best checkpoint is not missed"
-              if run.eval_period and run.eval_passes and run.eval_passes * FAST_STEP_S < run.eval_period else "")
+              if run.eval_passes and run.eval_passes * FAST_STEP_S < run.eval_period else "")  # None: no period
     if run.eval_period and run.eval_steps:
         lines.append(f"evaluating every {run.eval_steps:,} steps or {seconds(run.eval_period)} of training, whichever "
                      f"comes first (1/{EVALS_PER_BUDGET} of the budget){passes}; --eval-interval N to evaluate every "
