@@ -30,7 +30,6 @@ def validate_arch(cfg):
         if not 0 <= cfg.shortlist < cfg.vocab_size:
             raise ConfigError(f"--shortlist must be at least 0 and below the vocabulary's {cfg.vocab_size:,} "
                               f"characters (got {cfg.shortlist:,}); 0 picks it from the text")
-        cfg.tie_weights = False  # its layers have no (V, C) matrix to share with the embedding
     elif cfg.shortlist:
         raise ConfigError(f"--shortlist {cfg.shortlist} needs --softmax adaptive")
     if cfg.n_enc_layer and cfg.arch != "encoder-decoder":

@@ -148,6 +148,10 @@ class ModelConfig:
                             "cover 80% of the training text]")
     cpu_defaults: ClassVar[dict] = CPU_DEFAULTS
 
+    def __post_init__(self):
+        if self.softmax == "adaptive":  # its layers have no (V, C) matrix to share with the embedding; said once
+            self.tie_weights = False    # here, where the config is made, so that validate() only checks
+
     def validate(self):
         check_numbers(self)
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):

@@ -234,7 +234,14 @@ def new_run_settings(flags, device_type="cpu"):
     settings = flags if isinstance(flags, Settings) else Settings(flags)
     settings.pick_preset(device_type)
     model_kw, train_kw = split_overrides(settings.merged())
-    return model_kw, TrainConfig(**{**train_kw, "preset": settings.preset}).validate(), settings
+    # every model field, the dataclass default where no layer sets one: a preset that sets nothing (shakespeare-char,
+    # the default on CUDA, is exactly the defaults) still yields a whole model
+    return {**model_defaults(), **model_kw}, TrainConfig(**{**train_kw, "preset": settings.preset}).validate(), settings
+
+
+def model_defaults():
+    """{field: default} of every model setting but the vocabulary size (which the corpus gives)."""
+    return {f.name: f.default for f in fields(ModelConfig) if f.name != "vocab_size"}
 
 
 
