@@ -12,17 +12,19 @@ import hashlib
 import json
 import math
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from .config import FORMAT_VERSION, TASKS, ModelConfig, TrainConfig, model_config_from_dict, typed_fields
+from .config import FORMAT_VERSION, TASKS, ModelConfig, TrainConfig, model_config_from_dict, saved_train_config
 from .errors import ChargptError, CheckpointError, ConfigError
 from .model import build_model
 from .pairs import END, SEP
 from .rundir import BEST, LATEST, STATE, resolve, write_atomic
+from .settings import absolute_paths
 from .tokenizer import Vocab
 
 FORMAT_NAME = "chargpt"
@@ -91,13 +93,15 @@ def tensor_checksum(tensors):
     return "sha256:" + h.hexdigest()
 
 
-def checkpoint_meta(model, vocab, train_config=None, **extra):
-    """The JSON metadata: configs, vocabulary, and the task the model was trained for: 'text', or 'pairs' with the
-    two marker characters of its examples (`source SEP target END`), so every loader prompts it the same way."""
+def checkpoint_meta(model, vocab, train_config: TrainConfig | None = None, **extra):
+    """The JSON metadata: configs (the train config's paths absolute: `chargpt eval` finds the corpus from any
+    folder), vocabulary, and the task the model was trained for: 'text', or 'pairs' with the two marker characters of
+    its examples (`source SEP target END`), so every loader prompts it the same way. read_meta reads it back."""
     cfg = unwrap(model).config
-    task = (train_config or {}).get("task", "text")
+    task = train_config.task if train_config is not None else "text"
     markers = {"pair_markers": {"sep": SEP, "end": END}} if task == "pairs" else {}
-    return {"model_config": vars(cfg).copy(), "vocab": "".join(vocab.chars), "train_config": train_config,
+    saved = absolute_paths(asdict(train_config)) if train_config is not None else None
+    return {"model_config": vars(cfg).copy(), "vocab": "".join(vocab.chars), "train_config": saved,
             "task": task, **markers, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S"), **extra}
 
 
@@ -128,7 +132,9 @@ def save_state(path, model, optimizer, rng, vocab, train_config, weights=None, *
 
 
 def read_meta(path):
-    """Open a checkpoint's header only; validate it. -> (meta dict, {tensor name: shape})."""
+    """Open a checkpoint's header only; validate it. -> (meta dict, {tensor name: shape}). Its model_config is a
+    ModelConfig, its vocab a Vocab, its train_config a TrainConfig migrated from older runs (or None: a checkpoint
+    saved without one)."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint not found: {path}")
@@ -165,7 +171,7 @@ def read_meta(path):
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError("step is not a non-negative integer")
         if meta.get("train_config") is not None:
-            meta["train_config"] = typed_fields(TrainConfig, meta["train_config"], "train config")
+            meta["train_config"] = saved_train_config(meta["train_config"])
         if meta.get("run_state") is not None and not isinstance(meta["run_state"], dict):
             raise ValueError("run state is not an object")
         checksum = meta.get("checksum")  # absent in files from before checksums: those load unverified

@@ -20,7 +20,6 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .config import run_val_split  # noqa: F401 (the split of a run, for its users here)
 from .errors import ChargptError, DataError
 from .flags import param
 from .rundir import remove_stale_temps, temp_suffix, write_text_atomic

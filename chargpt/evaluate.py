@@ -37,7 +37,7 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from .checkpoint import load_model
-from .data import corpus_sources, encode_corpus, iter_text, run_val_split, split_of
+from .data import corpus_sources, encode_corpus, iter_text, split_of
 from .errors import ConfigError, DataError
 from .init_from import in_vocab, run_vocab
 from .pairs import END, SEP, context_needed, encode_pairs, pair_stream, split_pairs
@@ -150,14 +150,14 @@ def validation_split(meta, vocab, block_size):
     cfg = meta.get("train_config")
     if not cfg:
         raise DataError("this checkpoint records no training run, so it has no validation split; pass --data FILE")
-    corpus = encode_corpus(cfg.get("data"), cfg.get("encoding", "utf-8"), cfg.get("encoding_errors", "strict"),
-                           cfg.get("cache_dir"), log=lambda m: print(m, file=sys.stderr))  # stdout may be --json
+    corpus = encode_corpus(cfg.data, cfg.encoding, cfg.encoding_errors, cfg.cache_dir,
+                           log=lambda m: print(m, file=sys.stderr))  # stdout may be --json
     if run_vocab(meta, corpus.vocab) == vocab:  # a run started with --init-from: its ids in the run's vocabulary
         corpus = in_vocab(corpus, vocab)
     if corpus.vocab != vocab:
-        raise DataError(f"the run's corpus {cfg.get('data') or corpus.name} has changed since training (its "
+        raise DataError(f"the run's corpus {cfg.data or corpus.name} has changed since training (its "
                         f"characters differ); pass --data FILE to score a text")
-    how, fraction = run_val_split(cfg), cfg.get("val_fraction", 0.1)
+    how, fraction = cfg.val_split, cfg.val_fraction
     split = split_of(corpus.ids(), vocab, fraction, block_size, how)
     return split.pieces(corpus.ids(), "val"), f"validation split of {corpus.name} ({fraction:g}, {how})"
 
@@ -229,14 +229,13 @@ def run_validation_pairs(meta, vocab):
     cfg = meta.get("train_config")
     if not cfg:
         raise DataError("this checkpoint records no training run, so it has no validation pairs; pass --data PAIRS")
-    pairs = encode_pairs(cfg.get("data"), cfg.get("target_data"), cfg.get("encoding", "utf-8"),
-                         cfg.get("encoding_errors", "strict"), cfg.get("cache_dir"),
+    pairs = encode_pairs(cfg.data, cfg.target_data, cfg.encoding, cfg.encoding_errors, cfg.cache_dir,
                          log=lambda m: print(m, file=sys.stderr))
     if pairs.vocab != vocab and run_vocab(meta, pairs.vocab) != vocab:  # texts: decoded in the pairs' own
-        raise DataError(f"the run's pairs {cfg.get('data')} have changed since training (their characters differ); "
+        raise DataError(f"the run's pairs {cfg.data} have changed since training (their characters differ); "
                         f"pass --data PAIRS to score a pairs file")
-    _, val = split_pairs(pairs.n_pairs, cfg.get("val_fraction", 0.1))
-    return (pairs.pair(int(i)) for i in val), f"validation pairs of {pairs.name} ({cfg.get('val_fraction', 0.1):g})"
+    _, val = split_pairs(pairs.n_pairs, cfg.val_fraction)
+    return (pairs.pair(int(i)) for i in val), f"validation pairs of {pairs.name} ({cfg.val_fraction:g})"
 
 
 def pair_tensors(vocab, arch, group):

@@ -41,7 +41,7 @@ from safetensors import SafetensorError
 from . import __version__
 from .checkpoint import load_model, read_meta
 from .components.interrupt import handling
-from .config import EXPORT_FORMATS, ExportSettings, SampleSettings, describe_model, run_val_split
+from .config import EXPORT_FORMATS, ExportSettings, SampleSettings, describe_model
 from .errors import ChargptError, ConfigError, Interrupted
 from .flags import param
 from .labels import LabelSet, rendered, token_strings
@@ -178,12 +178,12 @@ def model_card(meta, model, name, transformers_version):
     corpus, chars = meta.get("corpus"), meta.get("corpus_chars")  # untrusted: checked before use
     corpus = corpus[:200] if isinstance(corpus, str) and corpus else "an unnamed corpus"
     size = f"{chars:,} characters" if isinstance(chars, int) and not isinstance(chars, bool) else "size not recorded"
-    tcfg = meta.get("train_config") or {}
-    held = tcfg.get("val_fraction")
+    tcfg = meta.get("train_config")
+    held = tcfg.val_fraction if tcfg else None
     if isinstance(held, float) and 0 < held < 1:  # as the run split it: pairs at random, text by --val-split
         if meta.get("task") == "pairs":
             size += f", {held:.0%} of the pairs held out for validation, at random"
-        elif run_val_split(tcfg) == "tail":
+        elif tcfg.val_split == "tail":
             size += f", the last {held:.0%} held out for validation"
         else:
             size += f", {held:.0%} held out for validation in blocks spread through it"

@@ -114,7 +114,7 @@ def corpus_items(corpus):
 
 def is_items_run(meta):
     """Whether a checkpoint's metadata is that of a run trained with --items."""
-    return bool((meta.get("train_config") or {}).get("items"))
+    return bool(getattr(meta.get("train_config"), "items", False))
 
 
 @dataclass

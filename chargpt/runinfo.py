@@ -16,7 +16,6 @@ from safetensors import safe_open
 
 from .checkpoint import read_meta
 from .config import ModelConfig, describe_model
-from .data import run_val_split
 from .init_from import describe_lineage, read_lineage
 from .labels import LabelSet
 from .rundir import LATEST, METRICS, read_step_rows, resolve
@@ -60,7 +59,7 @@ def run_info(path, preview=PREVIEW_CHARS):
     latest = meta
     if run_dir is not None and (run_dir / LATEST).is_file() and ckpt.name != LATEST:
         latest = read_meta(run_dir / LATEST)[0]
-    cfg, tcfg = meta["model_config"], latest.get("train_config") or {}
+    cfg, tcfg = meta["model_config"], latest.get("train_config")  # a TrainConfig, or None
     state = latest.get("run_state") or {}
     step = latest.get("step", 0)
     processes = latest.get("world_size")  # recorded by newer trainers; None: unknown (one process assumed)
@@ -68,7 +67,7 @@ def run_info(path, preview=PREVIEW_CHARS):
         processes = None  # absent, or not a count (a damaged or hostile file)
     per_step = latest.get("chars_per_step")  # recorded since pairs runs, whose examples vary in length
     if isinstance(per_step, bool) or not isinstance(per_step, (int, float)) or not 0 < per_step < 2**53:
-        per_step = tcfg.get("batch_size", 0) * tcfg.get("grad_accum", 1) * cfg.block_size * (processes or 1)
+        per_step = tcfg.batch_size * tcfg.grad_accum * cfg.block_size * (processes or 1) if tcfg else 0
     per_step = round(per_step)
     best = latest.get("best_val_loss", meta.get("best_val_loss", meta.get("val_loss")))
     rows = _metrics(run_dir) if run_dir is not None else []
@@ -77,7 +76,8 @@ def run_info(path, preview=PREVIEW_CHARS):
     return {
         "path": str(p), "checkpoint": str(ckpt), "format_version": _format_version(ckpt),
         "parameters": sum(math.prod(s) for k, s in shapes.items() if not k.startswith(("optim.", "rng."))),
-        "task": meta["task"], "arch": cfg.arch, "model_config": asdict(cfg), "train_config": tcfg or None,
+        "task": meta["task"], "arch": cfg.arch, "model_config": asdict(cfg),
+        "train_config": asdict(tcfg) if tcfg else None,
         "vocab_size": len(meta["vocab"]), "vocab_preview": escape("".join(meta["vocab"].chars[:preview])),
         "vocab_chars": meta["vocab"].chars[:preview],  # the same characters, unescaped
         "closing_prompt": latest.get("closing_prompt") if isinstance(latest.get("closing_prompt"), str) else None,
@@ -127,11 +127,11 @@ def _labels(info):
 
 
 def _validates(t):
-    """Which text validated, as the run split it (runs from before --val-split: the tail)."""
-    fraction = t.get("val_fraction", 0.1)
-    if t.get("task") == "pairs" or t.get("items"):
-        return f"{fraction:.0%} of the {'items' if t.get('items') else 'pairs'}, at random, for validation"
-    if run_val_split(t) == "tail":
+    """Which text validated, as the run split it (t: run_info's train_config)."""
+    fraction = t["val_fraction"]
+    if t["task"] == "pairs" or t["items"]:
+        return f"{fraction:.0%} of the {'items' if t['items'] else 'pairs'}, at random, for validation"
+    if t["val_split"] == "tail":
         return f"the last {fraction:.0%} for validation"
     return f"{fraction:.0%} for validation, in blocks spread through it"
 
@@ -163,7 +163,7 @@ def format_info(info):
                            + (" ..." if info["vocab_size"] > PREVIEW_CHARS else "")),
             ("training", training),
             ("best val loss", best + (f", {info['evaluations']} evaluations" if info["evaluations"] else "")),
-            ("corpus", f"{info['corpus'] or '?'} ({t.get('data') or 'built-in'}, {t.get('encoding', 'utf-8')}, "
+            ("corpus", f"{info['corpus'] or '?'} ({t['data'] or 'built-in'}, {t['encoding']}, "
                        f"{_validates(t)})" if t else info["corpus"] or "unknown"),
             *([("started from", _started_from(info["init_from"]))] if info.get("init_from") else []),
             *([("labels", _labels(info))] if info.get("labels") else []),

@@ -22,6 +22,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI (a depend
     import tomli as tomllib
 
 from .config import (
+    BEFORE_THE_SETTING,
     PRESET_ABOUT,
     PRESETS,
     UNLIMITED,
@@ -29,7 +30,6 @@ from .config import (
     TrainConfig,
     check_preset,
     device_preset,
-    run_val_split,
     split_overrides,
     typed_fields,
 )
@@ -255,17 +255,17 @@ def resume_settings(meta, settings: Settings, out_dir):
     only what differs from the run counts as given. The run's state: chargpt/components/state.py."""
     model_kw, cfg = _resumed_configs(meta, settings)
     cfg.out_dir = str(out_dir)
-    return model_kw, cfg, corpus_changes(meta.get("train_config") or {}, cfg)
+    return model_kw, cfg, corpus_changes(meta.get("train_config"), cfg)
 
 
-def corpus_changes(saved, cfg: TrainConfig):
+def corpus_changes(saved: TrainConfig | None, cfg: TrainConfig):
     """Lines saying that --resume trains on other data than the run did. A resume continues the weights and the
     optimizer state on whatever corpus it is given, as long as the alphabet is the same (the trainer refuses
     another): on another corpus that is fine-tuning. It is said, so that it is never a mistake no one saw."""
     notes = []
     for name in ("data", "target_data"):
-        old, new = saved.get(name), getattr(cfg, name)
-        if name in saved and not _same(name, old, new):
+        old, new = getattr(saved, name, None), getattr(cfg, name)
+        if saved is not None and not _same(name, old, new):
             shown = {None: "the built-in corpus" if name == "data" else "none"}
             notes.append(f"the corpus changed: {param(name)} is {shown.get(new, new)} (the run trained on "
                          f"{shown.get(old, old)}); training goes on from the checkpoint on the new data (its "
@@ -275,8 +275,8 @@ def corpus_changes(saved, cfg: TrainConfig):
 
 def _resumed_configs(meta, settings: Settings):
     saved_model: ModelConfig = meta["model_config"]
-    saved_train = {k: v for k, v in (meta.get("train_config") or {}).items() if k not in HARDWARE}
-    saved_train["val_split"] = run_val_split(meta.get("train_config"))  # runs from before --val-split: the tail
+    saved_cfg = meta.get("train_config") or TrainConfig(**BEFORE_THE_SETTING)  # a run saved without one
+    saved_train = {k: v for k, v in asdict(saved_cfg).items() if k not in HARDWARE}
     settings.pick_preset(None, current=saved_train.get("preset"))  # only another preset named now
     settings.keep_changes({**asdict(saved_model), **saved_train})
     if settings.merged().get("init_from"):
@@ -292,7 +292,7 @@ def _resumed_configs(meta, settings: Settings):
     if train_kw.get("task", meta["task"]) != meta["task"]:
         raise ConfigError(f"--resume: the run was trained with --task {meta['task']}, not {train_kw['task']}; drop "
                           f"--task to resume, or train a new run with another --out-dir")
-    saved_optimizer = saved_train.get("optimizer", "adamw")  # runs from before Muon used AdamW
+    saved_optimizer = saved_train["optimizer"]
     if train_kw.get("optimizer", saved_optimizer) != saved_optimizer:
         raise ConfigError(f"--resume: the run was trained with --optimizer {saved_optimizer}, whose state it "
                           f"continues; drop --optimizer {train_kw['optimizer']}, or train a new run with another "
@@ -302,12 +302,12 @@ def _resumed_configs(meta, settings: Settings):
                           f"would train on its validation text; drop --val-split, or train a new run with another "
                           f"--out-dir")
     for name in ("items", "labels"):  # they decide what the model reads and which text validates
-        saved = saved_train.get(name) or None
+        saved = saved_train[name] or None
         if (train_kw.get(name, saved) or None) != saved:
             how = f"with {_as_flag(name, saved)}" if saved else f"without {param(name)}"
             raise ConfigError(f"--resume: the run was trained {how}; drop {param(name)}, or train a new run with "
                               f"another --out-dir")
-    saved_fraction = saved_train.get("val_fraction", TrainConfig.val_fraction)
+    saved_fraction = saved_train["val_fraction"]
     if train_kw.get("val_fraction", saved_fraction) != saved_fraction:
         raise ConfigError(f"--resume: the run was trained with --val-fraction {saved_fraction:g}; another fraction "
                           f"moves the split and would train on its validation text; drop --val-fraction, or train a "
@@ -339,8 +339,8 @@ def init_settings(meta, settings: Settings, device_type, base_name):
     <- flags), the preset by default the base's, --task by default the base's: a fresh optimizer, schedule and
     budget, in a new run directory."""
     base = meta["model_config"]
-    base_train = meta.get("train_config") or {}
-    preset = base_train.get("preset") if base_train.get("preset") in PRESETS else None
+    base_preset = getattr(meta.get("train_config"), "preset", None)
+    preset = base_preset if base_preset in PRESETS else None
     settings.pick_preset(device_type, fallback=(preset, f"the base run {base_name}") if preset else None)
     model_given, _ = split_overrides(settings.given())
     _, train_kw = split_overrides(settings.merged())

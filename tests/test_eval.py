@@ -40,10 +40,9 @@ def test_eval_on_validation_text_equals_full_validation_loss(tiny_run, tmp_path)
     full = evaluate(tiny_run, device="cpu")  # no text: the run's own validation split
     meta, _ = read_meta(resolve(tiny_run))
     cfg = meta["train_config"]
-    corpus = encode_corpus(cfg["data"], cache_dir=cfg["cache_dir"])
-    split = split_of(corpus.ids(), corpus.vocab, cfg["val_fraction"], meta["model_config"].block_size,
-                     cfg["val_split"])
-    assert cfg["val_split"] == "blocks" and len(split.val) > 1 and "blocks" in full["data"]
+    corpus = encode_corpus(cfg.data, cache_dir=cfg.cache_dir)
+    split = split_of(corpus.ids(), corpus.vocab, cfg.val_fraction, meta["model_config"].block_size, cfg.val_split)
+    assert cfg.val_split == "blocks" and len(split.val) > 1 and "blocks" in full["data"]
     total = scored = 0
     for i, piece in enumerate(split.pieces(corpus.ids(), "val")):
         (tmp_path / f"val{i}.txt").write_text(corpus.vocab.decode(piece), encoding="utf-8")

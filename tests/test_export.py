@@ -22,7 +22,7 @@ from safetensors import safe_open
 import chargpt.export as export_module
 from chargpt.checkpoint import read_meta, save_model
 from chargpt.cli import export_cli
-from chargpt.config import ModelConfig
+from chargpt.config import ModelConfig, TrainConfig
 from chargpt.engine import Generator
 from chargpt.errors import ChargptError
 from chargpt.export import FILES, export
@@ -53,7 +53,7 @@ def random_model(seed=0, vocab=VOCAB, scale=0.3, block_size=32, **options):
 def exported(tmp_path, model, vocab=VOCAB, task="text", name="hf", **meta):
     """Save `model` as a chargpt checkpoint and export it; -> the export folder."""
     ckpt = tmp_path / f"{name}.safetensors"
-    save_model(ckpt, model, vocab, {"task": task}, step=7, val_loss=1.5, **meta)
+    save_model(ckpt, model, vocab, TrainConfig(task=task), step=7, val_loss=1.5, **meta)
     return export(ckpt, tmp_path / name, log=lambda m: None)
 
 
@@ -193,11 +193,11 @@ def test_what_gpt2_cannot_compute_is_refused_by_name(tmp_path, options, named):
 
 def test_cli_errors_are_one_line_and_leave_folders_alone(tmp_path):
     ckpt = tmp_path / "post.safetensors"
-    save_model(ckpt, random_model(norm="post"), VOCAB, {"task": "text"})
+    save_model(ckpt, random_model(norm="post"), VOCAB, TrainConfig())
     r = run_chargpt("export", "--checkpoint", ckpt, "--to", tmp_path / "out")
     assert r.returncode == 1 and r.stderr.startswith("error: --norm post cannot be exported")
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
-    save_model(ckpt, random_model(), VOCAB, {"task": "text"})
+    save_model(ckpt, random_model(), VOCAB, TrainConfig())
     busy = tmp_path / "busy"
     busy.mkdir()
     (busy / "notes.txt").write_text("mine")
@@ -228,7 +228,7 @@ def test_force_replaces_an_earlier_export(tmp_path):
     first = exported(tmp_path, random_model(seed=1))
     ckpt = tmp_path / "second.safetensors"
     second = random_model(seed=2)
-    save_model(ckpt, second, VOCAB, {"task": "text"})
+    save_model(ckpt, second, VOCAB, TrainConfig())
     with pytest.raises(ChargptError, match="not empty"):
         export(ckpt, first, log=lambda m: None)
     export(ckpt, first, force=True, log=lambda m: None)
@@ -249,7 +249,7 @@ def test_force_writes_only_the_exports_files(tmp_path):
     theirs = {k: v for k, v in snapshot(repo).items() if k not in FILES}
     ckpt = tmp_path / "second.safetensors"
     second = random_model(seed=2)
-    save_model(ckpt, second, VOCAB, {"task": "text"})
+    save_model(ckpt, second, VOCAB, TrainConfig())
     r = invoke(export_cli, ["--checkpoint", ckpt, "--to", repo, "--force"])
     assert r.exit_code == 0, r.output
     assert {k: v for k, v in snapshot(repo).items() if k not in FILES} == theirs
@@ -307,7 +307,7 @@ def test_to_a_symlink_writes_into_the_folder_it_points_to(tmp_path):
     link = tmp_path / "link"
     link.symlink_to(real, target_is_directory=True)
     second = random_model(seed=2)
-    save_model(tmp_path / "second.safetensors", second, VOCAB, {"task": "text"})
+    save_model(tmp_path / "second.safetensors", second, VOCAB, TrainConfig())
     r = invoke(export_cli, ["--checkpoint", tmp_path / "second.safetensors", "--to", link, "--force"])
     assert r.exit_code == 0, r.output
     assert link.is_symlink() and link.resolve() == real.resolve() and (real / "NOTES.md").read_text() == "mine"
@@ -325,7 +325,7 @@ def test_two_exports_racing_to_one_new_folder(tmp_path, monkeypatch):
     two threads load and check their models one after the other: transformers' loading is not thread-safe.)"""
     models = {f"m{i}": random_model(seed=i) for i in (1, 2)}
     for name, model in models.items():
-        save_model(tmp_path / f"{name}.safetensors", model, VOCAB, {"task": "text"})
+        save_model(tmp_path / f"{name}.safetensors", model, VOCAB, TrainConfig())
     one_at_a_time, both_checked = threading.Lock(), threading.Barrier(2, timeout=60)
     load_model, verify = export_module.load_model, export_module.verify
 
@@ -419,7 +419,7 @@ def test_a_signal_while_the_files_are_renamed_waits_for_them(tmp_path, monkeypat
     folder holds one export, never a mix of two."""
     first = exported(tmp_path, random_model(seed=1))
     second = random_model(seed=2)
-    save_model(tmp_path / "second.safetensors", second, VOCAB, {"task": "text"})
+    save_model(tmp_path / "second.safetensors", second, VOCAB, TrainConfig())
     replace = export_module.replace
 
     def signalled_among_renames(src, dst):
@@ -450,7 +450,7 @@ def test_an_export_removes_what_killed_exports_left(tmp_path):
 
 def test_to_inside_a_file_says_so(tmp_path):
     ckpt = tmp_path / "m.safetensors"
-    save_model(ckpt, random_model(), VOCAB, {"task": "text"})
+    save_model(ckpt, random_model(), VOCAB, TrainConfig())
     (tmp_path / "notes.txt").write_text("mine")
     for to in ("notes.txt/sub", "notes.txt/sub/deeper"):
         r = invoke(export_cli, ["--checkpoint", ckpt, "--to", tmp_path / to])
@@ -461,7 +461,7 @@ def test_to_inside_a_file_says_so(tmp_path):
 
 def test_missing_transformers_is_one_line(tmp_path, monkeypatch):
     ckpt = tmp_path / "m.safetensors"
-    save_model(ckpt, random_model(), VOCAB, {"task": "text"})
+    save_model(ckpt, random_model(), VOCAB, TrainConfig())
     monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers now raises ImportError
     with pytest.raises(ChargptError, match=r'pip install -e "\.\[export\]"'):
         export(ckpt, tmp_path / "out")

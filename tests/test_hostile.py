@@ -388,7 +388,7 @@ def test_the_installed_commands_start_quietly_too():
 def test_a_run_evaluates_from_any_folder(tmp_path, corpus):
     quiet_train(out_dir="run", max_iters=2)  # data="corpus.txt", relative
     saved = ckpt.read_meta(tmp_path / "run" / rundir.BEST)[0]["train_config"]
-    assert saved["data"] == str(corpus.resolve()) and Path(saved["cache_dir"] or "/").is_absolute()
+    assert saved.data == str(corpus.resolve()) and Path(saved.cache_dir or "/").is_absolute()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     r = run_chargpt("eval", "--checkpoint", tmp_path / "run", "--device", "cpu", "--json", cwd=elsewhere)

@@ -2,6 +2,7 @@
 
 import json
 import re
+from dataclasses import asdict
 
 import pytest
 import safetensors
@@ -10,9 +11,9 @@ from helpers import run_chargpt
 
 import chargpt.checkpoint as ckpt_module
 import chargpt.runinfo as runinfo_module
-from chargpt.checkpoint import load_model, save_model
+from chargpt.checkpoint import checkpoint_meta, load_model, model_tensors, save_model, write_safetensors
 from chargpt.cli import info_cli
-from chargpt.config import FORMAT_VERSION, ModelConfig
+from chargpt.config import FORMAT_VERSION, ModelConfig, TrainConfig, saved_train_config
 from chargpt.model import CharGPT
 from chargpt.runinfo import format_info, run_info
 from chargpt.textio import escape
@@ -99,7 +100,8 @@ def test_info_counts_processes_in_good_english_and_names_the_split(tiny_run):
     assert "per step, on 1 process)" in text and "1 processes" not in text
     assert "10% for validation, in blocks spread through it" in text
     info = run_info(tiny_run)
-    old = {**info, "processes": 2, "train_config": {k: v for k, v in info["train_config"].items() if k != "val_split"}}
+    saved_before = {k: v for k, v in info["train_config"].items() if k != "val_split"}  # as a checkpoint holds it
+    old = {**info, "processes": 2, "train_config": asdict(saved_train_config(saved_before))}
     text = format_info(old)
     assert "on 2 processes)" in text and "the last 10% for validation" in text  # from before --val-split: the tail
 
@@ -117,8 +119,11 @@ def test_info_shows_a_hostile_checkpoint_s_strings_escaped_never_as_terminal_cod
     (tmp_path / "evil").mkdir()
     lineage = {"path": HOSTILE, "weights": HOSTILE, "corpus": HOSTILE, "step": HOSTILE, "val_loss": 1.0,
                "task": HOSTILE, "base_vocab_size": 2, "added_chars": HOSTILE}
-    save_model(tmp_path / "evil" / "best.safetensors", CharGPT(cfg), vocab, {"data": HOSTILE, "encoding": HOSTILE},
-               corpus=HOSTILE, init_from=lineage, saved_at=HOSTILE, world_size=HOSTILE)
+    model = CharGPT(cfg)  # a file written by hand, not by chargpt: its train config as the attacker typed it
+    meta = checkpoint_meta(model, vocab, TrainConfig(), corpus=HOSTILE, init_from=lineage, saved_at=HOSTILE,
+                           world_size=HOSTILE)
+    meta["train_config"] |= {"preset": HOSTILE, "data": HOSTILE, "encoding": HOSTILE}
+    write_safetensors(tmp_path / "evil" / "best.safetensors", model_tensors(model), meta)
     text = format_info(run_info(tmp_path / "evil"))
     assert not RAW.search(text), repr(text)
     assert not any(line.lstrip().startswith("forged") for line in text.splitlines())

@@ -134,7 +134,7 @@ def test_dropout_may_change_and_training_settings_are_the_new_run_s_own(tmp_path
     meta = read_meta("ft/state.safetensors")[0]
     assert meta["model_config"].dropout == 0.1 and "dropout 0.1 (base: 0.0)" in logs
     assert summary["step"] == 3 and meta["run_state"]["step"] == 3  # its own budget, counted from 0
-    assert meta["train_config"]["learning_rate"] == 1e-4 and meta["train_config"]["data"] == str(new_text)
+    assert meta["train_config"].learning_rate == 1e-4 and meta["train_config"].data == str(new_text)
 
 
 def cli(*args):

@@ -6,6 +6,7 @@ import json
 import math
 import random
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -112,8 +113,8 @@ def test_items_from_python_and_a_run_without_its_list(items_run):
     got = gen.items(5, "ab", seed=3, known=items, max_new_tokens=20)
     assert len(got.items) == 5 and all(t.startswith("ab") and "\n" not in t for t in got.items)
     assert got.copies == sum(t in items for t in got.items)
-    gen.meta = {**gen.meta, "corpus_key": "0" * 32, "train_config": {**gen.meta["train_config"],
-                                                                       "data": str(root / "gone.txt")}}
+    gen.meta = {**gen.meta, "corpus_key": "0" * 32,
+                "train_config": replace(gen.meta["train_config"], data=str(root / "gone.txt"))}
     said = []
     gen.log = said.append
     assert gen.known_items() is None and len(said) == 1 and said[0].startswith("copies of the list are not counted")

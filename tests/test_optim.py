@@ -305,9 +305,8 @@ def test_cli_flags_for_the_new_settings(tmp_path, corpus):
     assert r.returncode == 0, r.stderr
     assert "optimizer: Muon (lr 0.01, momentum 0.95) for the block matrices, AdamW" in r.stderr
     meta = ckpt.read_meta(tmp_path / "run" / rundir.STATE)[0]["train_config"]
-    assert (meta["optimizer"], meta["muon_lr"], meta["lr_schedule"], meta["save_state"]) == ("muon", 0.01, "wsd",
-                                                                                          "end")
+    assert (meta.optimizer, meta.muon_lr, meta.lr_schedule, meta.save_state) == ("muon", 0.01, "wsd", "end")
     bad = run_cli("train.py", "--data", "corpus.txt", *TINY_FLAGS, "--muon-momentum", "1.5")
     assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1] == \
         "error: --muon-momentum must be in [0, 1) (got 1.5)"
-    assert math.isfinite(meta["muon_momentum"])
+    assert math.isfinite(meta.muon_momentum)

@@ -49,7 +49,7 @@ def test_every_preset_trains_in_its_own_shape(name, tmp_path):
     summary = chargpt.train(data=str(corpus_for(name, tmp_path)), out_dir="run", preset=name, **SHORT)
     meta, _ = read_meta(tmp_path / "run" / STATE)
     assert summary["step"] == 2 and meta["step"] == 2
-    assert meta["train_config"]["preset"] == name
+    assert meta["train_config"].preset == name
     if name != "auto":  # auto's shape is sized at start (tests/test_sizing.py)
         model = meta["model_config"]
         assert {k: getattr(model, k) for k in SHAPE} == preset_shape(name)
@@ -71,8 +71,8 @@ def test_gpu_sized_presets_resolve_to_their_shape_and_train_narrower(name, tmp_p
                                                                      PRESETS[name] else {})
     summary = chargpt.train(data=str(corpus_for(name, tmp_path)), out_dir="run", preset=name, **narrow, **SHORT)
     meta, _ = read_meta(tmp_path / "run" / STATE)
-    assert summary["step"] == 2 and meta["train_config"]["preset"] == name
-    assert meta["train_config"]["learning_rate"] == PRESETS[name]["learning_rate"]  # the preset's training, whole
+    assert summary["step"] == 2 and meta["train_config"].preset == name
+    assert meta["train_config"].learning_rate == PRESETS[name]["learning_rate"]  # the preset's training, whole
     assert meta["model_config"].pos_emb == preset_shape(name)["pos_emb"]
 
 

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import os
 import re
+from dataclasses import asdict
 
 import pytest
 from click.testing import CliRunner
@@ -165,7 +166,8 @@ def test_config_toml_repeats_the_run_into_a_new_run_directory(tmp_path, corpus):
     meta_a, meta_b = read_meta(tmp_path / "a" / "latest.safetensors")[0], read_meta(tmp_path / run_b /
                                                                                     "latest.safetensors")[0]
     assert meta_a["model_config"] == meta_b["model_config"]
-    differ = {k for k in meta_a["train_config"] if meta_a["train_config"][k] != meta_b["train_config"][k]}
+    a, b = asdict(meta_a["train_config"]), asdict(meta_b["train_config"])
+    differ = {k for k in a if a[k] != b[k]}
     assert differ == {"out_dir", "config"}  # where it went, what it was read from (checkpoints store paths absolute)
     losses = [[(r["step"], r["train_loss"], r["val_loss"]) for r in map(json.loads, open(d / "metrics.jsonl"))]
               for d in (tmp_path / "a", tmp_path / run_b)]

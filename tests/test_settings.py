@@ -103,7 +103,7 @@ BASE = ModelConfig(vocab_size=20, n_layer=2, n_head=2, n_embd=16, block_size=32,
 
 
 def started(flags, base=BASE, task="text", device_type="cpu"):
-    meta = {"model_config": base, "train_config": {"preset": "tiny"}, "task": task}
+    meta = {"model_config": base, "train_config": TrainConfig(preset="tiny"), "task": task}
     return init_settings(meta, Settings(flags), device_type, "runs/base")
 
 

@@ -21,7 +21,7 @@ import chargpt
 import chargpt.webpage as webpage
 from chargpt.checkpoint import save_model
 from chargpt.cli import export_cli
-from chargpt.config import ModelConfig
+from chargpt.config import ModelConfig, TrainConfig
 from chargpt.model import build_model
 from chargpt.pairs import END, SEP
 from chargpt.tokenizer import Vocab
@@ -153,7 +153,7 @@ def save_random(tmp_path, task="text", **options):
     if cfg.softmax == "adaptive":
         model.lm_head.set_frequencies(torch.randint(1, 100, (len(vocab),)))
     ckpt = tmp_path / "model.safetensors"
-    save_model(ckpt, model, vocab, {"task": task} if task != "text" else None, step=3, val_loss=2.0)
+    save_model(ckpt, model, vocab, TrainConfig(task=task) if task != "text" else None, step=3, val_loss=2.0)
     return ckpt
 
 

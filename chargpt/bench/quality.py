@@ -21,7 +21,7 @@ def quality_run(args, sets):
                     curves=False, log=lambda msg: None, **{"val_split": "tail", **sets})
     # consecutive windows (stride = context), as for the numbers already in benchmarks/RESULTS.md
     meta = read_meta(resolve(out))[0]
-    m, batch = meta["model_config"], meta["train_config"]["batch_size"]
+    m, batch = meta["model_config"], meta["train_config"].batch_size
     summary["model"] = f"{m.n_layer} x {m.n_embd}, context {m.block_size}, batch {batch}, dropout {m.dropout:g}"
     val = evaluate(out, stride=m.block_size, device=args.device, progress=False)["loss"]
     return val, summary

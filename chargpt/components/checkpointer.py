@@ -15,7 +15,7 @@ from .. import rundir
 from ..errors import CheckpointError
 from ..rundir import CONFIG, LOSSES, METRICS, SAMPLES, STATE
 from ..runtime import gather_rng_state, restore_rng_state
-from ..settings import absolute_paths, config_toml
+from ..settings import config_toml
 
 
 class Checkpointer:
@@ -40,18 +40,17 @@ class Checkpointer:
                      run_state=asdict(state), **self.about)
         if self.scaler.is_enabled():  # fp16 loss scale: part of exact resume
             extra["scaler"] = self.scaler.state_dict()
-        train_cfg = absolute_paths(asdict(self.cfg))
         if not self.config_saved:
             rundir.write_text_atomic(self.out_dir / CONFIG, config_toml(self.mcfg, self.cfg))
             self.config_saved = True
         weights = ckpt.model_tensors(self.model)  # one device-to-host copy serves all three files
         if full:
-            ckpt.save_state(self.out_dir / STATE, self.model, self.optimizer, rng, self.vocab, train_cfg,
+            ckpt.save_state(self.out_dir / STATE, self.model, self.optimizer, rng, self.vocab, self.cfg,
                             weights=weights, **extra)
-            ckpt.save_model(self.out_dir / rundir.LATEST, self.model, self.vocab, train_cfg, weights=weights,
+            ckpt.save_model(self.out_dir / rundir.LATEST, self.model, self.vocab, self.cfg, weights=weights,
                             **extra)
         if improved:
-            ckpt.save_model(self.out_dir / rundir.BEST, self.model, self.vocab, train_cfg, weights=weights, **extra)
+            ckpt.save_model(self.out_dir / rundir.BEST, self.model, self.vocab, self.cfg, weights=weights, **extra)
 
 
 def restore(out_dir, meta, model, optimizer, scaler, data_gen, device, dist, seed, step):

@@ -101,7 +101,8 @@ def changes_since(meta, now, cfg, mcfg):
     dropout."""
     saved = meta.get("hardware")
     if not isinstance(saved, dict):  # written before hardware was recorded: compare the flags
-        saved, now = meta.get("train_config") or {}, {k: getattr(cfg, k) for k in HARDWARE}
+        saved = {k: getattr(meta["train_config"], k) for k in HARDWARE} if meta.get("train_config") else {}
+        now = {k: getattr(cfg, k) for k in HARDWARE}
     changed = [f"{k} {now[k]} (checkpoint: {saved[k]})" for k in HARDWARE if k in saved and saved[k] != now[k]]
     notes = [f"hardware as this command sets it: {', '.join(changed)}"] if changed else []
     if meta["model_config"].dropout != mcfg.dropout:

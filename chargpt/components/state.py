@@ -51,7 +51,7 @@ def resumed_state(meta, cfg: TrainConfig, flags, out_dir):
     except ConfigError as e:
         raise CheckpointError(f"{state_file} has corrupted metadata ({e}); re-train or re-copy it") from None
     notes = []
-    old = TrainConfig(**meta["train_config"]) if meta.get("train_config") else cfg
+    old = meta.get("train_config") or cfg
     if schedule_changed(old, cfg, flags):
         lr = lr_at(s.step, s.elapsed, old, s)
         warming = warmup_lr(s.step, s.elapsed, cfg, s) is not None  # finish the warmup first

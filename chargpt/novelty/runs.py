@@ -4,7 +4,7 @@ index over that run's own split of it."""
 
 from pathlib import Path
 
-from ..config import run_val_split
+from ..config import BEFORE_THE_SETTING, TrainConfig
 from ..errors import DataError
 from .index import index_corpus
 
@@ -24,11 +24,11 @@ def run_corpus(meta, data=None, cache_dir=None, run="the run", log=print):
     (a corpus moved elsewhere), checked to be the same corpus by its hash."""
     from .. import data as corpus_data
     from .. import pairs as corpus_pairs
-    tc = meta.get("train_config") or {}
-    task, encoding, errors = tc.get("task", "text"), tc.get("encoding", "utf-8"), tc.get("encoding_errors", "strict")
-    cache = Path(cache_dir or tc.get("cache_dir") or corpus_data.default_cache_dir()).expanduser()
+    tc = meta.get("train_config") or TrainConfig()  # a checkpoint saved without one: the defaults
+    task, encoding, errors = tc.task, tc.encoding, tc.encoding_errors
+    cache = Path(cache_dir or tc.cache_dir or corpus_data.default_cache_dir()).expanduser()
     recorded = meta.get("corpus_key")
-    path = data if data is not None else tc.get("data")
+    path = data if data is not None else tc.data
     if data is None and recorded:
         name = meta.get("corpus") or "corpus"
         corpus = (corpus_pairs.cached_pairs if task == "pairs" else corpus_data.cached_corpus)(cache, recorded, name)
@@ -40,7 +40,7 @@ def run_corpus(meta, data=None, cache_dir=None, run="the run", log=print):
                             "is not on this server (the file it trained on was moved or deleted, and so was its "
                             "cached copy)")
     if task == "pairs":
-        _, key, _ = corpus_pairs.pair_stream(path, tc.get("target_data"), encoding, errors)
+        _, key, _ = corpus_pairs.pair_stream(path, tc.target_data, encoding, errors)
     else:
         key = corpus_data.corpus_key(corpus_data.corpus_sources(path, encoding)[1], encoding, errors)
     if recorded and key != recorded:
@@ -49,7 +49,7 @@ def run_corpus(meta, data=None, cache_dir=None, run="the run", log=print):
                             f"with the text it trained on", "is not on this server (the file it trained on has "
                             "changed since, and its cached copy is gone)")
     if task == "pairs":
-        corpus = corpus_pairs.encode_pairs(path, tc.get("target_data"), encoding, errors, cache, log=log)
+        corpus = corpus_pairs.encode_pairs(path, tc.target_data, encoding, errors, cache, log=log)
     else:
         corpus = corpus_data.encode_corpus(path, encoding, errors, cache, log=log)
     return _same_vocab(corpus, meta, run)
@@ -85,19 +85,19 @@ def for_meta(meta, run="the run", data=None, cache_dir=None, log=print):
 
 def index_run(meta, corpus, log=print):
     """Novelty over `corpus` (run_corpus) as the run with metadata `meta` split it."""
-    tc = meta.get("train_config") or {}
-    fraction, split = tc.get("val_fraction", 0.1), None
-    if tc.get("task", "text") == "text":  # the split the run trained with (runs from before --val-split: the tail)
+    tc = meta.get("train_config") or TrainConfig(**BEFORE_THE_SETTING)  # saved without one: as the oldest runs
+    fraction, split = tc.val_fraction, None
+    if tc.task == "text":  # the split the run trained with
         from ..data import split_of
-        split = split_of(corpus.ids(), corpus.vocab, fraction, meta["model_config"].block_size, run_val_split(tc))
+        split = split_of(corpus.ids(), corpus.vocab, fraction, meta["model_config"].block_size, tc.val_split)
     return index_corpus(corpus, fraction, log=log, split=split)
 
 
 def corpus_identity(meta):
     """What decides a run's novelty index (its corpus and split), from its metadata: two checkpoints with the same
     identity share one index (the playground reloads an index when a run's checkpoint changes and this does)."""
-    tc = meta.get("train_config") or {}
+    tc = meta.get("train_config") or TrainConfig(**BEFORE_THE_SETTING)
     model = meta.get("model_config")
-    keys = ("task", "data", "target_data", "encoding", "encoding_errors", "cache_dir", "val_fraction")
-    return (meta.get("corpus_key"), tuple(str(tc.get(k)) for k in keys), str(run_val_split(tc)),
+    keys = ("task", "data", "target_data", "encoding", "encoding_errors", "cache_dir", "val_fraction", "val_split")
+    return (meta.get("corpus_key"), tuple(str(getattr(tc, k)) for k in keys),
             getattr(model, "block_size", None))

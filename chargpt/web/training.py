@@ -416,7 +416,7 @@ def saved_budget(run, max_time):
         clock = meta.get("run_state") or {}
         if max_time:
             return max_time, float(clock.get("elapsed", 0.0))
-        return (meta.get("train_config") or {}).get("max_time"), float(clock.get("budget_elapsed", 0.0))
+        return getattr(meta.get("train_config"), "max_time", None), float(clock.get("budget_elapsed", 0.0))
     except (ChargptError, TypeError, ValueError, AttributeError):
         return max_time, 0.0
 
