@@ -22,9 +22,8 @@ from tqdm import tqdm
 from .components.describe import brief_lines, start_lines
 from .components.interrupt import Aborted, SignalFlag, StopRequested
 from .components.progress import Progress
-from .components.samples import NoveltyScorer, Samples
 from .components.start import Run, start_run
-from .components.validate import Validator, eval_line, eval_record, model_inputs
+from .components.validate import eval_line, eval_record, model_inputs
 from .errors import ChargptError, Interrupted
 from .runtime import autocast
 from .schedules import finished, lr_at
@@ -39,12 +38,7 @@ class Trainer:
         self.run, self.cfg, self.state = run, run.cfg, run.state
         self.profiler = None  # a torch.profiler.profile: the loop labels its phases and steps it (chargpt.bench)
         self.signals = SignalFlag(say=run.log, distributed=run.dist.enabled)
-        self.validator = Validator(run.cfg, run.eval_period, run.eval_steps, run.state.elapsed, run.state.step,
-                                   run.model, run.batches, run.device, run.dtype, run.dist, run.budget.eval_fit,
-                                   passes=run.eval_passes)
-        novelty = NoveltyScorer(run.corpus, run.cfg.val_fraction, getattr(run.task, "split", None), run.log)
-        self.samples = Samples(run.model, run.corpus.vocab, run.device, run.cfg.sample_prompt, run.cfg.sample_chars,
-                               run.cfg.seed, novelty, run.sinks, run.log)
+        self.validator, self.samples = run.validator, run.samples
         self.last_val, self.last_scores = None, {}  # of the last evaluation (scores: exact match, chrF of pairs)
 
     def train(self):
@@ -111,7 +105,7 @@ class Trainer:
     def _forward_backward(self):
         """Gradients of one optimizer step over grad_accum micro-batches; -> their mean loss (on the device).
         With one micro-batch no averaging op is issued: small models are bound by per-op overhead."""
-        run, cfg, model, copies = self.run, self.cfg, self.run.train_model, self.run.copies
+        run, cfg, model, copies = self.run, self.cfg, self.run.wrapped.train_model, self.run.wrapped.copies
         t0, loss_sum = time.perf_counter() if self.progress.first_step_s is None else None, None
         if copies is not None:
             copies.refresh()  # the bf16 weights, once per step
@@ -131,7 +125,7 @@ class Trainer:
             if run.device.type == "cuda":
                 torch.cuda.synchronize(run.device)
             self.progress.first_step(time.perf_counter() - t0)
-            if run.compiled:
+            if run.wrapped.compiled:
                 run.log(f"torch.compile: the first step took {self.progress.first_step_s:.1f} s (compiling)")
         return loss_sum / cfg.grad_accum if cfg.grad_accum > 1 else loss_sum
 
@@ -144,7 +138,7 @@ class Trainer:
         all, and the highest signal number is every rank's exit status."""
         s, dist = self.state, self.run.dist
         self.lrs[s.step] = lr
-        if self.run.sync_every == 1:  # read every step (free on a CPU): no device-side bookkeeping needed
+        if self.run.wrapped.sync_every == 1:  # read every step (free on a CPU): no device-side bookkeeping needed
             value = loss.item()
             first_bad, self.bad_value = (s.step, value) if not math.isfinite(value) else (NO_BAD_STEP, None)
         else:
@@ -152,7 +146,7 @@ class Trainer:
             self.first_bad = torch.where(fresh, s.step, self.first_bad)
             self.bad_loss = torch.where(fresh, loss, self.bad_loss)
             ahead = s.step + 1
-            if s.step % self.run.sync_every and ahead % self.cfg.eval_interval and ahead < self.cfg.max_iters:
+            if s.step % self.run.wrapped.sync_every and ahead % self.cfg.eval_interval and ahead < self.cfg.max_iters:
                 return None, 0
             first_bad = self.first_bad.item()  # note: the host sync
             self.bad_value = None
@@ -200,7 +194,7 @@ class Trainer:
                 scaler.step(part)
             scaler.update()
             optimizer.zero_grad()
-        if s.step % self.run.sync_every == 0:
+        if s.step % self.run.wrapped.sync_every == 0:
             self.lrs.clear()
         s.step += 1
         s.evaluated = False
@@ -253,7 +247,7 @@ class Trainer:
         return {"out_dir": str(run.out_dir), "step": s.step, "best_val_loss": s.best_val, "val_loss": self.last_val,
                 "elapsed_s": elapsed, "eval_fraction": min(1.0, s.eval_time / max(elapsed, 1e-9)),
                 "stopped_by": reason, "stopped_early": reason == "patience", "chars_per_step": run.chars_per_step,
-                "chars_per_s": speed, "first_step_s": self.progress.first_step_s, "compiled": run.compiled,
+                "chars_per_s": speed, "first_step_s": self.progress.first_step_s, "compiled": run.wrapped.compiled,
                 "task": run.task.name, **self.last_scores}
 
 

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -169,8 +170,9 @@ EQUIV = dict(max_iters=4, eval_interval=1, grad_accum=2, warmup_iters=0, learnin
 def trainer_on_global_batches(out_dir, corpus, global_batch, world):
     run = start_run({**TINY_KW, **EQUIV, "batch_size": global_batch // world, "data": corpus, "out_dir": out_dir},
                     log=quiet)
-    run.batches = GlobalBatches(run, global_batch)
-    return Trainer(run)
+    batches = GlobalBatches(run, global_batch)
+    run.validator.batches = batches  # the validator evaluates on them too
+    return Trainer(replace(run, batches=batches))
 
 
 def _rank_main(rank, root):
@@ -192,7 +194,7 @@ def _rank_main(rank, root):
             syncs.append(bucket.index())
             return allreduce_hook(state, bucket)
 
-        t.run.train_model.register_comm_hook(None, counting_allreduce)
+        t.run.wrapped.train_model.register_comm_hook(None, counting_allreduce)
         t.train()
         save_file(ckpt.model_tensors(t.run.model), f"{root}/rank{rank}.safetensors")
         (Path(root) / f"syncs{rank}.json").write_text(json.dumps(syncs))

@@ -7,6 +7,7 @@ import random
 import re
 import signal
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -200,7 +201,7 @@ def test_gpu_style_periodic_check_names_the_first_nonfinite_step(tmp_path, corpu
     monkeypatch.setattr(CharGPT, "forward", nan_from_step_3)
     run = start_run({"data": "corpus.txt", "out_dir": "run", **TINY_RUN_KW, "max_iters": 30,
                      "eval_interval": 100, "learning_rate": 1e-2, "lr_schedule": "cosine"}, log=lambda msg: None)
-    run.sync_every = 10  # what a GPU does; the CPU default is every step
+    run = replace(run, wrapped=replace(run.wrapped, sync_every=10))  # what a GPU does; the CPU default: every step
     trainer = Trainer(run)
     lr_3 = 1e-3 + 0.5 * (1 + math.cos(math.pi * 3 / 30)) * 9e-3  # the rate of step 3 (step 10's is 7.75e-03)
     with pytest.raises(ChargptError, match=rf"^loss became nan at step 3 \(learning rate {lr_3:.2e}\)"):

@@ -7,7 +7,6 @@ import shutil
 import subprocess
 import sys
 import time
-import types
 from datetime import timedelta
 
 import pytest
@@ -105,11 +104,9 @@ def test_ddp_under_compile_traces_the_model_as_one_graph_with_flat_parameters(on
     torch._dynamo.reset()
     graphs.clear()
     monkeypatch.setattr(runtime, "cpp_compiler", lambda: "/usr/bin/g++")  # --compile on is checked, then mocked
-    run = types.SimpleNamespace(cfg=cfg, device=CPU, model=model, optimizer=opt, dtype=torch.float32,
-                                dist=Dist(world_size=2))  # "two processes": the group above has one
-    wrap(run)
-    assert isinstance(run.train_model, torch.nn.parallel.DistributedDataParallel) and run.compiled
-    train_steps(run.train_model)
+    wrapped = wrap(model, opt, cfg, CPU, torch.float32, Dist(world_size=2))  # "two processes": the group has one
+    assert isinstance(wrapped.train_model, torch.nn.parallel.DistributedDataParallel) and wrapped.compiled
+    train_steps(wrapped.train_model)
     assert len(graphs) == 1  # one graph, compiled once, reused by every step
     assert torch._dynamo.config.optimize_ddp is True  # changed inside chargpt's DDP only, not for the process
 

@@ -21,7 +21,7 @@ def test_a_run_is_built_in_one_call_and_its_lines_depend_on_it_alone(tmp_path, c
     try:
         assert run.out_dir.name == "run" and run.state.step == 0 and run.origin.meta is None
         assert run.mcfg.vocab_size == len(run.corpus.vocab) == run.distinct
-        assert run.chars_per_step == 4 * 16 and run.train_model is run.model  # eager, one process
+        assert run.chars_per_step == 4 * 16 and run.wrapped.train_model is run.model  # eager, one process
         first, again = start_lines(run), start_lines(run)
         assert first == again  # no line is added by saying them
         assert first[0].startswith("corpus: corpus — ") and any(line.startswith("model: ") for line in first)

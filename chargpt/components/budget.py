@@ -1,7 +1,7 @@
 """How a time budget (--max-time) is spent: on training, at the speed the run was sized for, with a warm-up and a
 decay that fit it, and with evaluation kept to its share.
 
-    run.budget = for_run(run, settings.given(), step_s)   # start-up: warm-up share, warnings, the two below
+    budget = fit(cfg, state, step_s, period, chars_per_batch, log, fit_warmup, fit_iters)   # start-up: the two below
     Pace        the speed the run actually trains at, against the probe's (sizing.py): said once if far off
     EvalFit     after the first evaluation: fewer evaluations, or fewer batches each, where evaluating at the
                 preset's cadence would cost more than EVAL_SHARE of the budget
@@ -39,14 +39,14 @@ class Budget:
     eval_fit: "EvalFit | None" = None
 
 
-def for_run(run, given, step_s=None):
-    """-> the Budget of a Run (components/start.py) whose settings `given` came from a flag or a config file;
-    step_s: the probe's seconds a step, where the model that trains is the one it measured. A new run (or one
-    started --init-from) with a time budget whose warm-up nobody chose warms up over a share of it
-    (schedules.py: the share is saved with the run's state)."""
-    cfg, s = run.cfg, run.state
+def fit(cfg, s, step_s, eval_period, chars_per_batch, log, fit_warmup=False, fit_iters=False):
+    """-> the Budget of a run with settings `cfg` and state `s` (components/start.py), evaluated every eval_period
+    seconds (None: by steps) on batches of chars_per_batch characters; step_s: the probe's seconds a step, where the
+    model that trains is the one it measured (else None). fit_warmup: a new run (or one started --init-from) whose
+    warm-up nobody chose, which with a time budget warms up over a share of it (schedules.py: the share is saved
+    with the run's state); fit_iters: whether evaluation may also take fewer batches (nobody chose them)."""
     timed = bool(cfg.max_time) and cfg.lr_schedule != "inverse-sqrt"
-    if timed and run.origin.meta is None and "warmup_iters" not in given:
+    if timed and fit_warmup:
         s.warmup_s = WARMUP_SHARE * cfg.max_time
     expected = min(cfg.max_iters, cfg.max_time / step_s) if step_s and cfg.max_time else None
     warning = decay_warning(cfg, s, expected)
@@ -57,10 +57,9 @@ def for_run(run, given, step_s=None):
                                f"{param('warmup_iters')} N for N steps instead")
     warming = timed and s.warmup_s is None and s.budget_lr is None and s.step < warmup_steps(cfg, s)
     if cfg.max_time and (step_s or (warming and not warning)):
-        budget.pace = Pace(cfg.max_time, run.log, step_s, warmup_steps(cfg, s) if warming and not warning else None)
-    if run.eval_period is not None:
-        budget.eval_fit = EvalFit(cfg.max_time, run.chars_per_step / cfg.grad_accum, run.log,
-                                  fit_iters=run.origin.meta is None and "eval_iters" not in given)
+        budget.pace = Pace(cfg.max_time, log, step_s, warmup_steps(cfg, s) if warming and not warning else None)
+    if eval_period is not None:
+        budget.eval_fit = EvalFit(cfg.max_time, chars_per_batch, log, fit_iters=fit_iters)
     return budget
 
 

@@ -27,8 +27,8 @@ def start_lines(run):
              + (" (built-in default: the Python help topics from pydoc_data; pass --data FILE for your own text)"
                 if cfg.data is None else f" ({cfg.data})"),
              f"device: {run.device}, {run.dtype_reason}" + (f", {run.threads} threads" if run.threads else "")
-             + (f", {dist.world_size} processes" if dist.enabled else "") + f"; {run.compile_reason}",
-             describe_numerics(run.dtype, cfg.optimizer, copies=run.copies is not None),
+             + (f", {dist.world_size} processes" if dist.enabled else "") + f"; {run.wrapped.compile_reason}",
+             describe_numerics(run.dtype, cfg.optimizer, copies=run.wrapped.copies is not None),
              *run.settings.describe(), *run.sizing_lines]
     if cfg.optimizer == "muon":
         lines.append(f"optimizer: Muon (lr {cfg.muon_lr:g}, momentum {cfg.muon_momentum:g}) for the block matrices, "
@@ -45,17 +45,17 @@ def start_lines(run):
         default = origin.meta is None and str(run.settings.source("max_time")).startswith("preset ")
         lines.append(f"budget: {describe_budget(cfg, run.state)}" + (f" (the default of --preset {cfg.preset}; "
                      f"--max-time SECONDS or --max-iters N for another)" if default else ""))
-    if run.budget is not None:  # a warm-up or decay the budget cannot reach (components/budget.py)
-        lines += run.budget.lines
-    passes = (f", and after {PASSES_PER_EVAL} passes over the training text ({run.eval_passes:,} steps) where "
+    lines += run.budget.lines  # a warm-up or decay the budget cannot reach (components/budget.py)
+    period, steps, every = run.validator.period, run.validator.steps, run.validator.passes  # period None: by steps
+    passes = (f", and after {PASSES_PER_EVAL} passes over the training text ({every:,} steps) where "
               f"evaluation's share of the budget allows, so a small text's best checkpoint is not missed"
-              if run.eval_passes and run.eval_passes * FAST_STEP_S < run.eval_period else "")  # None: no period
-    if run.eval_period and run.eval_steps:
-        lines.append(f"evaluating every {run.eval_steps:,} steps or {seconds(run.eval_period)} of training, whichever "
+              if every and every * FAST_STEP_S < period else "")
+    if period and steps:
+        lines.append(f"evaluating every {steps:,} steps or {seconds(period)} of training, whichever "
                      f"comes first (1/{EVALS_PER_BUDGET} of the budget){passes}; --eval-interval N to evaluate every "
                      f"N steps instead")
-    elif run.eval_period:
-        lines.append(f"evaluating every {run.eval_period:.3g} s of training (1/{EVALS_PER_BUDGET} of --max-time)"
+    elif period:
+        lines.append(f"evaluating every {period:.3g} s of training (1/{EVALS_PER_BUDGET} of --max-time)"
                      f"{passes}; --eval-interval N to evaluate every N steps instead")
     if cfg.curves and dist.is_main and (note := curves_note()):  # without matplotlib: said once, not silence
         lines.append(note)

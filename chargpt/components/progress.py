@@ -69,9 +69,9 @@ class Progress:
     @classmethod
     def of(cls, run):
         """The progress of a session of `run` (components/start.Run)."""
-        s, budget = run.state, run.budget
+        s = run.state
         return cls(s.step, s.elapsed, run.cfg.max_iters, run.chars_per_step, show=run.dist.is_main,
-                   pace=budget.pace if budget is not None else None)
+                   pace=run.budget.pace)
 
     def clock(self):
         """The run's training clock now: seconds over all its sessions (evaluations included)."""

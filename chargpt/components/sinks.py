@@ -52,6 +52,10 @@ class Sinks:
     def __init__(self, sinks=()):
         self.sinks = list(sinks)
 
+    def add(self, sinks):
+        """More sinks, after those already there (the trackers, which start once the Run they read is made)."""
+        self.sinks.extend(sinks)
+
     def write(self, kind, record):
         for sink in self.sinks:
             sink.write(kind, record)

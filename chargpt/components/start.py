@@ -45,12 +45,14 @@ from ..settings import FLAGS, HARDWARE, Settings, init_settings, new_run_setting
 from ..tasks import make_task
 from ..tokenizer import MAX_CODEPOINT, describe_chars
 from . import trackers
-from .budget import for_run as fit_budget
+from .budget import Budget
+from .budget import fit as fit_budget
 from .checkpointer import Checkpointer, restore
 from .overfit import OverfitWatch, history_of
-from .sinks import LogFile, make_sinks
+from .samples import NoveltyScorer, Samples
+from .sinks import LogFile, Sinks, make_sinks
 from .state import RunState, resumed_state
-from .validate import eval_period, eval_steps, pass_steps, per_byte
+from .validate import Validator, eval_period, eval_steps, pass_steps, per_byte
 
 GPU_SYNC_EVERY = 10  # steps between the host syncs that read the stop flags on a GPU (every step on a CPU)
 
@@ -108,10 +110,22 @@ def origin_of(given, settings: Settings, device_type, out_dir):
     return Origin(model_kw, cfg, RunState())
 
 
-@dataclass
+@dataclass(frozen=True)
+class Wrapped:
+    """The model as the training step calls it: compiled and/or wrapped for DDP (wrap)."""
+    train_model: torch.nn.Module
+    compiled: bool
+    compile_reason: str
+    sync_every: int  # steps between host reads of the stop flags
+    copies: object  # flat.LowPrecisionCopies (the bf16 weights a CPU's forward reads), or None
+
+
+@dataclass(frozen=True)
 class Run:
-    """What a training run is made of, as start_run built it: the Trainer's one input. `model` is the plain
-    module (saved, evaluated, sampled); `train_model` is what the training step calls (compiled and/or DDP)."""
+    """What a training run is made of, built whole by start_run before the first step: the Trainer's one input.
+    `model` is the plain module (saved, evaluated, sampled); `wrapped.train_model` is what the training step calls
+    (compiled and/or DDP). The parts the loop calls (validator, samples, checkpointer, sinks) come made; what
+    changes as it trains is in `state` and in those parts, never in the Run's fields."""
     settings: Settings
     origin: Origin
     dist: Dist
@@ -133,21 +147,16 @@ class Run:
     optimizer: object  # optim.Optimizers
     scaler: torch.amp.GradScaler
     data_gen: torch.Generator
-    train_model: torch.nn.Module = None
-    compiled: bool = False
-    compile_reason: str = ""
-    copies: object = None  # flat.LowPrecisionCopies, or None
-    sync_every: int = 1  # steps between host reads of the stop flags
-    eval_period: float | None = None  # seconds between evaluations by the clock, or None (by steps)
-    eval_steps: int | None = None  # with eval_period: also every this many steps (a step cap may end the run first)
-    eval_passes: int | None = None  # with eval_period: also every this many steps (passes over a small text)
-    bytes_per_char: dict = None  # {"train": b, "val": b}: UTF-8 bytes per character of each split (bits per byte)
-    budget: object = None  # components/budget.Budget: the warm-up, speed and evaluation fitted to a time budget
-    checkpointer: Checkpointer = None
-    sinks: object = None  # sinks.Sinks
-    log: object = print  # log(line, show=True): a line shown on rank 0 and kept in the run's train.log
-    logfile: LogFile = None
-    run_dir: rundir.RunDir | None = None  # rank 0's lock on out_dir, until release()
+    wrapped: Wrapped
+    bytes_per_char: dict  # {"train": b, "val": b}: UTF-8 bytes per character of each split (bits per byte)
+    budget: Budget  # the warm-up, speed and evaluation fitted to a time budget
+    validator: Validator  # when to evaluate, and the evaluation
+    checkpointer: Checkpointer
+    sinks: Sinks
+    samples: Samples  # the samples written while training (--sample-every) and at the end
+    log: object  # log(line, show=True): a line shown on rank 0 and kept in the run's train.log
+    logfile: LogFile
+    run_dir: rundir.RunDir | None  # rank 0's lock on out_dir, until release()
 
     def hardware(self):
         """The hardware settings in effect (saved with each checkpoint, to say on --resume what changed)."""
@@ -155,10 +164,9 @@ class Run:
 
     def release(self):
         """Give the run directory up (rank 0): unlock it, and remove it if this start created it and nothing was
-        saved in it."""
+        saved in it. Again, it does nothing more."""
         if self.run_dir is not None:
             self.run_dir.release()
-            self.run_dir = None
 
 
 def hardware(device, dtype, threads, cfg):
@@ -188,9 +196,7 @@ def start_run(overrides, log=print, sinks=()) -> Run:
             logfile.line(message)
 
     try:
-        run = _build(settings, given, dist, device, say, claimed, sinks, logfile)
-        run.logfile = logfile
-        return run
+        return _build(settings, given, dist, device, say, claimed, sinks, logfile)
     except BaseException:
         if claimed:
             claimed[0].release()  # a failed start leaves no lock and no empty run directory behind
@@ -245,34 +251,41 @@ def _build(settings, given, dist, device, log, claimed, extra_sinks, logfile):
     model, optimizer, scaler, data_gen = build(mcfg, cfg, device, dtype, dist, origin.load_base)
     if counts is not None:  # a new run's adaptive softmax ranks the characters by their use in the text
         model.lm_head.set_frequencies(counts)
-    run = Run(settings=settings, origin=origin, dist=dist, device=device, dtype=dtype, dtype_reason=dtype_reason,
-              threads=threads, out_dir=out_dir, cfg=cfg, mcfg=mcfg, state=origin.state, task=task, corpus=corpus,
-              distinct=distinct, sizing_lines=sizing_lines, batches=batches, chars_per_step=chars_per_step,
-              model=model, optimizer=optimizer, scaler=scaler, data_gen=data_gen, log=log,
-              run_dir=claimed[0] if claimed else None)
+    state = origin.state
     if origin.meta is not None:
-        restore(out_dir, origin.meta, run.model, run.optimizer, run.scaler, run.data_gen, device, dist, cfg.seed,
-                run.state.step)
-    wrap(run)
-    run.eval_period = eval_period(cfg, settings.source("eval_interval"))  # None: by steps alone
-    run.eval_steps = eval_steps(cfg, run.eval_period, run.state.budget_step)
-    run.eval_passes = pass_steps(run.eval_period, int(corpus.length * (1 - cfg.val_fraction)), chars_per_step)
-    run.budget = fit_budget(run, settings.given(), step_s)
-    run.bytes_per_char = per_byte(corpus, batches)
-    about = dict(corpus=corpus.name, corpus_key=corpus.key, hardware=run.hardware(), world_size=dist.world_size,
-                 chars_per_step=chars_per_step, corpus_chars=corpus.length,  # for model cards; the key: novelty
-                 closing_prompt=getattr(task, "closing_prompt", None))  # the playground's "Write a sample"
+        restore(out_dir, origin.meta, model, optimizer, scaler, data_gen, device, dist, cfg.seed, state.step)
+    wrapped = wrap(model, optimizer, cfg, device, dtype, dist)
+    period = eval_period(cfg, settings.source("eval_interval"))  # None: by steps alone
+    fresh, chosen = origin.meta is None, settings.given()  # a new run fits what the user did not choose
+    budget = fit_budget(cfg, state, step_s, period, chars_per_step / cfg.grad_accum, log,
+                        fit_warmup=fresh and "warmup_iters" not in chosen,
+                        fit_iters=fresh and "eval_iters" not in chosen)
+    validator = Validator(cfg, period, eval_steps(cfg, period, state.budget_step), state.elapsed, state.step, model,
+                          batches, device, dtype, dist, budget.eval_fit,
+                          passes=pass_steps(period, int(corpus.length * (1 - cfg.val_fraction)), chars_per_step))
+    about = dict(corpus=corpus.name, corpus_key=corpus.key, hardware=hardware(device, dtype, threads, cfg),
+                 world_size=dist.world_size, chars_per_step=chars_per_step, corpus_chars=corpus.length,  # model cards;
+                 closing_prompt=getattr(task, "closing_prompt", None))  # the key: novelty; the playground's prompt
     if getattr(task, "labels", None) is not None:  # --labels: each label's character (chargpt/labels.py)
         about["labels"] = task.labels.to_meta()
     if origin.lineage:  # the run this one started from (--init-from)
         about[init_from.LINEAGE] = origin.lineage
-    run.checkpointer = Checkpointer(out_dir, dist, run.model, run.optimizer, run.scaler, run.data_gen, device,
-                                    corpus.vocab, mcfg, cfg, about)
-    opened = []  # --log-to's trackers (rank 0's)
-    _rank0_decides(lambda: opened.extend(trackers.start(run, log)), dist)
-    overfit = OverfitWatch(log, cfg.patience, history_of(out_dir, run.state.step) if origin.meta and dist.is_main
+    checkpointer = Checkpointer(out_dir, dist, model, optimizer, scaler, data_gen, device, corpus.vocab, mcfg, cfg,
+                                about)
+    overfit = OverfitWatch(log, cfg.patience, history_of(out_dir, state.step) if origin.meta and dist.is_main
                            else ())  # says once a run that validation rose as training fell
-    run.sinks = make_sinks(out_dir, dist.is_main, [*extra_sinks, *opened, overfit])
+    sinks = make_sinks(out_dir, dist.is_main, [*extra_sinks, overfit])
+    novelty = NoveltyScorer(corpus, cfg.val_fraction, getattr(task, "split", None), log)
+    samples = Samples(model, corpus.vocab, device, cfg.sample_prompt, cfg.sample_chars, cfg.seed, novelty, sinks, log)
+    run = Run(settings=settings, origin=origin, dist=dist, device=device, dtype=dtype, dtype_reason=dtype_reason,
+              threads=threads, out_dir=out_dir, cfg=cfg, mcfg=mcfg, state=state, task=task, corpus=corpus,
+              distinct=distinct, sizing_lines=sizing_lines, batches=batches, chars_per_step=chars_per_step,
+              model=model, optimizer=optimizer, scaler=scaler, data_gen=data_gen, wrapped=wrapped,
+              bytes_per_char=per_byte(corpus, batches), budget=budget, validator=validator, checkpointer=checkpointer,
+              sinks=sinks, samples=samples, log=log, logfile=logfile, run_dir=claimed[0] if claimed else None)
+    opened = []  # --log-to's trackers (rank 0's), last: they read the run whole, and join its sinks
+    _rank0_decides(lambda: opened.extend(trackers.start(run, log)), dist)
+    sinks.add(opened)
     return run
 
 
@@ -408,14 +421,14 @@ def build(mcfg, cfg, device, dtype, dist, init=lambda model: None):
     return model, optimizer, scaler, data_gen
 
 
-def wrap(run: Run):
-    """What the loop calls: the model, compiled and/or wrapped for DDP (run.model stays the plain one); how often
-    the host reads the stop flags; the bf16 weight copies the forward reads on a CPU."""
-    run.compiled, run.compile_reason = pick_compile(run.cfg.compile, run.device, run.dtype, run.cfg.max_time)
-    run.train_model = torch.compile(run.model) if run.compiled else run.model
-    if run.dist.enabled:
-        run.train_model = ddp(run.train_model, run.device)  # one graph when compiled; its options are rules
+def wrap(model, optimizer, cfg, device, dtype, dist) -> Wrapped:
+    """What the loop calls: the model, compiled and/or wrapped for DDP (the plain one stays the Run's `model`); how
+    often the host reads the stop flags; the bf16 weight copies the forward reads on a CPU."""
+    compiled, reason = pick_compile(cfg.compile, device, dtype, cfg.max_time)
+    train_model = torch.compile(model) if compiled else model
+    if dist.enabled:
+        train_model = ddp(train_model, device)  # one graph when compiled; its options are rules
     # every sync_every steps the host reads whether to stop (a sync: free on a CPU, a stall on a GPU)
-    run.sync_every = 1 if run.device.type == "cpu" or run.cfg.skip_nonfinite else GPU_SYNC_EVERY
-    run.copies = low_precision_copies(run.model, run.optimizer, run.device, run.dtype,
-                                      run.compiled or run.dist.enabled)
+    sync_every = 1 if device.type == "cpu" or cfg.skip_nonfinite else GPU_SYNC_EVERY
+    copies = low_precision_copies(model, optimizer, device, dtype, compiled or dist.enabled)
+    return Wrapped(train_model, compiled, reason, sync_every, copies)
