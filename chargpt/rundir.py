@@ -41,6 +41,7 @@ CLAIM_WAIT = 0.3  # seconds a claim retries a held lock: rides over lock_holder(
 CONFIG, SAMPLES = "config.toml", "samples.jsonl"
 LOSSES = "train_loss.jsonl"  # the running training loss, every few steps: the dense curve between evaluations
 LOG = "train.log"  # every line a run said, its start-up in full, over all its sessions
+STATUS = "status.json"  # how the run's training is going, and how its last session ended (components/sinks.py)
 RUN_FILES = (STATE, LATEST, BEST)
 DEFAULT_ROOT = Path("checkpoints")
 

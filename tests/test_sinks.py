@@ -6,7 +6,7 @@ import json
 import pytest
 
 import chargpt
-from chargpt.rundir import LOSSES, METRICS, SAMPLES
+from chargpt.rundir import LOSSES, METRICS, SAMPLES, STATUS
 
 TINY_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=1, dropout=0.0,
                threads=1, dtype="float32", curves=False, sample_chars=8, sample_every=10, eval_interval=10)
@@ -47,3 +47,28 @@ def test_a_logger_is_closed_when_the_run_fails(tmp_path, corpus):
         chargpt.train(data=str(corpus), out_dir="run", max_iters=20, learning_rate=1e6, log=lambda m: None,
                       sinks=[sink], **{**TINY_KW, "optimizer": "adamw", "warmup_iters": 0, "grad_clip": 0.0})
     assert sink.closed == 1
+
+
+def status(run_dir):
+    return json.loads((run_dir / STATUS).read_text(encoding="utf-8"))
+
+
+def test_the_run_says_how_it_goes_and_how_it_ended_in_status_json(tmp_path, corpus):
+    """What the playground reads to follow a training it started (not the log's text): the last step exactly (the
+    running-loss rows come every 10 steps), the characters a step, and how the session ended."""
+    chargpt.train(data=str(corpus), out_dir="run", max_iters=13, log=lambda m: None, **TINY_KW)
+    done = status(tmp_path / "run")
+    assert (done["state"], done["step"], done["error"]) == ("finished", 13, None)
+    assert done["chars_per_step"] == 4 * 16 and done["max_iters"] == 13 and done["elapsed_s"] > 0
+    assert lines(tmp_path / "run" / LOSSES)[-1]["step"] < 13  # what the rows alone would have said
+    with pytest.raises(chargpt.ChargptError, match="loss became"):
+        chargpt.train(data=str(corpus), out_dir="bad", max_iters=40, learning_rate=1e6, log=lambda m: None,
+                      **{**TINY_KW, "optimizer": "adamw", "warmup_iters": 0, "grad_clip": 0.0})
+    failed = status(tmp_path / "bad")
+    assert failed["state"] == "failed" and failed["error"].startswith("loss became") and "\n" not in failed["error"]
+
+
+def test_a_start_that_fails_writes_no_status(tmp_path, corpus):
+    with pytest.raises(chargpt.ChargptError):
+        chargpt.train(data=str(corpus), out_dir="run", max_iters=2, log_to="nonsense", log=lambda m: None, **TINY_KW)
+    assert not (tmp_path / "run").exists()  # the new run directory is gone again, empty

@@ -5,6 +5,7 @@ restarted server that finds the training, stop (saved), resume (the same run goe
 lines. Three child processes in all, each paying torch's import."""
 
 import contextlib
+import json
 import os
 import sys
 import time
@@ -212,3 +213,27 @@ def test_a_crashed_training_is_reported_with_its_last_lines(client, place):
     assert (t["state"], t["exit_code"]) == ("crashed", 1)
     assert t["error"].startswith("error: the validation split is empty") and t["error"] in t["log"]
     assert not t["resumable"] and not (place[1] / "short").exists()  # a failed start leaves no run directory
+
+
+def test_how_a_training_went_is_read_from_what_the_run_wrote(tmp_path):
+    """status.json (written by the run) says how a session ended and its last step: no log text is parsed, and a
+    status a killed training left ('training') means it crashed, or stopped when a stop was asked for."""
+    from chargpt.web.training import how_it_ended, progress, run_status
+    run = tmp_path / "run"
+    run.mkdir()
+    assert run_status(run) is None and how_it_ended(None, False, None) == "crashed"  # it never trained a step
+    said = {"state": "finished", "step": 273, "elapsed_s": 29.5, "chars_per_step": 64, "max_time": 30.0,
+            "max_iters": 10**12, "budget_elapsed_s": 0.0, "error": None, "updated": 1.0}
+    (run / "status.json").write_text(json.dumps(said), encoding="utf-8")
+    status = run_status(run)
+    assert how_it_ended(None, False, status) == "finished" and how_it_ended(143, True, status) == "stopped"
+    rows = [{"step": s, "elapsed_s": s / 10} for s in (231, 241, 251, 261, 271)]  # every 10 steps: 271 the last
+    shown = progress(rows, status, 30.0, 0.0)
+    assert shown["step"] == 273 and shown["chars_per_s"] == pytest.approx(640) and 0 <= shown["left_s"] <= 30
+    assert progress([], None, 30.0, 0.0)["left_s"] == 30.0  # nothing trained yet: all of it, never more
+    for killed in ({**said, "state": "training"}, {**said, "state": "failed", "error": "loss became nan"}):
+        (run / "status.json").write_text(json.dumps(killed), encoding="utf-8")
+        assert how_it_ended(None, False, run_status(run)) == "crashed"
+    assert how_it_ended(None, True, {**said, "state": "training"}) == "stopped"
+    (run / "status.json").write_text('{"state": "finished", "step": "lots"}', encoding="utf-8")
+    assert run_status(run) is None  # not one chargpt wrote

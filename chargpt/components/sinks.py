@@ -7,16 +7,24 @@
     "sample"  a sample written while training: step, prompt, text (and its novelty summary)
 
 RunFiles, the sink every run has, appends them to the run directory's train_loss.jsonl, metrics.jsonl and
-samples.jsonl, which `chargpt info`, `chargpt plot` and the playground read. A logger for another tool is one more
-class with the same two methods, passed to chargpt.train(sinks=[...]) or made at start from a setting (--log-to:
-TensorBoard, W&B and MLflow, components/trackers.py); the loop does not change. Sinks are called on rank 0 only,
-between steps: a slow one slows training, so one that talks to a network should queue and return.
+samples.jsonl, which `chargpt info`, `chargpt plot` and the playground read; RunStatus keeps status.json current (the
+step, the clock and, once a session ends, how), which the playground reads to follow a training it started. A
+logger for another tool is one more class with the same two methods, passed to chargpt.train(sinks=[...]) or made
+at start from a setting (--log-to: TensorBoard, W&B and MLflow, components/trackers.py); the loop does not change.
+Sinks are called on rank 0 only, between steps: a slow one slows training, so one that talks to a network should
+queue and return.
 """
 
+import json
+import sys
+import time
 from typing import Protocol
 
 from .. import rundir
-from ..rundir import LOG, LOSSES, METRICS, SAMPLES
+from ..errors import Interrupted
+from ..rundir import LOG, LOSSES, METRICS, SAMPLES, STATUS
+
+STATUS_EVERY_S = 1.0  # status.json is rewritten at most this often while training (and always at the end)
 
 
 class Sink(Protocol):
@@ -45,6 +53,45 @@ class RunFiles:
         pass
 
 
+def ending(before=None):
+    """How the run is ending, as a sink's close() is called (in the loop's `finally`, so an exception on its way out
+    is sys.exc_info()'s): "finished", "stopped" (a signal; the run was saved) or "failed". `before`: the exception
+    being handled when the run started (chargpt.train called in an `except` block), which is not the run's."""
+    error = sys.exc_info()[1]
+    if error is None or error is before:
+        return "finished"
+    return "stopped" if isinstance(error, (Interrupted, KeyboardInterrupt)) else "failed"
+
+
+class RunStatus:
+    """RUN/status.json, rewritten atomically: {"state": "training" | "finished" | "stopped" | "failed", "step",
+    "elapsed_s" (the run's training clock), "chars_per_step", "max_time", "max_iters", "budget_elapsed_s" (the
+    clock where this session's budget began), "error" (a failed session's one line), "updated"}. The run says how it
+    is going and how it ended, so a watcher (the playground) need not read it from the log's text. `state`: the
+    run's RunState, whose step and clock close() reads (the last "train" record may be a few steps behind)."""
+
+    def __init__(self, out_dir, state, chars_per_step, cfg):
+        self.path, self.state, self.last = out_dir / STATUS, state, 0.0
+        self.fixed = {"chars_per_step": chars_per_step, "max_time": cfg.max_time, "max_iters": cfg.max_iters,
+                      "budget_elapsed_s": state.budget_elapsed}
+        self.before = sys.exc_info()[1]  # see ending()
+
+    def put(self, how, step, elapsed, error=None):
+        record = {"state": how, "step": step, "elapsed_s": elapsed, **self.fixed, "error": error,
+                  "updated": time.time()}
+        rundir.write_text_atomic(self.path, json.dumps(record))  # the first at the first record: a start that
+        self.last = time.perf_counter()                           # fails leaves its new run directory empty
+
+    def write(self, kind, record):
+        if kind == "train" and time.perf_counter() - self.last >= STATUS_EVERY_S:
+            self.put("training", record["step"], record["elapsed_s"])
+
+    def close(self):
+        how, error = ending(self.before), sys.exc_info()[1]
+        self.put(how, self.state.step, self.state.elapsed, str(error).splitlines()[0][:500] if how == "failed" and
+                 str(error) else None)
+
+
 class Sinks:
     """The run's sinks as one: each record goes to every sink, in order (RunFiles first). Empty on ranks other
     than 0."""
@@ -65,9 +112,10 @@ class Sinks:
             sink.close()
 
 
-def make_sinks(out_dir, is_main, extra=()):
-    """The sinks of a run: its own files, then `extra` (objects with write and close), on rank 0; none elsewhere."""
-    return Sinks([RunFiles(out_dir), *extra] if is_main else [])
+def make_sinks(out_dir, is_main, extra=(), status=None):
+    """The sinks of a run: its own files (and `status`, a RunStatus), then `extra` (objects with write and close), on
+    rank 0; none elsewhere."""
+    return Sinks([RunFiles(out_dir), *([status] if status else []), *extra] if is_main else [])
 
 
 class LogFile:

@@ -50,7 +50,7 @@ from .budget import fit as fit_budget
 from .checkpointer import Checkpointer, restore
 from .overfit import OverfitWatch, history_of
 from .samples import NoveltyScorer, Samples
-from .sinks import LogFile, Sinks, make_sinks
+from .sinks import LogFile, RunStatus, Sinks, make_sinks
 from .state import RunState, resumed_state
 from .validate import Validator, eval_period, eval_steps, pass_steps, per_byte
 
@@ -274,7 +274,8 @@ def _build(settings, given, dist, device, log, claimed, extra_sinks, logfile):
                                 about)
     overfit = OverfitWatch(log, cfg.patience, history_of(out_dir, state.step) if origin.meta and dist.is_main
                            else ())  # says once a run that validation rose as training fell
-    sinks = make_sinks(out_dir, dist.is_main, [*extra_sinks, overfit])
+    status = RunStatus(out_dir, state, chars_per_step, cfg) if dist.is_main else None  # status.json: the watchers'
+    sinks = make_sinks(out_dir, dist.is_main, [*extra_sinks, overfit], status)
     novelty = NoveltyScorer(corpus, cfg.val_fraction, getattr(task, "split", None), log)
     samples = Samples(model, corpus.vocab, device, cfg.sample_prompt, cfg.sample_chars, cfg.seed, novelty, sinks, log)
     run = Run(settings=settings, origin=origin, dist=dist, device=device, dtype=dtype, dtype_reason=dtype_reason,

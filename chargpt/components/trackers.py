@@ -28,8 +28,9 @@ from dataclasses import asdict
 
 from .. import rundir
 from ..config import tracker_names
-from ..errors import ChargptError, ConfigError, Interrupted
+from ..errors import ChargptError, ConfigError
 from ..flags import param
+from .sinks import ending
 
 STATE_FILE = "trackers.json"  # {tracker: what continues its run on --resume}
 STATE_BYTES = 1 << 16
@@ -142,16 +143,6 @@ def metrics(kind, record, speed=None):
 def settings_of(run):
     """The run's settings for a tracker: {"model": {...}, "train": {...}}."""
     return {"model": asdict(run.mcfg), "train": asdict(run.cfg)}
-
-
-def ending(before=None):
-    """How the run is ending, as close() is called (in the loop's `finally`, so an exception on its way out is
-    sys.exc_info()'s): "finished", "stopped" (a signal; the run was saved) or "failed". `before`: the exception
-    being handled when the run started (chargpt.train called in an `except` block), which is not the run's."""
-    error = sys.exc_info()[1]
-    if error is None or error is before:
-        return "finished"
-    return "stopped" if isinstance(error, (Interrupted, KeyboardInterrupt)) else "failed"
 
 
 def sample_text(record):

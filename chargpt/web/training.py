@@ -35,8 +35,7 @@ from ..config import PRESETS
 from ..data import DEFAULT_CORPUS_NAME
 from ..errors import ChargptError
 from ..platforms import WINDOWS, pid_alive, portable_name
-from ..rundir import LOSSES, SAMPLES, STATE, lock_holder, write_atomic, write_text_atomic
-from ..settings import read_config_file
+from ..rundir import LOSSES, SAMPLES, STATE, STATUS, lock_holder, write_atomic, write_text_atomic
 from .body import RequestError
 from .limits import MAX_CORPORA_LISTED, MAX_NAME_CHARS, MAX_UPLOAD_FOLDER_BYTES, TRAIN_LOG_LINES, TRAIN_SAMPLES
 
@@ -225,7 +224,7 @@ class Trainings:
         else:
             code = None  # a training found on start-up has ended: its output says how
         rec.update(exit_code=code, ended=time.time(), state=how_it_ended(code, rec["stop_requested"],
-                                                                        log_lines(Path(rec["output"]))))
+                                                                        run_status(rec["out_dir"])))
         self._save_record()
         return rec
 
@@ -251,17 +250,15 @@ class Trainings:
         if rec is None:
             return {"training": None}
         out_dir, output = Path(rec["out_dir"]), Path(rec["output"])
-        lines = log_lines(output)
+        lines, status = log_lines(output), run_status(out_dir)
         running = rec["state"] in ("running", "stopping")
         shown = {k: rec[k] for k in ("run", "pid", "state", "exit_code", "started", "ended", "stop_requested",
                                      "budget")}
         return {"training": {
             **shown, "startup": startup_lines(output), "log": lines[-TRAIN_LOG_LINES:],
-            "error": next((ln for ln in reversed(lines) if ln.startswith("error:")), None)
-            if rec["state"] == "crashed" else None,
+            "error": crash_line(status, lines) if rec["state"] == "crashed" else None,
             "samples": read_tail_rows(out_dir / SAMPLES)[-TRAIN_SAMPLES:],
-            "progress": progress(read_tail_rows(out_dir / LOSSES), chars_per_step(out_dir), rec["budget"],
-                                 rec["budget_start"]),
+            "progress": progress(read_tail_rows(out_dir / LOSSES), status, rec["budget"], rec["budget_start"]),
             "resumable": not running and (out_dir / STATE).is_file()}}
 
     # --- the record -------------------------------------------------------------------------------------------
@@ -324,17 +321,40 @@ def as_flags(options):
     return [part for k, v in options.items() if v is not None for part in ("--" + k.replace("_", "-"), str(v))]
 
 
-def how_it_ended(code, stop_requested, lines):
+def how_it_ended(code, stop_requested, status):
     """finished, stopped (saved by a signal) or crashed, from the exit code; without one (the training ended while
-    no server watched it), from its last lines."""
+    no server watched it), from what the run said of its session's end (status.json: run_status). A run that says
+    it is still training has been killed (stopped, if a stop was asked for); so has one that never trained a step."""
     if code is not None:
         return "finished" if code == 0 else "stopped" if code in STOP_CODES else "crashed"
-    last = next((ln for ln in reversed(lines) if not ln.startswith("more with:")), "")
-    if last.startswith("error:"):
-        return "crashed"
-    if last.startswith(("interrupted", "stopped")) or stop_requested:
-        return "stopped"
-    return "finished" if any(ln.startswith("done:") for ln in lines) else "crashed"
+    said = (status or {}).get("state")
+    if said in ("finished", "stopped"):
+        return said
+    return "stopped" if stop_requested and said != "failed" else "crashed"
+
+
+def run_status(out_dir):
+    """The run's status.json (components/sinks.RunStatus: how its training goes and how its session ended), if it
+    is one; else None (no step trained yet, or not a file chargpt wrote)."""
+    try:
+        with open(Path(out_dir) / STATUS, "rb") as f:
+            rec = json.loads(f.read(TAIL_BYTES).decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    numbers = ("elapsed_s", "chars_per_step", "budget_elapsed_s")
+    ok = isinstance(rec, dict) and rec.get("state") in ("training", "finished", "stopped", "failed") \
+        and isinstance(rec.get("step"), int) and not isinstance(rec["step"], bool) \
+        and all(isinstance(rec.get(k), (int, float)) and not isinstance(rec[k], bool) for k in numbers) \
+        and isinstance(rec.get("error"), (str, type(None)))
+    return rec if ok else None
+
+
+def crash_line(status, lines):
+    """The one line a crashed training ended with: the run's own (status.json), or, for a training that failed
+    before it trained a step (its settings, its corpus), the error line it printed."""
+    if status is not None and status["error"]:
+        return f"error: {status['error']}"
+    return next((ln for ln in reversed(lines) if ln.startswith("error:")), None)
 
 
 def read_tail(path, size=TAIL_BYTES):
@@ -386,25 +406,20 @@ def read_tail_rows(path):
     return rows
 
 
-def chars_per_step(out_dir):
-    """Characters a step trains on, from the run's config.toml (written with its first save), or None."""
-    try:
-        cfg = read_config_file(Path(out_dir) / "config.toml")
-        return cfg.get("block_size", 0) * cfg.get("batch_size", 0) * cfg.get("grad_accum", 1) or None
-    except (ChargptError, TypeError):
-        return None
-
-
-def progress(rows, per_step, budget, budget_start):
-    """From the running-loss rows (train_loss.jsonl: step, elapsed_s every few steps): the step, the speed over the
-    last few rows, and the seconds of the time budget left."""
-    if not rows:
-        return {"step": 0, "elapsed_s": None, "steps_per_s": None, "chars_per_s": None, "left_s": budget}
-    last, first = rows[-1], rows[max(0, len(rows) - 6)]
-    span = last.get("elapsed_s", 0) - first.get("elapsed_s", 0)
-    speed = (last["step"] - first["step"]) / span if span > 0 else None
-    left = max(0.0, budget - (last.get("elapsed_s", 0) - budget_start)) if budget else None
-    return {"step": last["step"], "elapsed_s": last.get("elapsed_s"), "steps_per_s": speed,
+def progress(rows, status, budget, budget_start):
+    """From the running-loss rows (train_loss.jsonl: step, elapsed_s every few steps) and the run's status (its
+    step and clock, exact at a session's end; its characters a step): the step, the speed over the last few rows,
+    and the seconds of the time budget left (at most the budget)."""
+    per_step = status["chars_per_step"] if status else None
+    now = max([(r["step"], r.get("elapsed_s")) for r in rows[-1:]] + ([(status["step"], status["elapsed_s"])]
+                                                                      if status else []), default=(0, None))
+    speed = None
+    if len(rows) > 1:
+        last, first = rows[-1], rows[max(0, len(rows) - 6)]
+        span = last.get("elapsed_s", 0) - first.get("elapsed_s", 0)
+        speed = (last["step"] - first["step"]) / span if span > 0 else None
+    left = min(budget, max(0.0, budget - ((now[1] or budget_start) - budget_start))) if budget else None
+    return {"step": now[0], "elapsed_s": now[1], "steps_per_s": speed,
             "chars_per_s": speed * per_step if speed and per_step else None, "left_s": left}
 
 
