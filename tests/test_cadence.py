@@ -29,9 +29,9 @@ TINY_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batc
 def test_a_time_budget_evaluates_every_twentieth_of_it_unless_an_interval_was_chosen():
     cfg = TrainConfig(max_time=180.0, eval_interval=250)
     assert EVALS_PER_BUDGET == 20
-    assert eval_period(cfg, None) == eval_period(cfg, "preset cpu") == 9.0  # the default or a preset's interval
-    assert eval_period(cfg, "flags") is None and eval_period(cfg, "run.toml") is None  # chosen: steps alone
-    assert eval_period(TrainConfig(max_iters=300), None) is None  # a step budget: its interval
+    assert eval_period(cfg) == 9.0  # the default or a preset's interval: by the clock
+    assert eval_period(cfg, interval_chosen=True) is None  # chosen (a flag, a config file): steps alone
+    assert eval_period(TrainConfig(max_iters=300)) is None  # a step budget: its interval
     assert not time_to_evaluate(8.9, 0.0, 9.0) and time_to_evaluate(9.0, 0.0, 9.0)
     assert not time_to_evaluate(10**6, 0.0, None)
 

@@ -208,10 +208,11 @@ def _build(settings, given, dist, device, log, claimed, extra_sinks, logfile):
     logfile.out_dir = out_dir
     origin = origin_of(given, settings, device.type, out_dir)
     cfg = origin.cfg
+    chosen = settings.given()  # what a person chose (a flag, a config file): what start-up fits leaves as it is
     _rank0_decides(lambda: trackers.check(cfg.log_to), dist)  # --log-to's packages, before any work
     sizes = cfg.preset == "auto" and origin.meta is None and origin.base is None  # --preset auto sizes this run
     early = origin.model_kw
-    if sizes and "n_head" in settings.given() and "n_embd" not in settings.given():  # auto fits the width to it
+    if sizes and "n_head" in chosen and "n_embd" not in chosen:  # auto fits the width to the heads chosen
         early = {**early, "n_embd": sizing.width_for(early["n_embd"], early["n_head"])}
     check_task(ModelConfig(**early, vocab_size=MAX_CODEPOINT + 1).validate().arch, cfg)  # before the corpus is read
     task = make_task(cfg)
@@ -232,7 +233,7 @@ def _build(settings, given, dist, device, log, claimed, extra_sinks, logfile):
     model_kw, counts = adaptive_softmax(origin, corpus)
     sizing_lines, step_s = [], None
     if sizes:
-        model_kw, cfg, sizing_lines, step_s = auto_size(settings, model_kw, cfg, task, corpus, device, dtype, dist,
+        model_kw, cfg, sizing_lines, step_s = auto_size(chosen, model_kw, cfg, task, corpus, device, dtype, dist,
                                                         counts)
     if origin.meta is not None and origin.meta["vocab"] != corpus.vocab:
         raise ConfigError(f"--resume: the corpus's vocabulary ({len(corpus.vocab)} characters) differs from "
@@ -255,8 +256,8 @@ def _build(settings, given, dist, device, log, claimed, extra_sinks, logfile):
     if origin.meta is not None:
         restore(out_dir, origin.meta, model, optimizer, scaler, data_gen, device, dist, cfg.seed, state.step)
     wrapped = wrap(model, optimizer, cfg, device, dtype, dist)
-    period = eval_period(cfg, settings.source("eval_interval"))  # None: by steps alone
-    fresh, chosen = origin.meta is None, settings.given()  # a new run fits what the user did not choose
+    period = eval_period(cfg, "eval_interval" in chosen)  # None: by steps alone
+    fresh = origin.meta is None  # a new run fits what the user did not choose
     budget = fit_budget(cfg, state, step_s, period, chars_per_step / cfg.grad_accum, log,
                         fit_warmup=fresh and "warmup_iters" not in chosen,
                         fit_iters=fresh and "eval_iters" not in chosen)
@@ -360,13 +361,13 @@ def adaptive_softmax(origin, corpus):
     return {**model_kw, "shortlist": model_kw.get("shortlist") or shortlist_for(counts)}, counts
 
 
-def auto_size(settings, model_kw, cfg, task, corpus, device, dtype, dist, counts=None):
+def auto_size(given, model_kw, cfg, task, corpus, device, dtype, dist, counts=None):
     """--preset auto: the model for this corpus, budget and machine (chargpt/sizing.py), decided on rank 0 (its
-    speed measured there) for every rank -> (model fields, TrainConfig, start-up lines, the probe's seconds a step
-    of the model that trains, or None where a size setting of the user's changed it)."""
+    speed measured there) for every rank; `given`: the settings a person chose, which it leaves as they are -> (model
+    fields, TrainConfig, start-up lines, the probe's seconds a step of the model that trains, or None where a size
+    setting of the user's changed it)."""
     if task.name != "text":
         return model_kw, cfg, ["auto: sentence pairs keep the cpu preset's model (sizing is fitted to text)"], None
-    given = settings.given()
     train_chars = int(corpus.length * (1 - cfg.val_fraction))
     decided = ""
     if dist.is_main:
@@ -392,7 +393,8 @@ def auto_size(settings, model_kw, cfg, task, corpus, device, dtype, dist, counts
         step_s = plan.step_s if not [name for name, _ in kept if name != "max_iters"] else None  # its model's
         decided = json.dumps({"model": model_kw, "train": train_kw, "lines": lines, "step_s": step_s})
     decided = json.loads(broadcast_str(decided, dist))
-    return decided["model"], replace(cfg, **decided["train"]).validate(), decided["lines"], decided["step_s"]
+    # the sizes are the rule's (sizing.py), whole numbers it chose within their ranges: nothing to check again
+    return decided["model"], replace(cfg, **decided["train"]), decided["lines"], decided["step_s"]
 
 
 def file_setting(settings, name):

@@ -27,11 +27,10 @@ PASSES_PER_EVAL = 10
 LN2 = math.log(2)
 
 
-def eval_period(cfg: TrainConfig, interval_source):
+def eval_period(cfg: TrainConfig, interval_chosen=False):
     """Seconds of training between evaluations for a time budget, or None (evaluate by steps alone): with
-    --max-time, unless --eval-interval was chosen (`interval_source`: the settings layer that set it, None for
-    the dataclass default, "preset NAME" for a preset)."""
-    if not cfg.max_time or (interval_source is not None and not interval_source.startswith("preset ")):
+    --max-time, unless --eval-interval was chosen (by a flag or a config file; a preset's or the default is not)."""
+    if not cfg.max_time or interval_chosen:
         return None
     return cfg.max_time / EVALS_PER_BUDGET
 
