@@ -38,6 +38,7 @@ def place(tmp_path_factory):
     checkpoints.mkdir(), data.mkdir(), (data / "sub").mkdir()
     (data / "corpus.txt").write_text(CORPUS_TEXT, encoding="utf-8")
     (data / ".hidden.txt").write_text(CORPUS_TEXT, encoding="utf-8")
+    (data / "README.md").write_text("# data/\n\nPut your corpora here.\n", encoding="utf-8")  # as the repo's data/
     (outer / "secret.txt").write_text("the secret, which no request may read\n" * 200, encoding="utf-8")
     (data / "outside.txt").symlink_to(outer / "secret.txt")
     old = os.environ.get("CHARGPT_CACHE_DIR")
@@ -84,7 +85,8 @@ def test_names_that_try_to_leave_the_folders_are_refused_and_nothing_outside_is_
     outer, checkpoints, data = place
     before = {k: v for k, v in snapshot(outer).items() if not k.startswith(("checkpoints", "cache"))}
     listed = client.get("/api/corpora").json()
-    assert [c["name"] for c in listed["data"]] == ["corpus.txt"]  # not the link out, the hidden file, the folder
+    assert [c["name"] for c in listed["data"]] == ["corpus.txt"]  # not the link out, the hidden file, the folder,
+    # nor the folder's README
     for name in ("../secret.txt", str(outer / "secret.txt"), "outside.txt", "sub", ".hidden.txt", "corpus.txt/..",
                  "..", "", "corpus.txt\x00"):
         message = one_line_error(client.post("/api/train", json={"source": "data", "corpus": name, "max_time": 5}),

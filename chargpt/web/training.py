@@ -81,7 +81,8 @@ class Trainings:
 
     def texts(self, folder):
         """{name: path} of the texts directly in folder: regular files, not hidden (a download in progress is
-        .NAME.part), whose real path is inside folder."""
+        .NAME.part) and not the folder's own README (data/README.md says what to put there), whose real path is
+        inside folder."""
         if folder is None or not folder.is_dir():
             return {}
         found = {}
@@ -89,7 +90,7 @@ class Trainings:
             for p in sorted(folder.iterdir()):
                 if len(found) >= MAX_CORPORA_LISTED:
                     break
-                if not p.name.startswith(".") and p.is_file() and inside(p, folder):
+                if not p.name.startswith(".") and p.stem.upper() != "README" and p.is_file() and inside(p, folder):
                     found[p.name] = p
         return found
 
