@@ -128,16 +128,27 @@ def brief(e):
 
 def metrics(kind, record, speed=None):
     """A record -> {metric name: number}, the same for every tracker: each number of the record as `kind/key`
-    (eval/val_loss, eval/val_bpc, eval/val_bpb, eval/exact_match ...), the running loss also in bits per character
-    (train/bpc), and characters per second (train/chars_per_s) where known."""
-    out = {f"{kind}/{k}": float(v) for k, v in record.items()
-           if k not in SKIPPED and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    (eval/val_loss, eval/val_bpc, eval/val_bpb, eval/exact_match ...), each number of a table of them as
+    `kind/key/name` (--labels: eval/val_loss_by_label/LABEL, its name in the characters every tracker takes), the
+    running loss also in bits per character (train/bpc), and characters per second (train/chars_per_s) where known."""
+    def number(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    out = {f"{kind}/{k}": float(v) for k, v in record.items() if k not in SKIPPED and number(v)}
+    for k, table in record.items():
+        if isinstance(table, dict):
+            out |= {f"{kind}/{k}/{metric_name(name)}": float(v) for name, v in table.items() if number(v)}
     if kind == "train" and "train/train_loss" in out:
         out["train/loss"] = out.pop("train/train_loss")
         out["train/bpc"] = out["train/loss"] / LN2
     if speed is not None and "train/chars_per_s" not in out:
         out["train/chars_per_s"] = speed
     return out
+
+
+def metric_name(name):
+    """A label's name as a part of a metric's name: letters (any script), digits, _ - . and spaces kept (MLflow
+    refuses others, TensorBoard and W&B take them), the rest _."""
+    return re.sub(r"[^\w.\- ]", "_", str(name))[:100] or "_"
 
 
 def settings_of(run):
