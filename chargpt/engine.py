@@ -185,9 +185,6 @@ class Generator:
         count copies of and, with new_only, to leave out; options and overrides: stream()'s (num_samples aside: n
         says how many)."""
         options = sample_options(options, **overrides)
-        if options.settings.best_of:
-            raise ConfigError(f"{param('best_of')} ranks text samples; a list's items take {param('new_only')} "
-                              f"instead")
         each = options.replace(stop=(*options.settings.stop, "\n"))
 
         def generate(count, round_seed):
