@@ -15,7 +15,7 @@ from .errors import ChargptError, CheckpointError, ConfigError, DataError
 __version__ = "0.1.0"
 # imported when first used (PEP 562): `import chargpt` stays light, so a command starts (and a Ctrl-C while it
 # starts is handled, chargpt/components/interrupt.py) before torch is loaded
-LAZY = {"Generator": "engine", "load": "engine", "CharGPT": "model", "Vocab": "tokenizer"}
+LAZY = {"Generator": "engine", "load": "engine", "CharGPT": "model", "Vocab": "tokenizer", "SampleOptions": "options"}
 
 
 def __getattr__(name):
@@ -32,4 +32,4 @@ def train(**kwargs):
 
 
 __all__ = ["CharGPT", "ChargptError", "CheckpointError", "ConfigError", "DataError", "Generator", "ModelConfig",
-           "TrainConfig", "Vocab", "load", "train"]
+           "SampleOptions", "TrainConfig", "Vocab", "load", "train"]

@@ -348,9 +348,11 @@ class TrainConfig:
         return self
 
 
-@dataclass
+@dataclass(frozen=True)
 class SampleSettings:
-    """How to choose characters; sample.py's flags and the Generator keywords share these names and defaults."""
+    """How to choose characters; sample.py's flags and the Generator keywords share these names and defaults.
+    Checked once, when made (a bad value is a one-line ConfigError there), and never changed after: a call's whole
+    options, with the number of samples and the seed, are chargpt.options.SampleOptions."""
     max_new_tokens: int = opt(500, "characters to generate")
     temperature: float = opt(0.8, "randomness: below 1 safer, above 1 wilder; 0 always picks the most likely "
                                   "character (greedy)")
@@ -387,9 +389,11 @@ class SampleSettings:
 
     def __post_init__(self):
         # a lone string would otherwise be read as one stop string per character
-        self.stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
+        self.validate()
 
     def validate(self):
+        """Run by construction; -> self."""
         typed_fields(SampleSettings, vars(self), "sampling settings")
         check_numbers(self)
         if not self.temperature >= 0:

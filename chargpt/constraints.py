@@ -13,17 +13,15 @@ The hard constraints (the form and acrostic, --ban and --allow, --no-repeat-ngra
 renormalises over what they allow. What they took away is reported per sample as the mean, over its characters, of
 -log P(allowed) under the model's own distribution (temperature 1, before any penalty): 0 when the model wanted
 what the form wanted, a few nats when the form fought it. A sample's score is the model's own mean log-probability
-per character of the text it wrote (the same number a teacher-forced evaluation of that text gives).
+per character of the text it wrote (the same number a teacher-forced evaluation of that text gives). This module
+prints nothing: sample.py's lines and records of the scores are chargpt/cli/writers.py's.
 """
 
-import itertools
-import json
-import sys
 from dataclasses import dataclass
 
 import torch
 
-from . import forms, textio
+from . import forms
 from .errors import ConfigError
 from .flags import param
 from .tokenizer import codepoints
@@ -89,11 +87,11 @@ class Rules:
 
 
 def given(settings):
-    """Whether a settings dict (SampleSettings' fields) asks for a constraint or best-of: a run that reports
-    scores. Each control's off value (penalty 1, n-gram 0, empty strings) counts as not given."""
-    return bool(settings.get("ban") or settings.get("allow") or settings.get("form") or settings.get("acrostic")
-                or settings.get("repetition_penalty") not in (None, 1.0) or settings.get("no_repeat_ngram")
-                or settings.get("best_of"))
+    """Whether SampleSettings ask for a constraint or best-of: a run that reports scores. Each control's off value
+    (penalty 1, n-gram 0, empty strings) counts as not given."""
+    s = settings
+    return bool(s.ban or s.allow or s.form or s.acrostic or s.repetition_penalty not in (None, 1.0)
+                or s.no_repeat_ngram or s.best_of)
 
 
 def plan(settings, vocab, context, score=False):
@@ -101,7 +99,7 @@ def plan(settings, vocab, context, score=False):
     sample and no score is wanted (the decode loop then runs exactly as without this module). Every setting the
     vocabulary cannot satisfy is a one-line ConfigError here, before any decoding."""
     s = settings
-    if not (given(vars(s)) or score):
+    if not (given(s) or score):
         return None
     allowed = torch.ones(len(vocab), dtype=torch.bool)
     if s.allow:
@@ -251,51 +249,3 @@ def rank(samples, keep, copies=None):
         if len(kept) == keep:
             break
     return (kept + dropped)[:keep]
-
-
-def score_line(sample, i, n, best_of=None):
-    """A sample's scores in one line for stderr: 'sample 2: mean log-prob -1.234 nats/char; the constraints removed
-    0.456 nats/char'."""
-    where = f"best {i + 1} of {best_of} (row {sample.row}): " if best_of else "" if n == 1 else f"sample {i + 1}: "
-    if sample.logprob is None:
-        return where + "no text"
-    line = where + f"mean log-prob {sample.logprob:.3f} nats/char"
-    if sample.removed is not None:
-        line += f"; the constraints removed {sample.removed:.3f} nats/char"
-    if sample.dropped:
-        line += f" ({'copies the training text' if sample.dropped == 'copied' else 'a near-duplicate'}: ranked last)"
-    return line
-
-
-# --- sample.py's output ---------------------------------------------------------------------------------
-def write_scored(gen, prompt, n, seed, settings, unknown, as_json, output, use_cache, copies, scorer, say):
-    """sample.py's samples under a constraint or best-of, written as textio writes the others (the first streamed
-    live unless best-of must rank them first; --json records; --output), each with its scores: score_line through
-    `say`, or a `score` object in its --json record. copies: best-of's copy check (None: none); scorer: --novelty's
-    (None: not asked for)."""
-    best, novelty = settings["best_of"], scorer is not None
-    run = gen.decoding(prompt, num_samples=n, seed=seed, unknown=unknown, use_cache=use_cache,
-                       copies=copies or False, **settings)
-    live, shown = not (as_json or output or best), textio.shown_prompt(gen, prompt)
-    first = next(run, None)  # the cache is allocated and the prompt read: running out of memory prints nothing
-    sys.stdout.write(textio.separator(0, n, seed) + shown if live else "")
-    for i, piece in itertools.chain([first] if first else [], run):
-        if live and i == 0:
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-    found = [scorer(s.text).summary() for s in run.samples] if novelty else [None] * n
-    if as_json:
-        record = {**settings, "num_samples": n, "unknown": unknown}
-        ascii_json = not output and not textio.utf_stream(sys.stdout)
-        body = "".join(json.dumps({"sample": i, "prompt": prompt, "text": s.text, "seed": seed, "settings": record,
-                                   "score": s.record(best), **({"novelty": x} if novelty else {})},
-                                  ensure_ascii=ascii_json) + "\n" for i, (s, x) in enumerate(zip(run.samples, found)))
-    else:
-        body = "".join("\n" if live and not i else textio.format_sample(i, n, seed, shown, s.text)
-                       for i, s in enumerate(run.samples))
-        for i, s in enumerate(run.samples):
-            say(score_line(s, i, n, best) + (f"; {scorer(s.text).line()}" if novelty else ""))
-    if output:
-        textio.write_output(output, body)
-        return say(f"wrote {n} sample(s) to {output}")
-    sys.stdout.write(body)

@@ -11,6 +11,9 @@ may write, and its scores) and chargpt/translate.py (the searches and scores).
     gen.generate("", form="五言绝句", acrostic="春夏秋冬", seed=1)      # forms, acrostics, --ban, --allow, ...
     for s in gen.samples("The ", best_of=8, num_samples=2):          # scored: constraints.Sample
         print(s.logprob, s.text)
+
+Every entry point takes (prompt, options, ...): options is one chargpt.options.SampleOptions, checked when it was
+made, and keyword overrides (as above) make one from the defaults (or from the options given), checked there once.
 """
 
 import sys
@@ -19,13 +22,13 @@ import torch
 
 from . import constraints
 from .checkpoint import load_model, unwrap
-from .config import SampleSettings, check_sample_options
 from .data import share_compile_cache
 from .errors import ChargptError, ConfigError
 from .flags import param
-from .items import corpus_items, is_items_run, sample_items, write_items
+from .items import corpus_items, is_items_run, sample_items
 from .labels import LabelSet
 from .model import CharGPT
+from .options import sample_options
 from .pairs import END, SEP
 from .quantize import check_precision, inference_model, uses_dynamic_int8
 from .runtime import pick_decode_compile, pick_device
@@ -102,51 +105,58 @@ class Generator:
         what = "dropped" if unknown == "skip" else f"replaced with {self.vocab.replacement()!r}"
         return f"{len(found)} prompt character(s) the model never saw were {what}: {describe_chars(found)}"
 
-    def stream(self, prompt="", *, max_new_tokens=SampleSettings.max_new_tokens,
-               temperature=SampleSettings.temperature, top_k=None, top_p=None, stop=(), num_samples=1, seed=None,
-               unknown="error", use_cache=True, min_p=None, repetition_penalty=None, no_repeat_ngram=None, ban=None,
-               allow=None, form=None, acrostic=None, best_of=None, min_span=None, copies=None, label=None,
-               guidance=None):
-        """Yield (sample index, text) pieces as they are decoded; the options are sample.py's flags. All
-        samples decode together in one batch, so `seed` with the same `num_samples` reproduces them. For a
-        pairs model the prompt is a source and the pieces are its translation (see _stream_pairs).
-        Constraints (ban, allow, form, acrostic, repetition_penalty, no_repeat_ngram: chargpt/constraints.py) mask
-        the logits; best_of=N decodes N samples and yields the best num_samples, each as one piece once all are
-        ranked (copies: see Decoding). decoding() and samples() also give each sample's scores. A run trained with
-        --labels writes in the style of `label` (None: unconditioned), held to it more strongly by guidance > 1."""
-        options = {k: v for k, v in locals().items() if k not in ("self", "prompt")}
-        yield from self.decoding(prompt, **options)
+    def stream(self, prompt="", options=None, *, copies=None, **overrides):
+        """Yield (sample index, text) pieces as they are decoded; options: a SampleOptions (sample.py's flags), or
+        keyword overrides of its fields (max_new_tokens=200, seed=1). All samples decode together in one batch, so
+        `seed` with the same `num_samples` reproduces them. For a pairs model the prompt is a source and the pieces
+        are its translation (see _stream_pairs). Constraints (ban, allow, form, acrostic, repetition_penalty,
+        no_repeat_ngram: chargpt/constraints.py) mask the logits; best_of=N decodes N samples and yields the best
+        num_samples, each as one piece once all are ranked. decoding() and samples() also give each sample's
+        scores. A run trained with --labels writes in the style of `label` (None: unconditioned), held to it more
+        strongly by guidance > 1. copies: best-of's copy check (see decoding)."""
+        yield from self.decoding(prompt, options, copies=copies, **overrides)
 
-    def decoding(self, prompt="", *, num_samples=1, seed=None, unknown="error", use_cache=True, min_span=None,
-                 copies=None, score=False, **settings):
+    def decoding(self, prompt="", options=None, *, copies=None, score=False, **overrides):
         """A Decoding: iterate it for (sample index, piece) as stream() does; once it ends, its .samples hold each
-        sample's text and scores (constraints.Sample). settings: SampleSettings' fields; score=True scores the
-        samples even without a constraint (the plain decode path does not)."""
-        settings = SampleSettings(**settings).validate()
-        check_sample_options(num_samples, seed, settings.best_of)
-        prompt_seen = self.prompt_text(prompt, unknown)
+        sample's text and scores (constraints.Sample). score=True scores the samples even without a constraint (the
+        plain decode path does not); copies: best-of's copy check, text -> a novelty Report (None: the run's own,
+        found through copy_check; False: none)."""
+        options = sample_options(options, **overrides)
+        settings, rows = options.settings, options.settings.best_of or options.num_samples
+        prompt_seen = self.prompt_text(prompt, options.unknown)
         generator = torch.Generator()  # its own RNG: sampling never touches torch's global one
-        if seed is None:
+        if options.seed is None:
             generator.seed()
         else:
-            generator.manual_seed(seed)
+            generator.manual_seed(options.seed)
         if self.task == "pairs":
-            if constraints.given(vars(settings)) or settings.min_p:
+            if constraints.given(settings) or settings.min_p:
                 raise ConfigError("this model translates (it was trained on sentence pairs); forms, acrostics, banned "
                                   "and allowed characters, min-p, the repetition controls and best-of are for text "
                                   "models")
-            pieces = self._stream_pairs(prompt_seen, settings, num_samples, generator, use_cache)
-            return Decoding(pieces, rows=num_samples)
+            pieces = self._stream_pairs(prompt_seen, settings, options.num_samples, generator, options.use_cache)
+            return Decoding(pieces, rows=options.num_samples)
         context = prompt_seen or self.start_text()
         rules = constraints.plan(settings, self.vocab, context, score=score)
         if rules and rules.program and rules.program.need[0] > settings.max_new_tokens:
             self.log(f"note: the form needs at least {rules.program.need[0]} characters; "
                      f"{param('max_new_tokens', settings.max_new_tokens)} cuts it short")
-        rows = settings.best_of or num_samples
         ids = self.vocab.encode(context)
+        steer = rules.steer(ids, rows, settings.max_new_tokens, self.device) if rules else None
+        steps = self._steps(ids, settings, rows, generator, options.use_cache, steer)
+        filters = [StopFilter(prompt_seen, settings.stop) for _ in range(rows)]
+        pieces = through_filters(filters, self._chosen(steps, steer))
+        if settings.best_of:
+            if copies is None:
+                copies = self.copy_check(options.min_span)
+            return Decoding(pieces, steer, rows, best_of=(settings.best_of, options.num_samples, copies or None))
+        return Decoding(pieces, steer, rows)
+
+    def _steps(self, ids, settings, rows, generator, use_cache, steer):
+        """sampling.decode over `rows` copies of the context's ids: each step's ids (rows,), a run with labels
+        reading its label first (and, guided, beside each row the same with NULL first)."""
         head, guided = self._label_head(settings)
         ctx = torch.tensor([head[:1] + ids] * rows, dtype=torch.long, device=self.device)  # (B, T)
-        steer = rules.steer(ids, rows, settings.max_new_tokens, self.device) if rules else None
         runner = self.decode_runner(settings.max_new_tokens * rows * (2 if guided else 1))[0] if use_cache else None
         labelled = {}
         if head:  # the label stays first in the window; guided: beside each row, the same with NULL first
@@ -155,15 +165,8 @@ class Generator:
                 uncond[:, 0] = head[1]
             labelled = dict(pin=1, never=torch.tensor(head[2:], device=self.device), uncond=uncond,
                             guidance=settings.guidance or 1.0)
-        steps = decode(self.model, ctx, settings, generator, use_cache=use_cache, dtype=self.dtype, runner=runner,
-                       steer=steer, **labelled)
-        filters = [StopFilter(prompt_seen, settings.stop) for _ in range(rows)]
-        pieces = through_filters(filters, self._chosen(steps, steer))
-        if settings.best_of:
-            if copies is None:
-                copies = self.copy_check(min_span)
-            return Decoding(pieces, steer, rows, best_of=(settings.best_of, num_samples, copies or None))
-        return Decoding(pieces, steer, rows)
+        return decode(self.model, ctx, settings, generator, use_cache=use_cache, dtype=self.dtype, runner=runner,
+                      steer=steer, **labelled)
 
     def _label_head(self, settings):
         """-> ([the label's id, NULL's id, every label id] or [] for a run without labels, whether to guide)."""
@@ -176,21 +179,17 @@ class Generator:
         return ([stoi[self.labels.token(settings.label)], stoi[self.labels.null],
                  *(stoi[c] for c in self.labels.chars())], (settings.guidance or 1.0) != 1.0)
 
-    def items(self, n=1, prompt="", *, seed=None, new_only=False, known=None, **settings):
+    def items(self, n=1, prompt="", options=None, *, new_only=False, known=None, **overrides):
         """A run trained with --items: n items (each cut at its first newline), each starting with `prompt`, from
         the start of an item (a newline) -> chargpt.items.ItemSamples. known: the list's items (known_items()), to
-        count copies of and, with new_only, to leave out; settings: stream()'s."""
-        stops = (*settings.pop("stop", ()), "\n")
+        count copies of and, with new_only, to leave out; options and overrides: stream()'s (num_samples aside: n
+        says how many)."""
+        options = sample_options(options, **overrides)
+        each = options.replace(stop=(*options.settings.stop, "\n"))
 
         def generate(count, round_seed):
-            return [prompt + t for t in self.generate("\n" + prompt, num_samples=count, seed=round_seed, stop=stops,
-                                                      **settings)]
-        return sample_items(generate, n, seed, known, new_only)
-
-    def write_items(self, prompt, n, seed, settings, new_only=False, data=None, run="the run", as_json=False,
-                    output=None):
-        """sample.py with a run trained with --items: chargpt.items.write_items (notes through self.log)."""
-        write_items(self, prompt, n, seed, settings, new_only, data, str(run), as_json, output, self.log)
+            return [prompt + t for t in self.generate("\n" + prompt, each.replace(num_samples=count, seed=round_seed))]
+        return sample_items(generate, n, options.seed, known, new_only)
 
     def known_items(self, data=None, run="the run"):
         """The items of the list the run trained on (a set), or None (said in one line) when it is not to be found."""
@@ -208,10 +207,10 @@ class Generator:
             chosen = [(i, self.vocab.chars[c]) for i, c in enumerate(nxt.tolist())]
             yield chosen + [(i, None) for i in steer.ended_now] if steer is not None else chosen
 
-    def samples(self, prompt="", **options):
+    def samples(self, prompt="", options=None, *, copies=None, **overrides):
         """-> a constraints.Sample (text and scores) per sample, scored even without a constraint; the options are
         stream()'s."""
-        decoding = self.decoding(prompt, score=True, **options)
+        decoding = self.decoding(prompt, options, copies=copies, score=True, **overrides)
         for _ in decoding:
             pass
         return decoding.samples
@@ -256,14 +255,14 @@ class Generator:
                                "write with it instead (sample.py), or train one with --task pairs")
         return translate(self.model, self.vocab, list(sources), dtype=self.dtype, **options)
 
-    def generate(self, prompt="", include_prompt=False, **options):
+    def generate(self, prompt="", options=None, *, include_prompt=False, copies=None, **overrides):
         """-> list of the generated texts, one per sample: the continuation alone, or with include_prompt=True the
         prompt (as the model saw it, after --unknown) followed by it, as sample.py prints and transformers' generate
         returns. A translator's texts are the translations either way. Options as for stream()."""
-        start = self.prompt_text(prompt, options.get("unknown", "error")) if include_prompt and self.task != "pairs" \
-            else ""
-        out = [start] * options.get("num_samples", 1)
-        for i, piece in self.stream(prompt, **options):
+        options = sample_options(options, **overrides)
+        start = self.prompt_text(prompt, options.unknown) if include_prompt and self.task != "pairs" else ""
+        out = [start] * options.num_samples
+        for i, piece in self.stream(prompt, options, copies=copies):
             out[i] += piece
         return out
 

@@ -10,16 +10,13 @@ a sample of an items run starts there and ends at the next newline (chargpt.engi
 The text of both splits is built in memory (MAX_ITEMS_CHARS bounds it): a list is small.
 """
 
-import json
-import sys
 from dataclasses import dataclass
 
 import numpy as np
 
 from .data import Split, split_whole
-from .errors import ConfigError, DataError
+from .errors import DataError
 from .flags import param
-from .textio import write_output
 
 MAX_ITEMS_CHARS = 200_000_000  # a list larger than this is not a list: train it as plain text
 MAX_TRIES = 10  # sampling makes at most this many generations per item asked for (empty items, copies)
@@ -152,35 +149,3 @@ def sample_items(generate, n, seed=None, known=None, new_only=False, batch=None)
                 got.append(text)
                 copies += copy
     return ItemSamples(got, tries, empty, copies, dropped)
-
-
-def write_items(gen, prompt, n, seed, settings, new_only, data=None, run="the run", as_json=False, output=None,
-                log=print):
-    """sample.py with a run trained with --items: n items, one a line, to stdout (or the file `output`). `log` says
-    how many are exact copies of an item of the list (found as chargpt.novelty finds a run's text: `data` if it
-    moved), or that the list is gone and nothing was counted; with new_only, copies are left out."""
-    if not gen.items_run:
-        raise ConfigError(f"{param('new_only')} is for a run trained with {param('items')} (a list); drop it")
-    if settings.get("best_of"):
-        raise ConfigError(f"{param('best_of')} ranks text samples; a list's items take {param('new_only')} instead")
-    known = gen.known_items(data, run)
-    if new_only and known is None:
-        raise DataError(f"{param('new_only')} needs the list the run trained on to leave copies out; pass "
-                        f"{param('novelty_data')} with it")
-    got = gen.items(n, prompt, seed=seed, new_only=new_only, known=known, **settings)
-    if known is not None:
-        log(f"{len(got.items)} item(s), {got.copies} of them exact copies of an item of the list"
-            + (f"; {got.dropped} {'copy' if got.dropped == 1 else 'copies'} left out ({param('new_only')})"
-               if new_only else ""))
-    if got.empty:
-        log(f"{got.empty} empty item(s) (a newline at once) were written again")
-    if len(got.items) < n:
-        log(f"only {len(got.items)} of {n} items after {got.tries} tries (at most {MAX_TRIES} per item)")
-    lines = [json.dumps({"item": t, "copy": known is not None and t in known}, ensure_ascii=False) if as_json else t
-             for t in got.items]
-    body = "".join(line + "\n" for line in lines)
-    if output:
-        write_output(output, body)
-        log(f"wrote {len(lines)} item(s) to {output}")
-    else:
-        sys.stdout.write(body)

@@ -12,10 +12,12 @@ the input prompt it just clears the line); Ctrl-D (end of input) exits. Text goe
 import itertools
 import random
 import sys
+from dataclasses import asdict
 
 from . import textio
-from .config import SampleSettings, check_seed
-from .constraints import given, score_line
+from .cli.writers import score_line
+from .config import check_seed
+from .constraints import given
 from .errors import ChargptError
 
 HELP = ("commands: /temp T  /topk K (0: off)  /topp P (1: off)  /len N  /seed S  /show  /help  /quit; "
@@ -36,10 +38,11 @@ SKIP_BYTES = 64 << 20  # the most skipped of one too-long input line before the 
 SKIP_CHUNK = 1 << 20  # read at a time while skipping: memory stays bounded
 
 
-def repl(gen, settings, seed, unknown, inp=None, out=None, err=None):
-    """Read lines from `inp` until end of input; settings is a dict of SampleSettings fields."""
+def repl(gen, options, inp=None, out=None, err=None):
+    """Read lines from `inp` until end of input; options: the session's SampleOptions (its seed: the session's,
+    from which each prompt draws its own), changed by the commands between prompts."""
     inp, out, err = textio.binary(inp or sys.stdin), out or sys.stdout, err or sys.stderr  # bytes: UTF-8 checked
-    settings = dict(settings)
+    seed = options.seed
     rng = random.Random(seed)  # one seed per prompt, drawn from the session seed: a session replays exactly
     pairs = gen.task == "pairs"
     usage = PAIRS_HELP if pairs else HELP
@@ -70,7 +73,7 @@ def repl(gen, settings, seed, unknown, inp=None, out=None, err=None):
         if word == "/help":
             err.write(usage + "\n")
         elif word == "/show":
-            err.write(f"{settings} seed={seed}\n")
+            err.write(f"{asdict(options.settings)} seed={seed}\n")
         elif word == "/seed":
             try:
                 seed = check_seed(int(arg))
@@ -81,13 +84,14 @@ def repl(gen, settings, seed, unknown, inp=None, out=None, err=None):
         elif word == "/label" and (bad := _bad_label(gen, arg.strip())):
             err.write(f"error: {bad}\n")
         elif word in SETTERS:
-            err.write(_set(settings, word, arg.strip()) + "\n")
+            options, said = _set(options, word, arg.strip())
+            err.write(said + "\n")
         elif word.startswith("/"):
             err.write(f"unknown command {word}; {usage}\n")
         elif pairs and not line:  # a translator has no default start: the empty line is not a sentence
             err.write(f"error: {PAIRS_EMPTY}\n")
         else:
-            _answer(gen, line, settings, rng.randrange(2**31), unknown, out, err)
+            _answer(gen, line, options.replace(seed=rng.randrange(2**31)), out, err)
 
 
 def _read(inp, number):
@@ -124,33 +128,32 @@ def _bad_label(gen, name):
         return str(e)
 
 
-def _set(settings, word, arg):
-    """Apply one setter command to settings; -> the message to show."""
+def _set(options, word, arg):
+    """Apply one setter command -> (the options it makes, checked as they are made; the message to show). A bad
+    value leaves the options as they were."""
     key, cast, off = SETTERS[word]
     try:
         value = cast(arg)
     except ValueError:
-        return f"usage: {word} {cast.__name__.upper()}"
+        return options, f"usage: {word} {cast.__name__.upper()}"
     if off is not None and value == off:
         value = None
     try:
-        SampleSettings(**{**settings, key: value}).validate()
+        return options.replace(**{key: value}), f"{key} = {value}"
     except ChargptError as e:
-        return f"invalid value for {word}: {e}"
-    settings[key] = value
-    return f"{key} = {value}"
+        return options, f"invalid value for {word}: {e}"
 
 
-def _answer(gen, line, settings, sample_seed, unknown, out, err):
-    """Write the prompt and its continuation; a bad prompt (found before or while decoding) or Ctrl-C ends only this
-    sample."""
-    scored = given(settings)
+def _answer(gen, line, options, out, err):
+    """Write the prompt and its continuation (options: this prompt's, with its own seed); a bad prompt (found before
+    or while decoding) or Ctrl-C ends only this sample."""
+    scored, unknown = given(options.settings), options.unknown
     try:
         prompt = gen.prompt_text(line, unknown)
         if scored:  # its scores are written after it
-            pieces = gen.decoding(prompt, seed=sample_seed, unknown=unknown, **settings)
+            pieces = gen.decoding(prompt, options)
         else:
-            pieces = gen.stream(prompt, seed=sample_seed, unknown=unknown, **settings)
+            pieces = gen.stream(prompt, options)
         first = next(pieces, None)  # a pairs model checks its source here: nothing is written for a bad one
     except ChargptError as e:
         err.write(f"error: {e}\n")
@@ -174,4 +177,4 @@ def _answer(gen, line, settings, sample_seed, unknown, out, err):
     out.write("\n")
     out.flush()
     if scored and pieces.samples:
-        err.write(score_line(pieces.samples[0], 0, 1, settings.get("best_of")) + "\n")
+        err.write(score_line(pieces.samples[0], 0, 1, options.settings.best_of) + "\n")

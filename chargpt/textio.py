@@ -1,6 +1,7 @@
 """Text in and out of the commands: prompts and sentences read as UTF-8 (from an argument, a file or stdin),
-samples formatted as printed or as JSON lines, output files written atomically, and a stdout that never crashes
-on a character it cannot show. The click commands (chargpt/cli/) only wire flags to these.
+the lines around printed samples, output files written atomically, and a stdout that never crashes on a character
+it cannot show. The click commands (chargpt/cli/) only wire flags to these; what sample.py prints is
+chargpt/cli/writers.py.
 """
 
 import codecs
@@ -189,43 +190,6 @@ def shown_prompt(gen, prompt):
     """What is printed before a sample: the prompt it continues; nothing for a pairs model, whose prompt is the
     source and whose sample is its translation."""
     return "" if gen.task == "pairs" else prompt
-
-
-def stream_samples(gen, prompt, n, seed, settings, unknown, out, use_cache=True):
-    """Write samples to `out` as they are decoded: the prompt, then the text (a pairs model's: the translation
-    alone). Samples are decoded together in one batch; the first is shown live and the others, buffered, follow
-    when decoding ends. -> the texts."""
-    prompt = gen.prompt_text(prompt, unknown)  # raises before anything is printed
-    texts = [""] * n
-    pieces = gen.stream(prompt, num_samples=n, seed=seed, use_cache=use_cache, **settings)
-    first = next(pieces, None)  # the cache is allocated and the prompt read: running out of memory prints nothing
-    prompt = shown_prompt(gen, prompt)
-    out.write(separator(0, n, seed) + prompt)
-    out.flush()
-    for i, piece in itertools.chain([first] if first else [], pieces):
-        texts[i] += piece
-        if i == 0:
-            out.write(piece)
-            out.flush()
-    out.write("\n")
-    for i in range(1, n):
-        out.write(format_sample(i, n, seed, prompt, texts[i]))
-    out.flush()
-    return texts
-
-
-def all_samples(gen, prompt, n, seed, settings, unknown, as_json, use_cache=True, ascii_json=False, novelty=None):
-    """Decode all samples, then -> the text to write: as printed, or one JSON object per line (\\u escapes for
-    every non-ASCII character with ascii_json, for an output that cannot hold them: still exact JSON).
-    `novelty(i, text)`, if given, is called for every sample in order: its dict joins that sample's record."""
-    prompt = gen.prompt_text(prompt, unknown)
-    texts = gen.generate(prompt, num_samples=n, seed=seed, use_cache=use_cache, **settings)
-    extra = [novelty(i, t) if novelty else {} for i, t in enumerate(texts)]
-    if not as_json:
-        return "".join(format_sample(i, n, seed, shown_prompt(gen, prompt), t) for i, t in enumerate(texts))
-    record = {**settings, "num_samples": n, "unknown": unknown}  # with the seed, enough to reproduce the text
-    return "".join(json.dumps({"sample": i, "prompt": prompt, "text": t, "seed": seed, "settings": record, **x},
-                              ensure_ascii=ascii_json) + "\n" for i, (t, x) in enumerate(zip(texts, extra)))
 
 
 def translations(gen, lines, name, options):

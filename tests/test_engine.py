@@ -2,15 +2,20 @@
 however the model was loaded; streamed pieces are the generated texts; prompts are conditioned on as given, an
 empty one on a line start; what a model cannot do is said in one line."""
 
+import inspect
+from dataclasses import FrozenInstanceError
+
 import pytest
 import torch
 
 import chargpt
+import chargpt.options as options_module
 from chargpt.checkpoint import save_model
-from chargpt.config import ModelConfig
+from chargpt.config import ModelConfig, SampleSettings
 from chargpt.engine import Generator
 from chargpt.errors import ChargptError, ConfigError
 from chargpt.model import CharGPT
+from chargpt.options import SampleOptions
 from chargpt.pairs import END, SEP
 from chargpt.tokenizer import Vocab
 
@@ -108,3 +113,58 @@ def test_generate_returns_the_continuation_or_with_include_prompt_the_whole_text
     whole = gen.generate("to be", max_new_tokens=12, seed=3, include_prompt=True)[0]
     assert len(alone) == 12 and whole == "to be" + alone
     assert gen.generate("to bX", max_new_tokens=4, seed=3, unknown="skip", include_prompt=True)[0].startswith("to b")
+
+
+# --- the options: one object, checked once where it is made -------------------------------------------------------
+@pytest.mark.parametrize("kw,message", [(dict(temperature=-0.5), r"^temperature must be >= 0"),
+                                        (dict(top_p=1.5), r"^top_p must be in \(0, 1\]"),
+                                        (dict(num_samples=2, best_of=1), r"^best_of \(1\) must be at least"),
+                                        (dict(tempreature=0.5), r"^'tempreature' is not a sampling option \(did you "
+                                                                r"mean temperature\?\)$")])
+def test_options_are_checked_when_made_in_one_line(kw, message):
+    with pytest.raises(ConfigError, match=message) as e:
+        SampleOptions.of(**kw)
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=message):  # as keywords of a call, the same check in the same place
+        Generator(random_model(), VOCAB, "cpu").generate("ab", **kw)
+
+
+def test_options_are_frozen_and_replace_makes_a_new_checked_one():
+    options = SampleOptions.of(max_new_tokens=5, seed=1)
+    with pytest.raises(FrozenInstanceError):
+        options.seed = 2
+    with pytest.raises(FrozenInstanceError):
+        options.settings.temperature = 2.0
+    assert options.replace(seed=2).seed == 2 and options.seed == 1
+    assert options.replace(top_k=3).settings.top_k == 3 and options.settings.top_k is None
+    with pytest.raises(ConfigError, match=r"^seed must be a whole number"):
+        options.replace(seed=-1)
+
+
+def test_keyword_overrides_write_what_an_options_object_writes():
+    gen = Generator(random_model(), VOCAB, "cpu")
+    kw = dict(max_new_tokens=14, temperature=1.0, top_k=9, seed=4, num_samples=2)
+    options = SampleOptions.of(**kw)
+    assert gen.generate("to be", options) == gen.generate("to be", **kw)
+    assert gen.generate("to be", SampleOptions.of(**{**kw, "seed": 0}), seed=4) == gen.generate("to be", **kw)
+    assert [s.text for s in gen.samples("ab", options)] == gen.generate("ab", **kw)
+    assert list(gen.stream("ab", options)) == list(gen.stream("ab", **kw))
+
+
+def test_an_options_object_is_not_checked_again(monkeypatch):
+    """Checked once where it was made: the engine's entry points hand it on without checking it again."""
+    options = SampleOptions.of(max_new_tokens=6, temperature=0.5, seed=3, num_samples=2)
+    checks = []
+    monkeypatch.setattr(SampleSettings, "validate", lambda self: checks.append(self) or self)
+    monkeypatch.setattr(options_module, "check_sample_options", lambda *a: checks.append(a))
+    gen = Generator(random_model(), VOCAB, "cpu")
+    gen.generate("ab", options)
+    list(gen.stream("ab", options))
+    gen.samples("ab", options)
+    assert checks == []
+
+
+def test_the_entry_points_take_a_prompt_and_options_in_a_few_parameters():
+    for name in ("stream", "decoding", "generate", "samples", "items"):
+        params = list(inspect.signature(getattr(Generator, name)).parameters)
+        assert "options" in params and len(params) <= 8, (name, params)

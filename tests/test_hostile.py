@@ -183,12 +183,13 @@ def test_an_endless_line_is_refused_naming_it(tmp_path):
 
 
 def test_interactive_input_without_line_ends_ends_the_session(tiny_run):
+    from chargpt.options import SampleOptions
     from chargpt.repl import repl
     gen = chargpt.load(tiny_run, device="cpu")
     settings = {"max_new_tokens": 2, "temperature": 0.0, "top_k": None, "top_p": None, "stop": ()}
     out, err = io.StringIO(), io.StringIO()
     with pytest.raises(ChargptError, match=r"input line 2 is longer than 1 MiB"):
-        repl(gen, settings, 0, "error", inp=io.BufferedReader(Endless(b"\0", head=b"To be\n")), out=out,
+        repl(gen, SampleOptions.of(seed=0, **settings), inp=io.BufferedReader(Endless(b"\0", head=b"To be\n")), out=out,
              err=err)
     assert out.getvalue().startswith("To be")  # line 1 was answered
 

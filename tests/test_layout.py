@@ -20,7 +20,7 @@ LAYERS = [
      "web.middleware"],
     # 1: settings' vocabulary, files and devices
     ["architecture", "config", "rundir", "runtime", "textio", "schedules", "tokenizer", "flat", "corpora", "forms",
-     "novelty.score", "novelty.suffixarray", "novelty.cache"],
+     "novelty.score", "novelty.suffixarray", "novelty.cache", "options"],
     # 2: models, data and checkpoints
     ["dropout", "adaptive", "model", "optim", "quantize", "sampling", "data", "pairs", "checkpoint", "sizing", "inside",
      "settings", "helptext", "init_from", "translate", "constraints", "items", "labels"],

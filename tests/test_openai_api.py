@@ -127,6 +127,34 @@ def test_the_runs_are_the_models(client, app):
     assert keyless.status_code == 200 and keyless.json()["choices"][0]["finish_reason"] == "length"
 
 
+def test_sample_py_constraints_are_extra_body_fields(client, gen):
+    """sample.py's constraints reach /v1/completions as fields of the same names (the client's extra_body): a form
+    and an acrostic are written as sample.py writes them, streamed or not; best_of is OpenAI's own field, with
+    sample.py's meaning; label and guidance reach the run (this one has no labels: a 400 that says so)."""
+    form = {"form": "__ ___\n___ __", "acrostic": "TO"}
+    out = client.completions.create(model="tiny", prompt="", max_tokens=40, seed=2, extra_body=form)
+    text = out.choices[0].text
+    assert text == gen.generate("", max_new_tokens=40, temperature=1.0, seed=2, **form)[0]
+    lines = text.split("\n")
+    assert [line[0] for line in lines] == ["T", "O"] and [len(w) for line in lines for w in line.split(" ")] == \
+        [2, 3, 3, 2]
+    assert out.choices[0].finish_reason == "stop"  # the form ended it before max_tokens
+    chunks = client.completions.create(model="tiny", prompt="", max_tokens=40, seed=2, stream=True, extra_body=form)
+    assert streamed(chunks, 1)[0] == [text]
+
+    masks = {"ban": "e", "min_p": 0.05, "repetition_penalty": 1.3, "no_repeat_ngram": 3}
+    out = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=20, seed=4, n=2, best_of=3,
+                                    extra_body={**masks, "allow": "abcdfghijklmnopqrstuvwxyz ,.:\nRTO"})
+    texts = [c.text for c in out.choices]
+    assert texts == gen.generate(PROMPT, max_new_tokens=20, temperature=1.0, seed=4, num_samples=2, best_of=3,
+                                 allow="abcdfghijklmnopqrstuvwxyz ,.:\nRTO", **masks)
+    assert len(texts) == 2 and not any("e" in t for t in texts)
+    with pytest.raises(openai.BadRequestError, match="trained without labels"):
+        client.completions.create(model="tiny", prompt=PROMPT, extra_body={"label": "poem", "guidance": 2.0})
+    with pytest.raises(openai.BadRequestError, match=r"best_of \(2\) must be at least"):
+        client.completions.create(model="tiny", prompt=PROMPT, n=3, best_of=2)
+
+
 # --- refusals, in OpenAI's error shape -------------------------------------------------------------------------------
 def test_unsupported_fields_are_named_in_a_400(client, gen):
     with pytest.raises(openai.BadRequestError, match=r"not supported .*logprobs=2, echo=true") as e:

@@ -20,6 +20,7 @@ from chargpt import textio
 from chargpt.checkpoint import save_model
 from chargpt.cli import sample_cli
 from chargpt.engine import Generator
+from chargpt.options import SampleOptions
 from chargpt.repl import repl
 
 GREEDY = ["--temperature", "0", "--seed", "1"]
@@ -194,7 +195,8 @@ def test_unknown_flag_is_a_usage_error():
 def drive(lines, seed=0, unknown="error", **settings):
     out, err = io.StringIO(), io.StringIO()
     settings = {"max_new_tokens": 4, "temperature": 0.0, "top_k": None, "top_p": None, "stop": (), **settings}
-    repl(counter_gen(), settings, seed, unknown, inp=io.StringIO(lines), out=out, err=err)
+    repl(counter_gen(), SampleOptions.of(seed=seed, unknown=unknown, **settings), inp=io.StringIO(lines), out=out,
+         err=err)
     return out.getvalue(), err.getvalue()
 
 
@@ -219,14 +221,15 @@ def test_repl_a_too_long_line_is_an_error_for_that_line_and_the_session_goes_on(
     for make in (io.StringIO, lambda text: io.BytesIO(text.encode())):  # a test's text stream, and stdin's bytes
         out, err = io.StringIO(), io.StringIO()
         settings = {"max_new_tokens": 4, "temperature": 0.0, "top_k": None, "top_p": None, "stop": ()}
-        repl(counter_gen(), settings, 0, "error", inp=make(f"{long}\nab\n{long}"), out=out, err=err)
+        repl(counter_gen(), SampleOptions.of(seed=0, **settings), inp=make(f"{long}\nab\n{long}"), out=out, err=err)
         assert out.getvalue() == "abcdef\n"
         errors = [line for line in err.getvalue().splitlines() if "error:" in line]
         assert len(errors) == 2 and "input line 1 is longer than 1 MiB" in errors[0] and "input line 3" in errors[1]
     monkeypatch.setattr(repl_module, "SKIP_BYTES", 4 << 20)
     ends = r"input line 1 is longer than 1 MiB.*; it has no end after 4 MiB more .*so the session ends$"
     with pytest.raises(textio.TooLarge, match=ends):
-        repl(counter_gen(), {}, 0, "error", inp=io.StringIO("a" * (6 << 20)), out=io.StringIO(), err=io.StringIO())
+        repl(counter_gen(), SampleOptions(seed=0), inp=io.StringIO("a" * (6 << 20)), out=io.StringIO(),
+             err=io.StringIO())
 
 
 def test_repl_on_a_pairs_run_asks_for_a_sentence_to_translate(tmp_path):
@@ -235,8 +238,8 @@ def test_repl_on_a_pairs_run_asks_for_a_sentence_to_translate(tmp_path):
     train_pairs(write_cipher(tmp_path / "pairs.tsv", 60), tmp_path / "dec", steps=2, eval_pairs=2)
     out, err = io.StringIO(), io.StringIO()
     settings = {"max_new_tokens": 4, "temperature": 0.0, "top_k": None, "top_p": None, "stop": ()}
-    repl(chargpt.load(tmp_path / "dec", device="cpu"), settings, 0, "error", inp=io.StringIO("\nabc\n/help\n"),
-         out=out, err=err)
+    repl(chargpt.load(tmp_path / "dec", device="cpu"), SampleOptions.of(seed=0, **settings),
+         inp=io.StringIO("\nabc\n/help\n"), out=out, err=err)
     assert len(out.getvalue().splitlines()) == 1  # the translation of abc, the one sentence given
     assert "error: this model was trained on sentence pairs: type a source sentence, one per line" in err.getvalue()
     assert "--prompt" not in err.getvalue() and "prompt=" not in err.getvalue()
@@ -249,7 +252,7 @@ def test_repl_session_seed_replays_and_each_prompt_gets_its_own():
 
     def session(seed):
         out = io.StringIO()
-        repl(gen, settings, seed, "error", inp=io.StringIO("ab\nab\n"), out=out, err=io.StringIO())
+        repl(gen, SampleOptions.of(seed=seed, **settings), inp=io.StringIO("ab\nab\n"), out=out, err=io.StringIO())
         return out.getvalue()
 
     first = session(11)
@@ -272,8 +275,8 @@ def test_repl_ctrl_c_stops_only_the_current_sample():
     gen = counter_gen()
     real_stream = gen.stream
 
-    def stream(prompt, **kw):  # Ctrl-C after the first piece of the first sample
-        for n, piece in enumerate(real_stream(prompt, **kw)):
+    def stream(prompt, *args, **kw):  # Ctrl-C after the first piece of the first sample
+        for n, piece in enumerate(real_stream(prompt, *args, **kw)):
             if prompt == "ab" and n == 1:
                 raise KeyboardInterrupt
             yield piece
@@ -281,7 +284,7 @@ def test_repl_ctrl_c_stops_only_the_current_sample():
     gen.stream = stream
     out, err = io.StringIO(), io.StringIO()
     settings = {"max_new_tokens": 4, "temperature": 0.0, "top_k": None, "top_p": None, "stop": ()}
-    repl(gen, settings, 0, "error", inp=Interrupting("ab\nst\n"), out=out, err=err)
+    repl(gen, SampleOptions.of(seed=0, **settings), inp=Interrupting("ab\nst\n"), out=out, err=err)
     assert out.getvalue() == "abc\nstuvwx\n"
     assert "[stopped]" in err.getvalue() and "Ctrl-D or /quit exits" in err.getvalue()
 

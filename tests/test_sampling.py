@@ -3,6 +3,7 @@ unknown-character policies and the Generator API. Models are tiny and built in m
 
 import inspect
 import random
+from dataclasses import fields
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from chargpt.constraints import NgramBan, plan, repetition_penalty
 from chargpt.engine import Generator
 from chargpt.errors import ChargptError, ConfigError
 from chargpt.model import KVCache
+from chargpt.options import SampleOptions
 from chargpt.runtime import DECODE_COMPILE_MIN_CHARS, cpp_compiler, pick_decode_compile
 from chargpt.sampling import StepRunner, StopFilter, decode, sample_next
 from chargpt.tokenizer import Vocab
@@ -232,10 +234,13 @@ def test_api_exposes_every_decoding_flag_of_the_cli():
                 "novelty", "min_span", "novelty_data",  # scoring a sample is chargpt.novelty's, not decoding
                 "list_forms",  # --forms lists the named forms (chargpt.forms.SHAPES)
                 "new_only"}  # a list's items: Generator.items takes it
-    api = set(inspect.signature(Generator.stream).parameters)
+    # the API's options are one SampleOptions (its fields and SampleSettings'), or keywords overriding them
+    api = {f.name for f in fields(SampleOptions)} | {f.name for f in fields(SampleSettings)} | \
+        set(inspect.signature(Generator.stream).parameters)
     assert {p.name for p in sample_cli.params} - cli_only <= api
-    assert {"use_cache", "num_samples", "seed", "unknown", "stop", "min_span", "copies"} <= api
+    assert {"use_cache", "num_samples", "seed", "unknown", "stop", "min_span"} <= api
     assert {"ban", "allow", "form", "acrostic", "min_p", "repetition_penalty", "no_repeat_ngram", "best_of"} <= api
+    assert "copies" in inspect.signature(Generator.decoding).parameters
 
 
 @pytest.mark.parametrize("bad", [dict(temperature=-0.1), dict(temperature=float("nan")), dict(top_p=0.0),

@@ -271,6 +271,22 @@ def test_bad_generate_requests_get_one_clear_json_error(client, fields, status, 
     assert r.status_code == status and words in r.json()["error"], r.text
 
 
+def test_a_generate_request_is_the_engine_s_one_options_object():
+    """Every sampling option is a field of /api/generate by the same name, and the request becomes the engine's
+    SampleOptions in one place as it is parsed (config's rules checked there)."""
+    from dataclasses import fields
+
+    from chargpt.options import SETTINGS, SampleOptions
+    from chargpt.web.schemas import GenerateRequest
+    own = {f.name for f in fields(SampleOptions)} - {"settings", "use_cache"}  # the server always caches
+    assert set(SETTINGS) | own <= set(GenerateRequest.model_fields)
+    req = GenerateRequest.parse({"run": "tiny", "temperature": 0.5, "stop": ["\n"], "form": "__", "num_samples": 2,
+                                 "seed": 3})
+    options = req.options()
+    assert isinstance(options, SampleOptions) and options == SampleOptions.of(temperature=0.5, stop=("\n",),
+                                                                                  form="__", num_samples=2, seed=3)
+
+
 def test_bodies_that_are_not_json_objects_or_too_large(client):
     def raw(body, kind="application/json"):
         return client.post("/api/generate", content=body, headers={"Content-Type": kind})

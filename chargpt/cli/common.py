@@ -6,7 +6,7 @@ import os
 import random
 import re
 import sys
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import click
 from click.core import ParameterSource
@@ -162,11 +162,11 @@ def _log(message):
 
 
 def _sample_settings(flags):
-    """The SampleSettings flags given (None: not given) -> validated settings as a dict of Generator keywords."""
+    """The SampleSettings flags given (None: not given) -> SampleSettings, checked as it is made."""
     given = {k: v for k, v in flags.items() if v is not None}
     given["stop"] = tuple(map(textio.unescape, flags.get("stop") or ()))
     given.update({k: textio.unescape(given[k]) for k in ("ban", "allow") if k in given})  # --ban '\n'
-    return asdict(SampleSettings(**given).validate())
+    return SampleSettings(**given)
 
 
 def _seed(seed, shown):

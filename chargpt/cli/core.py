@@ -2,20 +2,16 @@
 `chargpt sample`); and bench's entry point."""
 
 import os
-import sys
+from dataclasses import replace
 
 import click
 from click.core import ParameterSource
 
 from .. import textio
 from ..components.interrupt import work_begins
-from ..config import (
-    ModelConfig,
-    SampleSettings,
-    TrainConfig,
-    check_sample_options,
-)
+from ..config import ModelConfig, SampleSettings, TrainConfig
 from ..errors import ChargptError
+from ..options import SampleOptions
 from .common import (
     CHECKPOINT,
     CONTEXT,
@@ -121,24 +117,24 @@ def sample_cli(checkpoint_path, prompt, prompt_file, num_samples, seed, unknown,
     sample when there are several); everything else goes to stderr. Under a constraint (--form, --ban, ...) or
     --best-of, each sample's scores follow on stderr (in --json, its `score`)."""
     def main():
-        from ..constraints import given, write_scored
         from ..engine import load
         from ..forms import shape_lines
-        from ..novelty import check_options, sample_records, sample_scorer, scored_line
+        from ..novelty import check_options, sample_scorer
         from ..rundir import latest_run
+        from .writers import Target, write_items, write_samples
         if list_forms:
             return click.echo("\n".join(shape_lines()))
         new_only = flags.pop("new_only")
-        settings = _sample_settings(flags)
-        best_of = settings["best_of"]
-        check_sample_options(num_samples, seed, best_of)
+        options = SampleOptions(_sample_settings(flags), num_samples=num_samples, seed=seed, unknown=unknown,
+                                use_cache=not no_cache, min_span=min_span)  # every sampling flag, checked here
+        best_of = options.settings.best_of
         if interactive:
             _check_interactive(prompt, prompt_file, output, as_json, num_samples)
         text = textio.read_prompt(prompt, prompt_file)
         path = checkpoint_path or latest_run()
         gen = load(path, device=device, dtype=dtype, quantize=quantize, compile=compile_mode)
         click.echo(f"loaded {path} ({gen.describe()}) on {gen.device}, {gen.precision}", err=True)
-        runner, reason = gen.decode_runner(settings["max_new_tokens"] * (best_of or num_samples))
+        runner, reason = gen.decode_runner(options.settings.max_new_tokens * (best_of or num_samples))
         if compile_mode != "auto" or runner is not None:  # said when it is not the usual
             click.echo(reason, err=True)
         check_options(novelty, None if best_of else min_span, None if best_of else novelty_data, interactive)
@@ -149,29 +145,15 @@ def sample_cli(checkpoint_path, prompt, prompt_file, num_samples, seed, unknown,
         textio.tolerant_stdout()
         if interactive:
             from ..repl import repl
-            return repl(gen, settings, seed, unknown)
+            return repl(gen, options)
         text, warning = gen.prompt_text(text, unknown), gen.unknown_warning(text, unknown)  # 'error' raises here
         _warn(warning)
-        use_seed = _seed(seed, shown=settings["temperature"] > 0)  # greedy text does not depend on the seed
+        # greedy text does not depend on the seed
+        options = replace(options, seed=_seed(seed, shown=options.settings.temperature > 0))
+        target = Target(output, as_json, _stderr, scorer)
         if gen.items_run or new_only:  # a list: N items, one a line (chargpt/items.py)
-            return gen.write_items(text, num_samples, use_seed, settings, new_only, novelty_data, path, as_json, output)
-        if given(settings):
-            return write_scored(gen, text, num_samples, use_seed, settings, unknown, as_json, output, not no_cache,
-                                copies, scorer, _stderr)
-        if not (as_json or output):
-            texts = textio.stream_samples(gen, text, num_samples, use_seed, settings, unknown, sys.stdout,
-                                          use_cache=not no_cache)
-            for i, t in enumerate(texts if scorer else ()):
-                click.echo(scored_line(scorer(t), i, num_samples), err=True)
-            return
-        body = textio.all_samples(gen, text, num_samples, use_seed, settings, unknown, as_json,
-                                  use_cache=not no_cache, ascii_json=not output and not textio.utf_stream(sys.stdout),
-                                  novelty=sample_records(scorer, num_samples, as_json, _stderr))
-        if output:
-            textio.write_output(output, body)
-            click.echo(f"wrote {num_samples} sample(s) to {output}", err=True)
-        else:
-            sys.stdout.write(body)
+            return write_items(gen, text, options, target, new_only, novelty_data, path)
+        write_samples(gen, text, options, target, copies)
 
     run_guarded(main, SAMPLE_MEMORY_HINT)
 

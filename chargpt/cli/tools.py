@@ -138,7 +138,7 @@ def translate_cli(checkpoint_path, sources, input_path, output, beam, alpha, tem
         from ..translate import check_translate_options
         settings = _sample_settings({"temperature": temperature, "top_k": top_k, "top_p": top_p})
         check_sample_options(1, seed)
-        check_translate_options(beam, alpha, settings["temperature"], top_k, top_p, batch_size)
+        check_translate_options(beam, alpha, settings.temperature, top_k, top_p, batch_size)
         lines, name = textio.source_lines(sources, input_path)
         path = checkpoint_path or latest_run()
         gen = load(path, device=device)
@@ -148,8 +148,8 @@ def translate_cli(checkpoint_path, sources, input_path, output, beam, alpha, tem
                                f"write with it (chargpt sample), or train a translator with --task pairs")
         seen = Unknowns(gen.vocab, lines, unknown)  # counted as the lines go by: read as they are translated
         options = dict(beam=beam, alpha=alpha, unknown=unknown, batch_size=batch_size, use_cache=not no_cache,
-                       temperature=settings["temperature"], top_k=settings["top_k"], top_p=settings["top_p"])
-        if settings["temperature"] > 0:
+                       temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p)
+        if settings.temperature > 0:
             import torch
             options["generator"] = torch.Generator().manual_seed(_seed(seed, shown=True))
         textio.tolerant_stdout()

@@ -2,17 +2,18 @@
 default and this server's limit on it (chargpt/web/limits.py). Strict: a bool is not a number, a float is not an
 integer, a number is not a string, and an unknown field is refused. A body that does not fit is one 400 line naming
 the field and what it must be (one_line). The sampling settings' own rules (temperature >= 0, top_p in (0, 1], a
-non-empty stop string, the seed's range) are chargpt.config's: GenerateRequest runs config's checks, the one
-place that states them, and their message is the 400."""
+non-empty stop string, the seed's range) are chargpt.config's: GenerateRequest becomes the engine's one options
+object (chargpt.options.SampleOptions) as it is parsed, checked there by config's rules, whose message is the 400."""
 
 import contextvars
 import json
 from typing import Annotated, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from ..config import SampleSettings, check_sample_options
+from ..config import SampleSettings
 from ..errors import ConfigError
+from ..options import SETTINGS, SampleOptions
 from ..tokenizer import UNKNOWN_POLICIES
 from .body import RequestError
 from .limits import (
@@ -44,11 +45,9 @@ class Request(BaseModel):
             raise RequestError(400, one_line(cls, e.errors())) from None
 
 
-CONSTRAINTS = ("form", "acrostic", "ban", "allow", "best_of", "repetition_penalty", "no_repeat_ngram", "min_p")
-LABELLED = ("label", "guidance")  # Generator.stream's keywords for a run trained with --labels
-
-
 class GenerateRequest(Request):
+    """/api/generate's body: SampleSettings' fields by the same names (with this server's limits), and the other
+    options (num_samples, seed, unknown, min_span); the run and the prompt."""
     run: str
     prompt: str = Field("", max_length=MAX_PROMPT_CHARS)
     max_new_tokens: int = Field(SampleSettings.max_new_tokens, le=MAX_NEW_CHARS)
@@ -76,32 +75,27 @@ class GenerateRequest(Request):
     label: str | None = Field(None, max_length=MAX_LABEL_CHARS)
     guidance: float | None = Field(None, le=MAX_GUIDANCE)
 
+    _options: SampleOptions | None = PrivateAttr(None)
+
     @model_validator(mode="after")
     def _sampling_rules(self):
-        """config's rules for the sampling settings, as sample.py and Generator.stream apply them. Run in a fresh
-        context, where config names a setting as the JSON field (`temperature`), not as a flag: `chargpt serve`
-        runs the server inside config.cli_names."""
+        """The request as SampleOptions, made once here and so checked by config's rules, as sample.py's flags are.
+        Made in a fresh context, where config names a setting as the JSON field (`temperature`), not as a flag:
+        `chargpt serve` runs the server inside config.cli_names."""
         try:
-            contextvars.Context().run(self._check_with_config)
+            self._options = contextvars.Context().run(self._make_options)
         except ConfigError as e:
             raise ValueError(str(e)) from None
         return self
 
-    def _check_with_config(self):
-        self.settings().validate()
-        check_sample_options(self.num_samples, self.seed, self.best_of)
+    def _make_options(self):
+        settings = SampleSettings(**{**{name: getattr(self, name) for name in SETTINGS}, "stop": tuple(self.stop)})
+        return SampleOptions(settings, num_samples=self.num_samples, seed=self.seed, unknown=self.unknown,
+                             min_span=self.min_span)
 
-    def settings(self):
-        """The request's SampleSettings."""
-        return SampleSettings(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
-                              top_p=self.top_p, stop=tuple(self.stop), label=self.label, guidance=self.guidance,
-                              **{k: getattr(self, k) for k in CONSTRAINTS})
-
-    def options(self, seed):
-        """Generator.stream's keywords, as sample.py passes them (a constraint not given is left out)."""
-        return {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature, "top_k": self.top_k,
-                "top_p": self.top_p, "num_samples": self.num_samples, "stop": tuple(self.stop), "seed": seed,
-                **{k: getattr(self, k) for k in (*CONSTRAINTS, *LABELLED) if getattr(self, k) is not None}}
+    def options(self):
+        """The request's SampleOptions (its seed None when none was given), made when the request was parsed."""
+        return self._options
 
 
 class InsideRequest(Request):

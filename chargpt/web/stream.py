@@ -17,9 +17,10 @@ def sse(event, data):
 
 
 class Generation:
-    """One streamed request. A worker thread decodes with Generator.stream and hands the pieces to the event
-    loop through a queue; the stream ends with a `done` event. Cancelled (Stop, or the client went away) at the
-    next character; the worker frees its slot when it ends, however it ends."""
+    """One streamed request. A worker thread decodes with Generator.stream(prompt, options: the request's
+    SampleOptions) and hands the pieces to the event loop through a queue; the stream ends with a `done` event.
+    Cancelled (Stop, or the client went away) at the next character; the worker frees its slot when it ends,
+    however it ends."""
 
     def __init__(self, gen, prompt, options, on_end):
         self.id = secrets.token_urlsafe(12)
@@ -69,7 +70,7 @@ class Generation:
     def _work(self, put):
         t0, chars, error = time.perf_counter(), 0, None
         try:
-            for i, piece in self.gen.stream(self.prompt, **self.options):
+            for i, piece in self.gen.stream(self.prompt, self.options):
                 if self.cancel.is_set():
                     break
                 chars += len(piece)

@@ -2,9 +2,11 @@
 can write with a run: a model is a run, by the name GET /api/runs and the run picker give it, and a token is a
 character.
 
-  POST /v1/completions  {model, prompt, max_tokens, temperature, top_p, n, stop, seed, stream, stream_options,
-                        user; chargpt's own, beside OpenAI's (the openai client's extra_body): top_k, unknown,
-                        and for a run trained with --labels label and guidance}
+  POST /v1/completions  {model, prompt, max_tokens, temperature, top_p, n, best_of, stop, seed, stream,
+                        stream_options, user; chargpt's own, beside OpenAI's (the openai client's extra_body):
+                        top_k, unknown, the constraints form, acrostic, ban, allow, min_p, repetition_penalty,
+                        no_repeat_ngram and best-of's min_span, and for a run trained with --labels label and
+                        guidance}
                         -> a text_completion {id, object, created, model, choices [{text, index, logprobs: null,
                         finish_reason}], usage}; with stream: true its chunks as server-sent events (`data: {chunk}`
                         lines, then `data: [DONE]`; stream_options.include_usage adds a last chunk with usage)
@@ -14,14 +16,16 @@ character.
 The text is sample.py's and the playground's (it starts as /api/generate does: write.start): a field means
 sample.py's flag of the same name (max_tokens is --max-new-tokens, n --num-samples: one batch, one seed), and an
 absent one OpenAI's default, two of which differ from sample.py's: temperature 1 (sample.py's is 0.8) and max_tokens
-16 (500). top_p 1 is off, as in sample.py. A list of prompts is written prompt by prompt, each as sample.py writes
+16 (500). top_p 1 is off, as in sample.py. best_of is OpenAI's and sample.py's alike: write best_of completions and
+return the n with the highest log-probability per character (sample.py also ranks a copy of the training text or
+a near-duplicate last); 1 is off. A list of prompts is written prompt by prompt, each as sample.py writes
 it, prompt k's choices numbered k*n to k*n+n-1. A stop string is cut as sample.py cuts it (it may begin in the
 prompt), not included; a stream never sends the start of one that may yet complete. finish_reason is "length"
 when a choice wrote max_tokens characters, else "stop" (a stop string; a translation's end). usage counts
 characters (each prompt once, as seen after `unknown`).
 
 OpenAI's fields this server does not support are 400s naming them, unless absent or at OpenAI's default: logprobs
-(any value but null), echo, best_of (but 1), suffix, logit_bias (but {}), frequency_penalty and presence_penalty
+(any value but null), echo, suffix, logit_bias (but {}), frequency_penalty and presence_penalty
 (but 0: OpenAI's are additive penalties by count, not sample.py's --repetition-penalty, so they are not mapped to
 it); so is a prompt of token ids. The Authorization header is accepted and ignored. Errors have OpenAI's shape,
 {"error": {message, type, param, code}}, with the playground's statuses and limits (chargpt/web/limits.py), so the
@@ -44,6 +48,7 @@ from ..limits import (
     MAX_GUIDANCE,
     MAX_LABEL_CHARS,
     MAX_NEW_CHARS,
+    MAX_NOVELTY_CHARS,
     MAX_PROMPT_CHARS,
     MAX_SAMPLES,
     MAX_STOP_CHARS,
@@ -57,8 +62,11 @@ from .write import start
 DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE = 16, 1.0  # OpenAI's, for an absent (or null) field
 
 # OpenAI's fields that are not supported: accepted only absent, null or at these values (OpenAI's defaults)
-UNSUPPORTED = {"logprobs": (), "echo": (False,), "best_of": (1,), "suffix": ("",), "logit_bias": ({},),
-               "frequency_penalty": (0,), "presence_penalty": (0,)}
+UNSUPPORTED = {"logprobs": (), "echo": (False,), "suffix": ("",), "logit_bias": ({},), "frequency_penalty": (0,),
+               "presence_penalty": (0,)}
+# chargpt's own fields: /api/generate's of the same names and meaning (GenerateRequest checks them)
+SAME = ("top_k", "unknown", "form", "acrostic", "ban", "allow", "min_p", "repetition_penalty", "no_repeat_ngram",
+        "min_span", "label", "guidance")
 STREAM_OPTIONS = ("include_usage", "include_obfuscation")  # the second asks for padding against side channels:
 # there is none here to leave out
 
@@ -82,8 +90,18 @@ class CompletionRequest(Request):
     stream: bool | None = False
     stream_options: dict | None = None
     user: str | None = None  # accepted, unused
+    best_of: int | None = Field(1, ge=1, le=MAX_SAMPLES)  # 1 (OpenAI's default) and None: off
+    # chargpt's own, sent in the openai client's extra_body (SAME): the limits are /api/generate's
     top_k: int | None = Field(None, le=MAX_TOP_K)
     unknown: Literal[UNKNOWN_POLICIES] = "error"
+    form: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
+    acrostic: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
+    ban: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
+    allow: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    no_repeat_ngram: int | None = Field(None, le=MAX_NEW_CHARS)
+    min_span: int | None = Field(None, ge=1, le=MAX_NOVELTY_CHARS)
     label: str | None = Field(None, max_length=MAX_LABEL_CHARS)  # --labels: GenerateRequest checks both
     guidance: float | None = Field(None, le=MAX_GUIDANCE)
 
@@ -106,15 +124,15 @@ class CompletionRequest(Request):
         return 1 if self.n is None else self.n
 
     def playground(self):
-        """The same request in /api/generate's fields: GenerateRequest checks them by config's rules and gives
-        them sample.py's meaning."""
+        """The same request in /api/generate's fields: GenerateRequest checks them by config's rules, gives them
+        sample.py's meaning and becomes the engine's SampleOptions."""
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
         return GenerateRequest.parse({
-            "run": self.model, "prompt": self.prompts()[0], "top_p": self.top_p, "top_k": self.top_k,
+            "run": self.model, "prompt": self.prompts()[0], "top_p": self.top_p, "stop": stop, "seed": self.seed,
             "max_new_tokens": DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens,
             "temperature": DEFAULT_TEMPERATURE if self.temperature is None else self.temperature,
-            "num_samples": self.choices_per_prompt(), "seed": self.seed, "unknown": self.unknown, "stop": stop,
-            "label": self.label, "guidance": self.guidance})
+            "num_samples": self.choices_per_prompt(), "best_of": None if self.best_of == 1 else self.best_of,
+            **{k: getattr(self, k) for k in SAME}})
 
 
 def parse(body):

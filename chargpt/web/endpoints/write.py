@@ -16,6 +16,7 @@
 
 import contextvars
 import secrets
+from dataclasses import replace
 
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, StreamingResponse
@@ -50,16 +51,17 @@ async def start(s, path, req, prompts=None):
         if gen.task == "pairs" and not all(prompt for prompt, _ in seen):
             raise RequestError(400, "this run was trained on sentence pairs: type a sentence for it to translate")
         check_label(gen, req.label)
-        scored = given(req.options(None))
+        options = req.options()
+        scored = given(options.settings)
         if scored:
             for prompt, _ in seen:
-                check_constraints(gen, req, prompt)
+                check_constraints(gen, options.settings, prompt)
         copies = await run_in_threadpool(copy_check, s, path, req.min_span) if req.best_of else None
     except BaseException:
         s.busy.give()
         raise
     seed = req.seed if req.seed is not None else secrets.randbelow(2**31)  # as sample.py: random, reported
-    options = req.options(seed)
+    options = replace(options, seed=seed)
     if s.closing:  # Ctrl-C arrived while the model was loading
         s.busy.give()
         raise RequestError(503, "the server is shutting down")
@@ -73,12 +75,19 @@ async def start(s, path, req, prompts=None):
     if prompts is None:
         job = Generation(scorer or gen, prompt, options, on_end=on_end)
     else:
-        job = Generation(InTurn(scorer or gen, req.num_samples), [p for p, _ in seen], options, on_end=on_end)
+        job = Generation(InTurn(scorer or gen, options.num_samples), [p for p, _ in seen], options, on_end=on_end)
     s.jobs[job.id] = job
     job.start()  # now, not when the response starts: the worker frees the slot even if no byte is ever sent
     first = {"run": req.run, "seed": seed, "prompt": prompt, "warning": warning, "task": gen.task,
-             "settings": {**options, "stop": req.stop, "unknown": req.unknown}}
+             "settings": shown_settings(options)}
     return job, first
+
+
+def shown_settings(options):
+    """The `start` event's settings: with the seed, what sample.py needs to write the same text (a constraint or
+    label not given is left out)."""
+    shown = {k: v for k, v in options.record().items() if v is not None or k in ("top_k", "top_p")}
+    return {**shown, "stop": list(options.settings.stop), "seed": options.seed}
 
 
 class InTurn:
@@ -89,20 +98,21 @@ class InTurn:
     def __init__(self, source, num_samples):
         self.source, self.num_samples = source, num_samples
 
-    def stream(self, prompts, **options):
+    def stream(self, prompts, options):
         for k, prompt in enumerate(prompts):
-            for i, piece in self.source.stream(prompt, **options):
+            for i, piece in self.source.stream(prompt, options):
                 yield k * self.num_samples + i, piece
 
 
-def check_constraints(gen, req, prompt):
-    """The constraints against the run's vocabulary (a form's fixed character it never saw...): a 400 before any
-    decoding, named as the JSON fields (a fresh context: `chargpt serve` runs inside config.cli_names)."""
+def check_constraints(gen, settings, prompt):
+    """The constraints (SampleSettings) against the run's vocabulary (a form's fixed character it never saw...): a
+    400 before any decoding, named as the JSON fields (a fresh context: `chargpt serve` runs inside
+    config.cli_names)."""
     if gen.task == "pairs":
         raise RequestError(400, "this run translates (it was trained on sentence pairs): forms, acrostics, banned "
                                 "and allowed characters and best-of are for runs trained on text")
     try:
-        contextvars.Context().run(plan, req.settings(), gen.vocab, prompt or gen.start_text())
+        contextvars.Context().run(plan, settings, gen.vocab, prompt or gen.start_text())
     except ConfigError as e:
         raise RequestError(400, str(e)) from None
 
@@ -137,8 +147,8 @@ class Scored:
     def __init__(self, gen, copies):
         self.gen, self.copies, self.decoding = gen, copies, None
 
-    def stream(self, prompt, **options):
-        self.decoding = self.gen.decoding(prompt, copies=self.copies, **options)
+    def stream(self, prompt, options):
+        self.decoding = self.gen.decoding(prompt, options, copies=self.copies)
         return self.decoding
 
     def report(self, result, best_of):
