@@ -484,18 +484,6 @@ def check_seed(seed):
     return seed
 
 
-def check_sample_options(num_samples, seed, best_of=None):
-    """The Generator options that are not SampleSettings: how many samples, and the seed (None: random); and that
-    best_of, if given (SampleSettings checks it alone), keeps no more samples than it writes."""
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or not 1 <= num_samples <= MAX_INT:
-        raise ConfigError(f"{param('num_samples')} must be from 1 to 2**63 - 1, got {num_samples!r:.40}")
-    if seed is not None:
-        check_seed(seed)
-    if best_of is not None and best_of < num_samples:
-        raise ConfigError(f"{param('best_of')} ({best_of}) must be at least {param('num_samples')} ({num_samples}): "
-                          f"best-of keeps the best num_samples of best_of samples")
-
-
 def tracker_names(value):
     """--log-to's value -> the trackers it names, in order, each once ('none', or nothing: none)."""
     names = [name.strip().lower() for name in (value or "").split(",") if name.strip()]

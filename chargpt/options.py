@@ -12,8 +12,9 @@ the playground's request model, an /interactive command, a Python call's keyword
 import difflib
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from .config import SampleSettings, check_sample_options
+from .config import MAX_INT, SampleSettings, check_seed
 from .errors import ConfigError
+from .flags import param
 
 SETTINGS = tuple(f.name for f in fields(SampleSettings))
 
@@ -72,3 +73,15 @@ def sample_options(options=None, **overrides):
         raise ConfigError(f"options must be a SampleOptions (chargpt.options) or None, got "
                           f"{type(options).__name__}; give single settings as keywords (max_new_tokens=200)")
     return options.replace(**overrides) if overrides else options
+
+
+def check_sample_options(num_samples, seed, best_of=None):
+    """The Generator options that are not SampleSettings: how many samples, and the seed (None: random); and that
+    best_of, if given (SampleSettings checks it alone), keeps no more samples than it writes."""
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or not 1 <= num_samples <= MAX_INT:
+        raise ConfigError(f"{param('num_samples')} must be from 1 to 2**63 - 1, got {num_samples!r:.40}")
+    if seed is not None:
+        check_seed(seed)
+    if best_of is not None and best_of < num_samples:
+        raise ConfigError(f"{param('best_of')} ({best_of}) must be at least {param('num_samples')} ({num_samples}): "
+                          f"best-of keeps the best num_samples of best_of samples")

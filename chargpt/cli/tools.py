@@ -11,10 +11,10 @@ from ..config import (
     ExportSettings,
     SampleSettings,
     TrainConfig,
-    check_sample_options,
 )
 from ..corpora import DATA_DIR
 from ..errors import ChargptError
+from ..options import check_sample_options
 from .common import (
     CHECKPOINT,
     CONTEXT,
