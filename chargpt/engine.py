@@ -143,7 +143,10 @@ class Generator:
                      f"{param('max_new_tokens', settings.max_new_tokens)} cuts it short")
         ids = self.vocab.encode(context)
         steer = rules.steer(ids, rows, settings.max_new_tokens, self.device) if rules else None
-        steps = self._steps(ids, settings, rows, generator, options.use_cache, steer)
+        # what decoding will write: a form ends its sample (--compile auto weighs that, not --max-new-tokens)
+        writes = min(settings.max_new_tokens, rules.program.most) if rules and rules.program else \
+            settings.max_new_tokens
+        steps = self._steps(ids, settings, rows, generator, options.use_cache, steer, writes)
         filters = [StopFilter(prompt_seen, settings.stop) for _ in range(rows)]
         pieces = through_filters(filters, self._chosen(steps, steer))
         if settings.best_of:
@@ -152,12 +155,12 @@ class Generator:
             return Decoding(pieces, steer, rows, best_of=(settings.best_of, options.num_samples, copies or None))
         return Decoding(pieces, steer, rows)
 
-    def _steps(self, ids, settings, rows, generator, use_cache, steer):
+    def _steps(self, ids, settings, rows, generator, use_cache, steer, writes):
         """sampling.decode over `rows` copies of the context's ids: each step's ids (rows,), a run with labels
         reading its label first (and, guided, beside each row the same with NULL first)."""
         head, guided = self._label_head(settings)
         ctx = torch.tensor([head[:1] + ids] * rows, dtype=torch.long, device=self.device)  # (B, T)
-        runner = self.decode_runner(settings.max_new_tokens * rows * (2 if guided else 1))[0] if use_cache else None
+        runner = self.decode_runner(writes * rows * (2 if guided else 1))[0] if use_cache else None
         labelled = {}
         if head:  # the label stays first in the window; guided: beside each row, the same with NULL first
             uncond = ctx.clone() if guided else None

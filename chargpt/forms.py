@@ -134,13 +134,15 @@ class Program:
     """A form compiled against a vocabulary: elements ("fixed", ids), ("slot", None), ("free", ids of the fixed part
     that ends it, or None at the form's end), ("line", None); table (K, V) bool, the masks rows choose from; fixed_row,
     a fixed id's row in it; need[e], the fewest characters that finish the form from element e; fail, the KMP
-    failure function of each free span's closing part; line_end_ids."""
+    failure function of each free span's closing part; line_end_ids; most, the most characters the form can take
+    (every free span at FREE_SPAN, its closing part written for it), where its sample ends at the latest."""
     elements: list
     table: torch.Tensor
     fixed_row: dict
     need: list
     fail: dict
     line_end_ids: frozenset
+    most: int
 
 
 def compile_form(form, acrostic, vocab, allowed, context):
@@ -187,7 +189,9 @@ def compile_form(form, acrostic, vocab, allowed, context):
         kind, ids_ = elements[e]
         need[e] = need[e + 1] + (len(ids_) if kind == "fixed" else 0 if kind == "free" else 1)
     fail = {e: _failure(ids_) for e, (kind, ids_) in enumerate(elements) if kind == "free" and ids_}
-    return Program(elements, table, fixed_row, need, fail, frozenset(int(i) for i in ends.nonzero().flatten()))
+    most = sum(len(ids_) if kind == "fixed" else 1 if kind == "slot" else FREE_SPAN + len(ids_ or ()) + 1
+               for kind, ids_ in elements)  # a free span's closing part may be written over again: counted twice
+    return Program(elements, table, fixed_row, need, fail, frozenset(int(i) for i in ends.nonzero().flatten()), most)
 
 
 def _check_char(c, vocab, allowed, name, what):

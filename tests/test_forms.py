@@ -292,3 +292,21 @@ def test_best_of_checks_copies_against_the_runs_own_text_and_says_once_when_it_i
     gone.log = said.append
     assert len(gone.samples("ROMEO: O, she", **kw)) == 6 and len(gone.samples("To be", **kw)) == 6
     assert [line for line in said if "without" in line] == [said[-1]] and "without dropping copies" in said[-1]
+
+
+def test_compile_auto_weighs_what_a_form_writes_not_max_new_tokens(monkeypatch):
+    """A five-character verse with --max-new-tokens 10000 writes about six characters a sample: --compile auto must
+    not compile the decode step for 4 x 10,000 (it did, and a best-of took 60 s against 12 s eager)."""
+    import chargpt.engine as engine_module
+    weighed = []
+
+    def eager(mode, device, new_chars, quantized=False):
+        weighed.append(new_chars)
+        return False, "eager"
+    monkeypatch.setattr(engine_module, "pick_decode_compile", eager)
+    gen = counter_gen()
+    gen.generate("", form="_____", max_new_tokens=10_000, num_samples=4, seed=1)
+    most = forms.compile_form("_____", None, gen.vocab, torch.ones(len(gen.vocab), dtype=torch.bool), "").most
+    assert weighed == [4 * most] and most == 5
+    gen.generate("", max_new_tokens=300, num_samples=4, seed=1)  # no form: what it may write
+    assert weighed[-1] == 4 * 300
