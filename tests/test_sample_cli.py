@@ -336,3 +336,17 @@ def test_repl_takes_the_constraints_and_reports_scores():
     assert out.splitlines() == ["abcd a", "abab a", "abcdefgh", "abcdefgh"]  # c banned: the first letter left
     assert err.count("the constraints removed") == 2 and "form = None" in err and "ban = None" in err
     assert "best 1 of 2" in err and "invalid value for /form" in err
+
+
+def test_a_scored_sample_ends_its_line_before_its_score_line(ckpt):
+    """In a terminal stdout and stderr share the screen: the score line must not glue onto the sample's text."""
+    import io
+
+    from chargpt.cli.writers import Target, write_scored
+    from chargpt.engine import load
+    from chargpt.options import SampleOptions
+    screen = io.StringIO()
+    target = Target(say=lambda line: screen.write(line + "\n"), stdout=screen)
+    write_scored(load(ckpt, device="cpu"), "xy", SampleOptions.of(ban="\n", max_new_tokens=4, temperature=0.0), target)
+    assert re.fullmatch(r"xyz ab\nmean log-prob -\d+\.\d{3} nats/char; the constraints removed [\d.]+ nats/char\n",
+                        screen.getvalue()), screen.getvalue()

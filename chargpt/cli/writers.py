@@ -54,6 +54,7 @@ class Target:
             self.say(f"wrote {count} {what} to {self.path}")
         else:
             self.out().write(body)
+            self.out().flush()
 
 
 def write_samples(gen, prompt, options, target, copies=None):
@@ -135,9 +136,9 @@ def write_scored(gen, prompt, options, target, copies=None):
     else:
         body = "".join("\n" if live and not i else textio.format_sample(i, n, seed, shown, s.text)
                        for i, s in enumerate(run.samples))
-        for i, s in enumerate(run.samples):
-            target.say(score_line(s, i, n, best) + (f"; {novelty(s.text).line()}" if novelty else ""))
-    target.write(body, n)
+    target.write(body, n)  # the samples end their line before the scores follow (in a terminal, on the same screen)
+    for i, s in enumerate(run.samples if not target.as_json else ()):
+        target.say(score_line(s, i, n, best) + (f"; {novelty(s.text).line()}" if novelty else ""))
 
 
 def score_line(sample, i, n, best_of=None):
