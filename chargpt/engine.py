@@ -18,9 +18,10 @@ made, and keyword overrides (as above) make one from the defaults (or from the o
 
 import sys
 
+import numpy as np
 import torch
 
-from . import constraints
+from . import constraints, forms
 from .checkpoint import load_model, unwrap
 from .data import share_compile_cache
 from .errors import ChargptError, ConfigError
@@ -35,6 +36,8 @@ from .runtime import pick_decode_compile, pick_device
 from .sampling import StepRunner, StopFilter, decode, through_filters
 from .tokenizer import describe_chars
 from .translate import iter_sample_search, make_steps, source_ids, translate
+
+MAX_FORM_SEARCH = 20_000_000  # characters of a run's text searched for where a form's shape starts (form_start)
 
 
 class Generator:
@@ -56,6 +59,7 @@ class Generator:
         self.runner = None  # the compiled StepRunner, once one is asked for: compiled once and kept
         self.labels = LabelSet.from_meta(self.meta)  # a run trained with --labels: its labels (chargpt/labels.py)
         self.items_run = is_items_run(self.meta)  # a run trained with --items: it writes items (see items())
+        self.form_starts = {}  # form -> where the run's text starts text of its shape (form_start)
 
     def decode_runner(self, new_chars):
         """-> (the StepRunner that decodes new_chars characters (all samples together) after the prefill, or None
@@ -90,6 +94,34 @@ class Generator:
             if c in self.vocab.stoi:
                 return c
         return self.vocab.chars[0]
+
+    def form_start(self, form, generator):
+        """What a --form without a prompt is conditioned on: the text before one of the places where the run's
+        training text starts text of the form's shape (forms.shape_starts; chosen with the sample's generator),
+        not shown. None (a newline then, start_text) without a form, or where the text is not to be found or has
+        nothing of that shape: said once, with the way round it."""
+        if not form:
+            return None
+        if form not in self.form_starts:
+            starts, why = [], "the run's training text is not to be found"
+            from .novelty import CorpusMissing, run_corpus
+            try:
+                if self.meta.get("train_config"):
+                    corpus = run_corpus(self.meta, log=self.log)
+                    ids = corpus.ids()[:MAX_FORM_SEARCH]
+                    text = "".join(np.asarray(corpus.vocab.chars, dtype=object)[ids])
+                    room = min(forms.START_CONTEXT, self.model.config.block_size // 4)  # the window is the form's
+                    starts = forms.shape_starts(form, text, room)
+                    why = "the run's training text has no text of its shape"
+            except (CorpusMissing, ChargptError) as e:
+                why = f"{why} ({str(e).split(';')[0]})" if str(e) else why
+            starts = [s for s in starts if not self.vocab.unknown(s)]
+            if not starts:
+                self.log(f"note: the form starts after a newline ({why}); a {param('prompt')} that ends where "
+                         f"text of its shape starts (an author's line before a poem) steers it there")
+            self.form_starts[form] = starts
+        starts = self.form_starts[form]
+        return starts[int(torch.randint(len(starts), (1,), generator=generator))] if starts else None
 
     def prompt_text(self, prompt, unknown="error"):
         """The prompt as the model will see it after the unknown-character policy: 'error' raises naming
@@ -136,7 +168,7 @@ class Generator:
                                   "models")
             pieces = self._stream_pairs(prompt_seen, settings, options.num_samples, generator, options.use_cache)
             return Decoding(pieces, rows=options.num_samples)
-        context = prompt_seen or self.start_text()
+        context = prompt_seen or self.form_start(settings.form, generator) or self.start_text()
         rules = constraints.plan(settings, self.vocab, context, score=score)
         if rules and rules.program and rules.program.need[0] > settings.max_new_tokens:
             self.log(f"note: the form needs at least {rules.program.need[0]} characters; "

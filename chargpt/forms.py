@@ -25,6 +25,7 @@ of samples walks it (FormWalk): at each step every row names the mask row that a
 gather of B rows, whatever the vocabulary's size.
 """
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -284,3 +285,38 @@ class FormWalk:
                 done.append(r)
         self.budget -= 1
         return done
+
+
+# --- where text of a form's shape starts ------------------------------------------------------------------------
+START_CONTEXT = 48  # characters before a shape's start that a form without a prompt is conditioned on
+MAX_STARTS = 1000  # of which the starts found are kept (the first, in the text's order)
+
+
+def shape_regex(items):
+    """A form's items (parse) -> the regex of text of its shape: _ one letter or ideograph, * text on its line."""
+    free = r"[^\n]{0," + str(FREE_SPAN) + "}?"
+    return "".join(re.escape(t) if kind == "fixed" else r"[^\W\d_]" if kind == "slot" else free for kind, t in items)
+
+
+def shape_starts(form, text, limit=START_CONTEXT):
+    """Where text of the form's shape starts in `text` (a run's training text): at a line start, after a line that is
+    not itself the start of such text (a poem's first verse, not its second) -> up to MAX_STARTS contexts, each the
+    `limit` characters (at most) before one, from a line start: what a form without a prompt is conditioned on, so that
+    it begins where the corpus begins text of that shape (a Tang quatrain after its author's line) and not wherever
+    a newline leads (its titles and authors)."""
+    items = parse(form)
+    whole = re.compile(shape_regex(items))
+    first = items[:next((k + 1 for k, (kind, t) in enumerate(items) if kind == "fixed" and "\n" in t), len(items))]
+    first_line = re.compile(shape_regex(first))
+    starts = []
+    for m in re.finditer(r"(?:^|(?<=\n))(?=" + whole.pattern + ")", text):
+        line_before = text.rfind("\n", 0, max(m.start() - 1, 0)) + 1
+        if m.start() and first_line.match(text, line_before):
+            continue  # inside a run of such lines: not where one starts
+        lo = m.start() - limit  # from the line start after it (the text's start, if that is nearer)
+        begin = 0 if lo <= 0 else text.find("\n", lo, m.start()) + 1 or lo
+        if text[begin:m.start()]:
+            starts.append(text[begin:m.start()])
+        if len(starts) >= MAX_STARTS:
+            break
+    return starts

@@ -118,8 +118,9 @@ def decode_utf8(data, source):
 
 
 def read_prompt(prompt, prompt_file):
-    """--prompt / --prompt-file / --prompt - -> the prompt text. A file is taken exactly as written; from stdin,
-    the one newline that `echo` adds at the end is dropped."""
+    """--prompt / --prompt-file / --prompt - -> the prompt text. --prompt's \\n and \\t are a newline and a tab, as
+    in --stop and --ban (unescape); a file is taken exactly as written; from stdin too, but for the one newline that
+    `echo` adds at the end."""
     if prompt is not None and prompt_file is not None:
         raise ChargptError("pass either --prompt or --prompt-file, not both")
     if prompt == "-":
@@ -130,7 +131,7 @@ def read_prompt(prompt, prompt_file):
         source = f"prompt file {prompt_file}"
         text = decode_utf8(read_file(prompt_file, "prompt file", MAX_PROMPT_BYTES), source)
     else:
-        return prompt or ""
+        return unescape(prompt or "")
     if not text:
         raise ChargptError(f"{source} is empty; give some text, or drop it to start from a new line")
     return text

@@ -350,3 +350,11 @@ def test_a_scored_sample_ends_its_line_before_its_score_line(ckpt):
     write_scored(load(ckpt, device="cpu"), "xy", SampleOptions.of(ban="\n", max_new_tokens=4, temperature=0.0), target)
     assert re.fullmatch(r"xyz ab\nmean log-prob -\d+\.\d{3} nats/char; the constraints removed [\d.]+ nats/char\n",
                         screen.getvalue()), screen.getvalue()
+
+
+def test_prompt_escapes_follow_the_rule_of_stop_and_ban():
+    """--prompt '李白\\n' is a line then a new one, as --stop '\\n' is: one rule for every flag (a file and stdin are
+    taken as written)."""
+    from chargpt.textio import read_prompt
+    assert read_prompt("李白\\n", None) == "李白\n" and read_prompt("a\\tb\\\\n", None) == "a\tb\\n"
+    assert read_prompt(None, None) == ""

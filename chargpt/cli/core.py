@@ -77,8 +77,9 @@ def _check_interactive(prompt, prompt_file, output, as_json, num_samples):
 
 @click.command(context_settings=CONTEXT, params=[
     CHECKPOINT,
-    click.Option(["--prompt"], default=None, help="text to continue; '-' reads stdin (without the one newline at its "
-                 "end that echo adds) [default: a newline]"),
+    click.Option(["--prompt"], default=None, help="text to continue; \\n and \\t mean newline and tab, as in --stop "
+                 "and --ban (\\\\ a backslash); '-' reads stdin, as it is but for the one newline at its end that echo "
+                 "adds [default: a newline; with --form, where the run's text starts text of its shape]"),
     click.Option(["--prompt-file"], default=None, help="read the prompt from this UTF-8 file, exactly as written"),
     *config_options(SampleSettings),
     click.Option(["--num-samples"], default=1, show_default=True, type=int,
