@@ -17,6 +17,7 @@ per character of the text it wrote (the same number a teacher-forced evaluation 
 prints nothing: sample.py's lines and records of the scores are chargpt/cli/writers.py's.
 """
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,10 @@ from .tokenizer import codepoints
 
 NEAR_DUPLICATE = 0.5  # best-of drops a sample whose 8-character pieces overlap a better one's this much (Jaccard)
 SHINGLE = 8
+# best-of ranks last a sample that repeats a piece of 1-8 characters holding a letter or ideograph three times in a
+# row (處處處, lalala): the model's own log-probability rewards such loops (4 of 20 Tang quatrains kept by mean
+# log-prob had one, against none of 20 plain samples), and a reader sees them as broken text
+REPEATS = re.compile(r"(.{1,8}?)\1\1", re.S)
 
 
 def repetition_penalty(logits, seen, penalty):
@@ -188,7 +193,8 @@ class Sample:
     """One sample and its scores. logprob: the model's mean log-probability per character of the text (nats; None
     for an empty text or when not scored); removed: the mean nats per character the constraints took away (None
     without a hard constraint); row: its row in the decoded batch; dropped: why best-of ranked it after the others
-    ('copied' from the training text, or 'near-duplicate' of a better sample), else None; copied: the novelty
+    ('copied' from the training text, 'repetitive' (REPEATS) or 'near-duplicate' of a better sample), else None;
+    copied: the novelty
     summary best-of checked, if any."""
     text: str
     logprob: float | None = None
@@ -226,11 +232,17 @@ def shingles(text):
     return {text[i:i + SHINGLE] for i in range(max(1, len(text) - SHINGLE + 1))}
 
 
+def repetitive(text):
+    """Whether text loops: a piece of 1-8 characters with a letter or ideograph in it, three times in a row (not
+    '...', nor a code line's indentation)."""
+    return any(any(c.isalpha() for c in m.group(1)) for m in REPEATS.finditer(text))
+
+
 def rank(samples, keep, copies=None):
     """best-of: the samples best first by the model's own mean log-probability per character; a sample that copies
-    the training text (copies(text) -> a novelty Report with a copied span of at least its min_span) or whose
-    8-character pieces overlap a better kept one's by NEAR_DUPLICATE or more ranks after all the others (marked
-    `dropped`). -> the first `keep`."""
+    the training text (copies(text) -> a novelty Report with a copied span of at least its min_span), that loops
+    (repetitive) or whose 8-character pieces overlap a better kept one's by NEAR_DUPLICATE or more ranks after all
+    the others (marked `dropped`). -> the first `keep`."""
     order = sorted(samples, key=lambda s: -float("inf") if s.logprob is None else -s.logprob)
     kept, dropped, pieces = [], [], []
     for s in order:
@@ -239,6 +251,8 @@ def rank(samples, keep, copies=None):
             s.copied = report.summary()
             if s.copied["longest"] >= report.min_span:
                 s.dropped = "copied"
+        if s.dropped is None and repetitive(s.text):
+            s.dropped = "repetitive"
         if s.dropped is None:
             mine = shingles(s.text)
             if any(len(mine & p) >= NEAR_DUPLICATE * len(mine | p) for p in pieces):

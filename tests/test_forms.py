@@ -273,6 +273,17 @@ def test_best_of_drops_near_duplicates_and_copies():
     assert [(s.row, s.dropped) for s in ranked] == [(2, None), (0, "copied")] and ranked[1].copied == {"longest": 7}
 
 
+def test_best_of_ranks_a_sample_that_loops_after_the_others():
+    """The model's mean log-prob rewards loops (處處處 won 4 of 20 Tang best-ofs): they rank after the rest, while
+    '...', '!!!' and a code line's indentation are not loops."""
+    from chargpt.constraints import repetitive
+    assert all(repetitive(t) for t in ("春眠處處處聞啼鳥", "la la la la", "hahaha", "ab\nab\nab\n"))
+    assert not any(repetitive(t) for t in ("Wait... what?!!!", "def f():\n        return 1", "床前明月光，疑是地上霜。",
+                                           "aa bb", "Mississippi"))
+    samples = [Sample("處處處聞啼鳥", -0.5, row=0), Sample("夜來風雨聲", -1.5, row=1)]
+    assert [(s.row, s.dropped) for s in rank(samples, 2)] == [(1, None), (0, "repetitive")]
+
+
 def test_best_of_checks_copies_against_the_runs_own_text_and_says_once_when_it_is_gone(tmp_path):
     run = train_tiny(tmp_path / "runs", steps=300)
     gen = chargpt.load(run, device="cpu", dtype="float32")

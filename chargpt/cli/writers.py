@@ -141,6 +141,9 @@ def write_scored(gen, prompt, options, target, copies=None):
         target.say(score_line(s, i, n, best) + (f"; {novelty(s.text).line()}" if novelty else ""))
 
 
+DROPPED = {"copied": "copies the training text", "repetitive": "repeats itself", "near-duplicate": "a near-duplicate"}
+
+
 def score_line(sample, i, n, best_of=None):
     """A sample's scores (constraints.Sample) in one line for stderr: 'sample 2: mean log-prob -1.234 nats/char;
     the constraints removed 0.456 nats/char'."""
@@ -151,7 +154,7 @@ def score_line(sample, i, n, best_of=None):
     if sample.removed is not None:
         line += f"; the constraints removed {sample.removed:.3f} nats/char"
     if sample.dropped:
-        line += f" ({'copies the training text' if sample.dropped == 'copied' else 'a near-duplicate'}: ranked last)"
+        line += f" ({DROPPED.get(sample.dropped, sample.dropped)}: ranked last)"
     return line
 
 

@@ -203,7 +203,8 @@ function showScores(done, nodes) {
     }
     if (s.best_of) parts.unshift(`best ${i + 1} of ${s.best_of} (row ${s.row})`);
     if (s.dropped) {
-      parts.push(s.dropped === "copied" ? "copies the training text: ranked last" : "a near-duplicate: ranked last");
+      const why = {copied: "copies the training text", repetitive: "repeats itself"}[s.dropped] || "a near-duplicate";
+      parts.push(`${why}: ranked last`);
     }
     if (s.best_of && done.copy_check === false) {
       parts.push("copies not checked: the run's training text is not on this server");
