@@ -368,6 +368,15 @@ def test_ctrl_c_while_the_real_command_imports_torch():
     assert proc.returncode == 130 and err.strip().endswith("interrupted")
 
 
+def test_importing_the_commands_leaves_ctrl_c_to_the_importer():
+    """Only a process started as a command exits at once on Ctrl-C: one that imports the entry points (this test
+    suite, a notebook) keeps its own handler, so a later Ctrl-C in it is a KeyboardInterrupt as usual."""
+    code = "import signal, chargpt.__main__, chargpt.serve; print(signal.getsignal(signal.SIGINT).__name__)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.stdout.strip() == "default_int_handler", r.stdout + r.stderr
+
+
 def test_the_installed_commands_start_quietly_too():
     """pyproject's console scripts go through chargpt/__main__.py's quiet start, as train.py and python -m chargpt
     do."""
