@@ -1,30 +1,36 @@
 """python -m chargpt: the `chargpt` command; and the installed commands (chargpt, chargpt-train, chargpt-sample,
-chargpt-bench, chargpt-serve in pyproject.toml), each the click command of chargpt/cli/ behind a quiet start."""
+chargpt-bench, chargpt-serve in pyproject.toml), each the click command of chargpt/cli/ behind a quiet start.
+
+The quiet start is made when a command starts, not when this module is imported: a process that only imports it (a
+test, a notebook) keeps its own Ctrl-C handler."""
 
 from .components.interrupt import quiet_start
 
-quiet_start()  # a Ctrl-C during the imports exits quietly
-from . import cli  # noqa: E402
+
+def _command(name):
+    quiet_start()  # a Ctrl-C during the imports exits quietly
+    from . import cli
+    return getattr(cli, name)
 
 
 def chargpt():
-    cli.main(prog_name="chargpt")
+    _command("main")(prog_name="chargpt")
 
 
 def train():
-    cli.train_cli()
+    _command("train_cli")()
 
 
 def sample():
-    cli.sample_cli()
+    _command("sample_cli")()
 
 
 def bench():
-    cli.bench_cli()
+    _command("bench_cli")()
 
 
 def serve():
-    cli.serve_cli()
+    _command("serve_cli")()
 
 
 if __name__ == "__main__":

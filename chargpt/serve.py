@@ -4,7 +4,8 @@ import sys
 
 from .components.interrupt import quiet_start
 
-quiet_start()  # a Ctrl-C during the imports exits quietly
+if __name__ == "__main__":  # run, not imported: an importing process keeps its own Ctrl-C handler
+    quiet_start()  # a Ctrl-C during the imports exits quietly
 from .cli import serve_cli as main  # noqa: E402
 
 if __name__ == "__main__":

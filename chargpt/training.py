@@ -262,7 +262,7 @@ def train(log=tqdm.write, sinks=(), **overrides):
     comes from the config file, else the preset (by default the device's), else the dataclass default:
     chargpt/settings.py. `sinks`: loggers that receive the run's records beside its own files
     (chargpt/components/sinks.py). -> summary dict."""
-    run = None
+    run, threads = None, torch.get_num_threads()
     try:
         run = start_run(overrides, log=log, sinks=sinks)
         try:
@@ -287,3 +287,5 @@ def train(log=tqdm.write, sinks=(), **overrides):
     finally:
         if run is not None and run.dist.enabled and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+        # --threads is the run's: a program that trains in its own process (a notebook, the tests) gets its own back
+        torch.set_num_threads(threads)

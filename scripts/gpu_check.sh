@@ -24,7 +24,8 @@
 #   CORPUS       tiny Shakespeare (default data/tinyshakespeare.txt: `python -m chargpt data get tinyshakespeare`
 #                on a machine with network, then carry it over); nothing is downloaded
 #   --dry-run    every part on the CPU at toy sizes, with torch.compile's eager backend: checks the script itself
-#                (limits, parsing, report) in about a minute, anywhere (tests/test_gpu_paths.py runs it)
+#                (parsing, report) in about a minute, anywhere (tests/test_gpu_paths.py runs it); no part is
+#                stopped at its limit, which a busy CPU may pass (the report still shows each part's time and limit)
 # Installs nothing: it runs the repository in place with the machine's torch and packages (PYTHONPATH=.).
 # $OUT (default /tmp/chargpt-gpu-check) receives the report, the logs and, under work/, the runs.
 set -uo pipefail
@@ -48,12 +49,14 @@ rm -rf "$WORK" && mkdir -p "$WORK" || exit 1
 export CHARGPT_CACHE_DIR="$WORK/cache"
 status=0
 
-# part NAME LIMIT: run it under its limit, its output shown and logged; then its line of the report
+# part NAME LIMIT: run it under its limit, its output shown and logged; then its line of the report. A dry run's
+# verdict is what its parts check, not how fast a CPU shared with other work ran them: there timeout's 0 (none).
 part() {
-  local name=$1 limit=$2 start rc
-  echo "== $name (limit $limit s)"
+  local name=$1 limit=$2 start rc enforced=$2
+  [ -n "$DRY" ] && enforced=0
+  echo "== $name (limit $limit s${DRY:+, not enforced in a dry run})"
   start=$(date +%s.%N)
-  timeout --kill-after=5 "$limit" python3 scripts/gpu_check.py "$name" --work "$WORK" --data "$DATA" \
+  timeout --kill-after=5 "$enforced" python3 scripts/gpu_check.py "$name" --work "$WORK" --data "$DATA" \
     ${NANOGPT:+--nanogpt "$NANOGPT"} $DRY 2>&1 | tee "$OUT/gpu_check_$name.log"
   rc=${PIPESTATUS[0]}
   python3 scripts/gpu_check.py ended "$name" --work "$WORK" --report "$REPORT" --rc "$rc" --limit "$limit" \

@@ -94,15 +94,31 @@ def test_extending_a_finished_run_keeps_the_final_rate(tmp_path, corpus, extend)
 def test_resume_takes_hardware_settings_from_the_command_and_says_what_changed(tmp_path, corpus):
     train(out_dir="run", max_iters=2, eval_interval=2)  # threads 1, float32
     logs = []
-    run = start_run({"out_dir": "run", "resume": True, "max_iters": 4, "threads": 2}, log=logs.append)
-    assert (run.cfg.dtype, run.cfg.threads, run.cfg.compile) == ("auto", 2, "auto")  # not the checkpoint's
-    logs += start_lines(run)
-    Trainer(run).train()
+    threads = torch.get_num_threads()
+    try:
+        run = start_run({"out_dir": "run", "resume": True, "max_iters": 4, "threads": 2}, log=logs.append)
+        assert (run.cfg.dtype, run.cfg.threads, run.cfg.compile) == ("auto", 2, "auto")  # not the checkpoint's
+        logs += start_lines(run)
+        Trainer(run).train()
+    finally:
+        torch.set_num_threads(threads)  # start_run set the run's; chargpt.train puts them back, this test by hand
     auto = str(pick_dtype("auto", torch.device("cpu"))[0]).removeprefix("torch.")
     changed = [line for line in logs if line.startswith("hardware as this command sets it: ")]
     assert len(changed) == 1 and "threads 2 (checkpoint: 1)" in changed[0]
     assert (f"dtype {auto} (checkpoint: float32)" in changed[0]) == (auto != "float32")
     assert read_meta(tmp_path / "run" / STATE)[0]["hardware"]["threads"] == 2
+
+
+def test_a_run_trains_with_its_threads_and_gives_the_program_its_own_back(tmp_path, corpus):
+    """--threads is the run's: chargpt.train in a program's own process (a notebook, a test) leaves torch's thread
+    count as it found it, after a finished run and after a failed start alike."""
+    torch.set_num_threads(1)
+    train(out_dir="run", max_iters=2, eval_interval=2, threads=2)
+    assert read_meta(tmp_path / "run" / STATE)[0]["hardware"]["threads"] == 2 and torch.get_num_threads() == 1
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(chargpt.ChargptError):
+        train(data="empty.txt", out_dir="other", max_iters=2, threads=2)
+    assert torch.get_num_threads() == 1
 
 
 def test_dropout_may_change_on_resume_and_the_architecture_may_not(tmp_path, corpus):

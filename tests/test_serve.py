@@ -3,6 +3,7 @@ and traversal attempts, streamed text against sample.py, cancellation, limits, a
 One tiny run is trained per module (a second or two)."""
 
 import json
+import logging
 import math
 import os
 import re
@@ -611,6 +612,18 @@ def test_deep_json_and_huge_integers_are_one_clear_error(client):
     error = huge.json()["error"]
     assert huge.status_code == 400 and "an integer of 5,000 digits; the most is 100" in error
     assert clipped("one two three", 9) == "one two ..."
+
+
+def test_a_server_run_inside_a_program_leaves_its_logging_as_it_was(served):
+    """serve.running (tests, benchmarks) serves from a thread of another program: uvicorn's own set-up of its
+    loggers is undone when it stops, so that program's logging is as it was."""
+    def logging_state():
+        return {name: (logging.getLogger(name).handlers[:], logging.getLogger(name).level)
+                for name in ("", "uvicorn", "uvicorn.error", "uvicorn.access")}
+    before = logging_state()
+    with serve.running(serve.create_app(served, device="cpu")) as url:
+        assert get(url + "/api/status")["busy"] == 0
+    assert logging_state() == before
 
 
 def test_a_client_that_leaves_mid_body_is_no_traceback(served, capfd):

@@ -52,6 +52,7 @@ routes(), added to endpoints.FEATURES.
 
 import contextlib
 import ipaddress
+import logging
 import socket
 import sys
 import threading
@@ -183,24 +184,40 @@ def _server(app):
 
 
 @contextlib.contextmanager
+def uvicorn_logging_kept():
+    """uvicorn.Config sets up uvicorn's loggers (handlers, levels) for the whole process: a server run inside
+    another program puts them back as they were when it stops, leaving that program's logging as it found it."""
+    loggers = [logging.getLogger(name) for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")]
+    kept = [(logger.handlers[:], logger.level, logger.propagate, logger.disabled) for logger in loggers]
+    try:
+        yield
+    finally:
+        for logger, (handlers, level, propagate, disabled) in zip(loggers, kept):
+            logger.handlers[:] = handlers
+            logger.setLevel(level)
+            logger.propagate, logger.disabled = propagate, disabled
+
+
+@contextlib.contextmanager
 def running(app, host="127.0.0.1", port=0, timeout=30):
     """Serve `app` from a background thread (tests, benchmarks); -> its base URL. Stopped on exit."""
-    sock = bind(host, port)
-    server = _server(app)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="chargpt-serve", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + timeout
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the server did not start")
-        time.sleep(0.01)
-    try:
-        yield url_of(sock)
-    finally:
-        stop_all(app)
-        server.should_exit = True
-        thread.join(timeout)
-        sock.close()
+    with uvicorn_logging_kept():
+        sock = bind(host, port)
+        server = _server(app)
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="chargpt-serve", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + timeout
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.01)
+        try:
+            yield url_of(sock)
+        finally:
+            stop_all(app)
+            server.should_exit = True
+            thread.join(timeout)
+            sock.close()
 
 
 DEFAULT_CHECKPOINTS = "checkpoints"  # serve's --checkpoints default, and train's default parent folder
