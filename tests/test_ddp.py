@@ -34,7 +34,7 @@ pytestmark = pytest.mark.skipif(sys.platform == "win32" or not torch.distributed
 TINY_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
                threads=1, sample_chars=0, dtype="float32", curves=False, verbose=True)
 RUN_FILES = ["best.safetensors", "config.toml", "latest.safetensors", "metrics.jsonl", "state.safetensors",
-             "train.log", "train_loss.jsonl"]
+             "status.json", "train.log", "train_loss.jsonl"]
 
 
 def quiet(msg):

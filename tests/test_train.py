@@ -39,7 +39,7 @@ def test_train_then_sample_end_to_end(corpus, tmp_path):
     assert r.stdout == f"{out}\n"  # the result, for scripts: the run directory
     assert {p.name for p in out.iterdir()} == {"latest.safetensors", "best.safetensors", "state.safetensors",
                                                 "metrics.jsonl", "config.toml", "train_loss.jsonl",
-                                                "train.log"}  # no curves.png
+                                                "train.log", "status.json"}  # no curves.png
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [0, 20, 40]
     assert metrics[-1]["val_loss"] < metrics[0]["val_loss"] - 0.5  # it learned something
