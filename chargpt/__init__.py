@@ -9,13 +9,14 @@
     print(chargpt.load("checkpoints/ita").translate(["Good morning."], beam=4)[0])
 """
 
-from .config import ModelConfig, TrainConfig
-from .errors import ChargptError, CheckpointError, ConfigError, DataError
+from chargpt.config import ModelConfig, TrainConfig
+from chargpt.errors import ChargptError, CheckpointError, ConfigError, DataError
 
 __version__ = "0.1.0"
 # imported when first used (PEP 562): `import chargpt` stays light, so a command starts (and a Ctrl-C while it
-# starts is handled, chargpt/components/interrupt.py) before torch is loaded
-LAZY = {"Generator": "engine", "load": "engine", "CharGPT": "model", "Vocab": "tokenizer", "SampleOptions": "options"}
+# starts is handled, chargpt/training/interrupt.py) before torch is loaded
+LAZY = {"Generator": "sampling.engine", "load": "sampling.engine", "CharGPT": "model.transformer",
+        "Vocab": "data.tokenizer", "SampleOptions": "sampling.options"}
 
 
 def __getattr__(name):
@@ -26,8 +27,8 @@ def __getattr__(name):
 
 
 def train(**kwargs):
-    """Train a model; keyword arguments are the training flags with underscores. See chargpt.training.train."""
-    from .training import train as _train
+    """Train a model; keyword arguments are the training flags with underscores. See chargpt.training.trainer.train."""
+    from chargpt.training.trainer import train as _train
     return _train(**kwargs)
 
 

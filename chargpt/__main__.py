@@ -4,12 +4,12 @@ chargpt-bench, chargpt-serve in pyproject.toml), each the click command of charg
 The quiet start is made when a command starts, not when this module is imported: a process that only imports it (a
 test, a notebook) keeps its own Ctrl-C handler."""
 
-from .components.interrupt import quiet_start
+from chargpt.training.interrupt import quiet_start
 
 
 def _command(name):
     quiet_start()  # a Ctrl-C during the imports exits quietly
-    from . import cli
+    from chargpt import cli
     return getattr(cli, name)
 
 

@@ -11,10 +11,10 @@ from datetime import timedelta
 
 import torch
 
-from . import platforms
-from .config import THREADS_PER_CPU
-from .errors import ConfigError
-from .flags import param
+from chargpt import platforms
+from chargpt.config import THREADS_PER_CPU
+from chargpt.config.flags import param
+from chargpt.errors import ConfigError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -416,8 +416,8 @@ class OneGraphDDP(torch.nn.parallel.DistributedDataParallel):
 
     Under DDP, torch.compile cuts the graph where DDP's gradient buckets end (torch/_dynamo/backends/distributed.py,
     so that each bucket's all-reduce can start while the backward goes on), and it sizes a bucket by
-    param.untyped_storage().nbytes(). chargpt's parameters are views of one flat buffer (chargpt/flat.py), so every
-    parameter counts as the whole buffer, and the graph fell into about one piece per parameter: 40 at 6 x 384,
+    param.untyped_storage().nbytes(). chargpt's parameters are views of one flat buffer (chargpt/training/flat.py), so
+    every parameter counts as the whole buffer, and the graph fell into about one piece per parameter: 40 at 6 x 384,
     against 3 with separate parameters, each piece compiled on its own, no fusion across them. In one graph the
     gradients are all-reduced after the backward instead of during it, which costs little at chargpt's sizes on
     one machine (tens of MB of gradients over NVLink); across machines it is not yet measured (docs/gpu.md)."""
@@ -433,8 +433,8 @@ def ddp(model, device):
     - no buffer sync before each forward: a model's only buffers are constants of its config (the sinusoidal
       position table), the same on every rank, and DDP's default broadcasts them from rank 0 at every forward
       (forward_sync_buffers=False since torch 2.13, which deprecates broadcast_buffers=False for it).
-    - gradient_as_bucket_view=False, always: the optimizer steps the flat gradient buffer (chargpt/flat.py), and
-      with it DDP would make each .grad a view of its own buckets from the second step on, leaving the flat buffer
+    - gradient_as_bucket_view=False, always: the optimizer steps the flat gradient buffer (chargpt/training/flat.py),
+      and with it DDP would make each .grad a view of its own buckets from the second step on, leaving the flat buffer
       at zero: the optimizer would step zeros (tests/test_gpu_paths.py shows it)."""
     takes = inspect.signature(torch.nn.parallel.DistributedDataParallel).parameters
     no_sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in takes else {"broadcast_buffers": False}

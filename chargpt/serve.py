@@ -2,11 +2,11 @@
 
 import sys
 
-from .components.interrupt import quiet_start
+from chargpt.training.interrupt import quiet_start
 
 if __name__ == "__main__":  # run, not imported: an importing process keeps its own Ctrl-C handler
     quiet_start()  # a Ctrl-C during the imports exits quietly
-from .cli import serve_cli as main  # noqa: E402
+from chargpt.cli import serve_cli as main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

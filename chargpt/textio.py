@@ -11,8 +11,8 @@ import json
 import re
 import sys
 
-from .errors import ChargptError
-from .rundir import write_atomic
+from chargpt.errors import ChargptError
+from chargpt.runs.rundir import write_atomic
 
 TRANSLATE_CHUNK = 1024  # lines translated (and written to stdout) at a time: output flows, memory stays bounded
 # The most that is read of each kind of input: a file, a pipe or a device that never ends (/dev/zero, `yes`) is

@@ -91,7 +91,7 @@ def peak_memory_mb(device):
 
 def curve(run_dir):
     """A run's metrics.jsonl rows without the wall clock: what two runs that computed alike share."""
-    from chargpt import rundir
+    from chargpt.runs import rundir
     return [{k: v for k, v in row.items() if k != "elapsed_s"}
             for row in rundir.read_step_rows(Path(run_dir) / rundir.METRICS)]
 
@@ -118,7 +118,7 @@ def preflight(p: Part):
         return p.finish(True)
     if not torch.cuda.is_available():
         return p.finish(False, "no CUDA device visible to torch")
-    from chargpt.corpora import CORPORA, sha256_of
+    from chargpt.data.corpora import CORPORA, sha256_of
     capability = ".".join(map(str, torch.cuda.get_device_capability()))
     p.found.update(device=torch.cuda.get_device_name(), capability=capability, cuda=torch.version.cuda,
                    corpus=p.args.data)
@@ -148,8 +148,8 @@ def recipe(p: Part):
     """nanoGPT's shakespeare-char recipe, compiled, to a full validation loss of at most 1.47."""
     import torch
 
-    from chargpt.evaluate import evaluate
-    from chargpt.model import estimated_params
+    from chargpt.model.transformer import estimated_params
+    from chargpt.tools.evaluate import evaluate
     run = p.work / "recipe"
     kw = {**RECIPE, "compile": "on"} if not p.dry else {**TOY, "max_iters": 30, "eval_interval": 10, "compile": "on"}
     t0 = time.perf_counter()
@@ -224,13 +224,13 @@ def fp16(p: Part):
 
 
 def fused_loss(p: Part):
-    """chargpt.loss's fused head + loss against the full logits at 2,000 and 10,000 characters, one training step's
-    rows (batch 64 x 256) in bf16 autocast: the same loss and gradients, and each one's time and memory, to set the
-    GPU's threshold (chargpt.loss.FUSED_MIN_VOCAB, measured on a CPU only) from measurement."""
+    """chargpt.model.loss's fused head + loss against the full logits at 2,000 and 10,000 characters, one training
+    step's rows (batch 64 x 256) in bf16 autocast: the same loss and gradients, and each one's time and memory, to set
+    the GPU's threshold (chargpt.model.loss.FUSED_MIN_VOCAB, measured on a CPU only) from measurement."""
     import torch
 
-    from chargpt.loss import head_loss
-    from chargpt.model import lm_loss
+    from chargpt.model.loss import head_loss
+    from chargpt.model.transformer import lm_loss
     from chargpt.runtime import autocast
     dev = torch.device(p.device)
     N, C = p.scaled(64 * 256, 256), p.scaled(384, 32)
@@ -278,10 +278,10 @@ def ddp(p: Part):
     import torch
     import torch.distributed as dist
 
-    from chargpt.components.start import build
     from chargpt.config import ModelConfig, TrainConfig
     from chargpt.runtime import Dist
     from chargpt.runtime import ddp as chargpt_ddp
+    from chargpt.training.start import build
     dev = torch.device(p.device, 0) if p.device == "cuda" else torch.device("cpu")
     backend = "nccl" if p.device == "cuda" else "gloo"
     extra = {"device_id": dev} if p.device == "cuda" else {}
@@ -343,16 +343,16 @@ def decode(p: Part):
     per second, with the recipe's model (a random one of its size if it is missing); bf16 must not be slower."""
     import torch
 
-    from chargpt.checkpoint import load_model
-    from chargpt.engine import Generator
-    from chargpt.quantize import inference_model
+    from chargpt.model.quantize import inference_model
+    from chargpt.runs.checkpoint import load_model
+    from chargpt.sampling.engine import Generator
     run = p.work / "recipe"
     if (run / "best.safetensors").exists():
         base, vocab, meta = load_model(str(run), p.device)
     else:
         from chargpt.config import ModelConfig
-        from chargpt.model import build_model
-        from chargpt.tokenizer import Vocab
+        from chargpt.data.tokenizer import Vocab
+        from chargpt.model.transformer import build_model
         vocab = Vocab(sorted(set(Path(p.args.data).read_text(encoding="utf-8"))))
         size = dict(n_layer=6, n_head=6, n_embd=384, block_size=256) if not p.dry else dict(n_layer=1, n_head=2,
                                                                                           n_embd=16, block_size=16)

@@ -13,7 +13,7 @@
 #                       go (bitwise, or as close as two runs of the same seed, which it also reports)
 #   fp16          30 s  float16 with the loss scaler and Muon for 300 steps: the loss falls, stays finite; host syncs
 #   fused_loss    25 s  the fused head + loss against the full logits at 2,000 and 10,000 characters (agreement, ms,
-#                       peak memory): the GPU's threshold for chargpt.loss.FUSED_MIN_VOCAB, from measurement
+#                       peak memory): the GPU's threshold for chargpt.model.loss.FUSED_MIN_VOCAB, from measurement
 #   ddp           40 s  DDP over NCCL in one process, compiled: one graph (plain DDP's pieces counted beside it)
 #   decode        35 s  batch-1 decoding of the recipe's model in float32, bf16 and the compiled step; bf16 must not
 #                       be slower than float32

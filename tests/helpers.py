@@ -27,10 +27,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import chargpt
 from chargpt.config import ModelConfig
-from chargpt.corpora import Corpus
-from chargpt.engine import Generator
-from chargpt.model import CharGPT
-from chargpt.tokenizer import Vocab
+from chargpt.data.corpora import Corpus
+from chargpt.data.tokenizer import Vocab
+from chargpt.model.transformer import CharGPT
+from chargpt.sampling.engine import Generator
 
 # --- running the commands -----------------------------------------------------------------------------------------
 ROOT = Path(__file__).resolve().parent.parent
@@ -299,7 +299,7 @@ def launch_chromium(playwright):
 
 # --- a local download server --------------------------------------------------------------------------------------
 BODY = bytes(range(256)) * 800  # 204,800 bytes: several reads of 64 KiB
-# The corpus the server publishes: tests put it into chargpt.corpora.CORPORA under its name.
+# The corpus the server publishes: tests put it into chargpt.data.corpora.CORPORA under its name.
 GOOD = Corpus("testcorpus", "test.txt", "http://unused.invalid/test.txt", hashlib.sha256(BODY).hexdigest(),
               len(BODY), "a test corpus")
 

@@ -1,5 +1,5 @@
-"""--softmax adaptive (chargpt/adaptive.py): an exact distribution over the whole vocabulary whose cost follows the
-characters the text uses. Its loss is the full distribution's cross-entropy, its gradient that loss's, the most used
+"""--softmax adaptive (chargpt/model/adaptive.py): an exact distribution over the whole vocabulary whose cost follows
+the characters the text uses. Its loss is the full distribution's cross-entropy, its gradient that loss's, the most used
 characters are the shortlist, a checkpoint rebuilds the same ranking, a run trains, samples, resumes and evaluates
 with it, and what cannot carry it (the GPT-2 export, --init-from, label smoothing) says so in one line.
 Numbers are compared in float32, the dtype pinned."""
@@ -13,14 +13,16 @@ from click.testing import CliRunner
 from helpers import TINY_FLAGS, assert_one_line_error
 
 import chargpt
-from chargpt import adaptive, engine, sizing
-from chargpt.adaptive import AdaptiveSoftmax, char_counts, cutoffs, shortlist_for
-from chargpt.checkpoint import load_model
 from chargpt.cli import train_cli
 from chargpt.config import ModelConfig
 from chargpt.errors import ConfigError
-from chargpt.model import build_model, estimated_params
-from chargpt.sizing import RUNGS, Probe
+from chargpt.model import adaptive
+from chargpt.model.adaptive import AdaptiveSoftmax, char_counts, cutoffs, shortlist_for
+from chargpt.model.transformer import build_model, estimated_params
+from chargpt.runs.checkpoint import load_model
+from chargpt.sampling import engine
+from chargpt.training import sizing
+from chargpt.training.sizing import RUNGS, Probe
 
 V, C = 300, 16
 
@@ -167,7 +169,7 @@ def test_what_cannot_go_with_it_is_one_line(tmp_path, alphabet_corpus, args, pat
 def test_the_gpt2_export_and_init_from_refuse_it_by_name(tmp_path, alphabet_corpus):
     """(The web page computes it: tests/test_webpage.py.)"""
     train(tmp_path, alphabet_corpus, max_iters=2, eval_interval=1)
-    from chargpt import export
+    from chargpt.tools import export
     cfg = load_model(tmp_path / "run")[0].config
     with pytest.raises(ConfigError, match=r"softmax\W+adaptive\W+cannot be exported as GPT-2"):
         export.check_exportable(cfg)
@@ -197,8 +199,8 @@ class FixedProbe:
 def test_auto_sizes_the_output_layer_the_run_trains(tmp_path, monkeypatch, given, want):
     """On a large alphabet auto keeps the full layer (the adaptive one lost at 600 s on the Tang poems); a given
     --softmax adaptive is what the probe times, on a batch drawn from the text's counts."""
-    from chargpt import sizing
-    from chargpt.training import start_run
+    from chargpt.training import sizing
+    from chargpt.training.trainer import start_run
     rng = random.Random(0)
     chars = [chr(0x4E00 + i) for i in range(5000)]
     text = "".join(chars) + "".join(rng.choices(chars, [1 / (i + 1) for i in range(5000)], k=30_000))

@@ -7,10 +7,18 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from chargpt.checkpoint import load_model, model_tensors, write_safetensors
 from chargpt.config import ARCH_FIELDS, ModelConfig, model_config_from_dict
 from chargpt.errors import ConfigError
-from chargpt.model import Attention, CharGPT, EncoderDecoder, KVCache, Memory, build_model, sinusoidal_positions
+from chargpt.model.transformer import (
+    Attention,
+    CharGPT,
+    EncoderDecoder,
+    KVCache,
+    Memory,
+    build_model,
+    sinusoidal_positions,
+)
+from chargpt.runs.checkpoint import load_model, model_tensors, write_safetensors
 
 TINY = dict(vocab_size=13, block_size=16, n_layer=2, n_head=2, n_embd=16, dropout=0.0)
 

@@ -9,11 +9,11 @@ import math
 import pytest
 
 import chargpt
-from chargpt.checkpoint import read_meta
-from chargpt.components.validate import eval_line, eval_record
-from chargpt.data import encode_corpus, split_of
-from chargpt.evaluate import evaluate, format_result, utf8_bytes, utf8_lengths
-from chargpt.runinfo import format_info, run_info
+from chargpt.data.corpus import encode_corpus, split_of
+from chargpt.runs.checkpoint import read_meta
+from chargpt.runs.info import format_info, run_info
+from chargpt.tools.evaluate import evaluate, format_result, utf8_bytes, utf8_lengths
+from chargpt.training.validate import eval_line, eval_record
 
 LINES = ["To be, or not to be: that is the question {i}.", "Café crème, s'il vous plaît {i}.",
          "床前明月光，疑是地上霜 {i}。"]
@@ -77,8 +77,8 @@ def test_eval_reports_bits_per_byte_of_the_characters_scored(mixed_run, tmp_path
 
 
 def test_utf8_bytes_counts_in_chunks_and_skips_unknown(monkeypatch):
-    from chargpt import evaluate as ev
-    from chargpt.tokenizer import Vocab
+    from chargpt.data.tokenizer import Vocab
+    from chargpt.tools import evaluate as ev
     vocab = Vocab.from_text("aé床😀")
     ids = vocab.encode("aé床😀" * 5)
     lengths = utf8_lengths(vocab)
@@ -96,7 +96,7 @@ def test_info_plot_and_the_playground_show_bits_per_byte(mixed_run, tmp_path):
                                                  rel=1e-4)
     assert f"{info['best_val_bpb']:.3f} bits/byte" in format_info(info)
     pytest.importorskip("matplotlib")
-    from chargpt.plot import figure, plot_runs, read_running, require_metrics
+    from chargpt.runs.plot import figure, plot_runs, read_running, require_metrics
     rows = require_metrics(root / "run")
     lines = {ln.get_label(): ln for ln in figure({"run": rows}, "bpb", {"run": read_running(root / "run")})
              .axes[0].lines}

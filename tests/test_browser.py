@@ -2,7 +2,7 @@
 server on a free localhost port with a tiny run trained here. It writes with a fixed seed and checks the text
 against the library, stops a generation, shows unknown characters, draws the inside view (surprise shading,
 a causal attention map), the runs view (curves that follow a run still training; 20 runs of 20 samples each in a
-page of bounded height, in 20 colours) and the copied text of a sample (chargpt.novelty) shaded with its source
+page of bounded height, in 20 colours) and the copied text of a sample (chargpt.tools.novelty) shaded with its source
 line, with the span length the page sends. Each view is saved as a
 screenshot under the test's tmp dir. Skipped only where Chromium or Playwright is missing outside CI."""
 

@@ -19,19 +19,21 @@ import torch
 from helpers import TINY_RUN_KW
 
 import chargpt
-from chargpt import checkpoint as ckpt
-from chargpt import rundir, runtime, sizing
-from chargpt.components.budget import EVAL_SHARE, MIN_EVALS, EvalFit, Pace, fit_evaluations, pace_lines
-from chargpt.components.describe import brief_lines, start_lines
-from chargpt.components.overfit import RISEN_EVALS, OverfitWatch, overfitting
-from chargpt.components.progress import Progress
-from chargpt.components.start import start_run
-from chargpt.components.state import RunState
-from chargpt.components.validate import EVALS_PER_BUDGET
+from chargpt import runtime
 from chargpt.config import UNLIMITED, TrainConfig
-from chargpt.flags import param
-from chargpt.schedules import WARMUP_SHARE, decay_warning, lr_at, warmup_steps
-from chargpt.training import Trainer
+from chargpt.config.flags import param
+from chargpt.runs import checkpoint as ckpt
+from chargpt.runs import rundir
+from chargpt.training import sizing
+from chargpt.training.budget import EVAL_SHARE, MIN_EVALS, EvalFit, Pace, fit_evaluations, pace_lines
+from chargpt.training.describe import brief_lines, start_lines
+from chargpt.training.overfit import RISEN_EVALS, OverfitWatch, overfitting
+from chargpt.training.progress import Progress
+from chargpt.training.schedules import WARMUP_SHARE, decay_warning, lr_at, warmup_steps
+from chargpt.training.start import start_run
+from chargpt.training.state import RunState
+from chargpt.training.trainer import Trainer
+from chargpt.training.validate import EVALS_PER_BUDGET
 
 TINY = {k: v for k, v in TINY_RUN_KW.items() if k != "warmup_iters"}  # the warm-up: each test's own
 

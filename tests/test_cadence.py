@@ -9,9 +9,11 @@ from types import SimpleNamespace
 import torch
 
 import chargpt
-from chargpt.components.budget import EVAL_SHARE, EvalFit
-from chargpt.components.progress import RunningLoss
-from chargpt.components.validate import (
+from chargpt.config import TrainConfig
+from chargpt.runs.rundir import LOSSES, METRICS
+from chargpt.training.budget import EVAL_SHARE, EvalFit
+from chargpt.training.progress import RunningLoss
+from chargpt.training.validate import (
     EVALS_PER_BUDGET,
     PASSES_PER_EVAL,
     Validator,
@@ -19,8 +21,6 @@ from chargpt.components.validate import (
     pass_steps,
     time_to_evaluate,
 )
-from chargpt.config import TrainConfig
-from chargpt.rundir import LOSSES, METRICS
 
 TINY_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
                threads=1, sample_chars=0, dtype="float32", curves=False, verbose=True)

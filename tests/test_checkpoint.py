@@ -16,12 +16,12 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import chargpt
-from chargpt import checkpoint as ckpt
-from chargpt import rundir
 from chargpt.cli import sample_cli
+from chargpt.data.tokenizer import Vocab
 from chargpt.errors import CheckpointError
-from chargpt.model import CharGPT
-from chargpt.tokenizer import Vocab
+from chargpt.model.transformer import CharGPT
+from chargpt.runs import checkpoint as ckpt
+from chargpt.runs import rundir
 
 VOCAB = Vocab("\n abcdefghi")  # 11 characters, as tiny_config
 

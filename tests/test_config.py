@@ -1,5 +1,5 @@
-"""The settings themselves (chargpt/config.py, chargpt/flags.py): every field is a flag with its help and default,
-messages name a setting as the user gave it, validation fails in one line naming the setting, and every
+"""The settings themselves (chargpt/config/__init__.py, chargpt/config/flags.py): every field is a flag with its help
+and default, messages name a setting as the user gave it, validation fails in one line naming the setting, and every
 dictionary from outside is checked by one function (typed_fields) before it becomes a config."""
 
 import math
@@ -24,8 +24,8 @@ from chargpt.config import (
     split_overrides,
     typed_fields,
 )
+from chargpt.config.flags import cli_names, flag_specs, param, spelled
 from chargpt.errors import ConfigError
-from chargpt.flags import cli_names, flag_specs, param, spelled
 
 
 def specs(cls):

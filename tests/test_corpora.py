@@ -10,10 +10,10 @@ import pytest
 from click.testing import CliRunner
 from helpers import BODY, GOOD, Server
 
-import chargpt.corpora as corpora
-from chargpt import tang
+import chargpt.data.corpora as corpora
 from chargpt.cli import data_cli
-from chargpt.corpora import Corpus, get
+from chargpt.data import tang
+from chargpt.data.corpora import Corpus, get
 from chargpt.errors import DataError
 
 

@@ -8,11 +8,11 @@ from helpers import WeightCasts
 from safetensors.torch import load_file
 
 import chargpt
-from chargpt import rundir
 from chargpt.config import SampleSettings
-from chargpt.model import CharGPT
-from chargpt.quantize import inference_model
-from chargpt.sampling import decode
+from chargpt.model.quantize import inference_model
+from chargpt.model.transformer import CharGPT
+from chargpt.runs import rundir
+from chargpt.sampling.decode import decode
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -31,7 +31,7 @@ def test_compiled_training_step_learns_and_times_its_compilation(tmp_path, corpu
     assert summary["compiled"] and summary["first_step_s"] > 0
     assert any(line.endswith("torch.compile (--compile auto: it wins on CUDA)") for line in logs), logs
     assert any(line.startswith("torch.compile: the first step took") for line in logs), logs
-    rows = chargpt.rundir.read_step_rows(tmp_path / "run" / chargpt.rundir.METRICS)
+    rows = chargpt.runs.rundir.read_step_rows(tmp_path / "run" / chargpt.runs.rundir.METRICS)
     assert rows[-1]["val_loss"] < rows[0]["val_loss"] - 0.5
     # TF32 was switched on so that torch's older API still reads (the newer one would make it raise from now on)
     assert torch.backends.cuda.matmul.allow_tf32 is True and torch.get_float32_matmul_precision() == "high"

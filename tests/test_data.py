@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from chargpt.data import Batches, encode_corpus, split_sizes
+from chargpt.data.corpus import Batches, encode_corpus, split_sizes
+from chargpt.data.tokenizer import Vocab
 from chargpt.errors import DataError
-from chargpt.tokenizer import Vocab
 
 MIXED = "Hello, 世界! 床前明月光，疑是地上霜。 emoji 🙂🚀 tab\tend\r\n"
 
@@ -32,7 +32,7 @@ def test_cache_skips_second_encoding(tmp_path, monkeypatch):
     path = tmp_path / "a.txt"
     path.write_text("abc" * 100, encoding="utf-8")
     first = encode_corpus(str(path))
-    import chargpt.data as data
+    import chargpt.data.corpus as data
     monkeypatch.setattr(data, "iter_text", lambda *a, **k: pytest.fail("re-encoded a cached corpus"))
     second = encode_corpus(str(path))
     assert second.ids_path == first.ids_path and second.vocab == first.vocab

@@ -22,10 +22,10 @@ import torch
 from helpers import ROOT, TINY_FLAGS, run_cli
 from safetensors.torch import load_file, save_file
 
-from chargpt import checkpoint as ckpt
-from chargpt import rundir
-from chargpt.data import Batches
-from chargpt.training import Trainer, start_run, train
+from chargpt.data.corpus import Batches
+from chargpt.runs import checkpoint as ckpt
+from chargpt.runs import rundir
+from chargpt.training.trainer import Trainer, start_run, train
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32" or not torch.distributed.is_available(),
                                 reason="needs torch.distributed and POSIX process groups")

@@ -24,7 +24,7 @@ from click.testing import CliRunner
 from helpers import ROOT, TINY_FLAGS
 
 import chargpt
-import chargpt.corpora as corpora
+import chargpt.data.corpora as corpora
 from chargpt.cli import main as chargpt_main
 from chargpt.cli import sample_cli, train_cli
 
@@ -420,7 +420,7 @@ TIME_FLAGS = ("--max-time", "--max-iters", "--eval-interval")
 
 def english():
     """A small English text holding every character the docs' prompts use."""
-    from chargpt.data import default_corpus_text
+    from chargpt.data.corpus import default_corpus_text
     return default_corpus_text()[:20_000] + "".join(f"ROMEO: JULIET: line {i}.\n" for i in range(50))
 
 

@@ -4,7 +4,7 @@ drawn a byte an element."""
 import pytest
 import torch
 
-from chargpt.dropout import Dropout, dropout, keep_mask
+from chargpt.model.dropout import Dropout, dropout, keep_mask
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -1,5 +1,5 @@
-"""The engine (chargpt/engine.py): chargpt.load -> Generator. A seed reproduces a text whatever else ran before and
-however the model was loaded; streamed pieces are the generated texts; prompts are conditioned on as given, an
+"""The engine (chargpt/sampling/engine.py): chargpt.load -> Generator. A seed reproduces a text whatever else ran before
+and however the model was loaded; streamed pieces are the generated texts; prompts are conditioned on as given, an
 empty one on a line start; what a model cannot do is said in one line."""
 
 import inspect
@@ -9,15 +9,15 @@ import pytest
 import torch
 
 import chargpt
-import chargpt.options as options_module
-from chargpt.checkpoint import save_model
+import chargpt.sampling.options as options_module
 from chargpt.config import ModelConfig, SampleSettings
-from chargpt.engine import Generator
+from chargpt.data.pairs import END, SEP
+from chargpt.data.tokenizer import Vocab
 from chargpt.errors import ChargptError, ConfigError
-from chargpt.model import CharGPT
-from chargpt.options import SampleOptions
-from chargpt.pairs import END, SEP
-from chargpt.tokenizer import Vocab
+from chargpt.model.transformer import CharGPT
+from chargpt.runs.checkpoint import save_model
+from chargpt.sampling.engine import Generator
+from chargpt.sampling.options import SampleOptions
 
 VOCAB = Vocab("\n abcdefghijklmnopqrstuvwxyz")
 

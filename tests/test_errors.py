@@ -21,10 +21,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import chargpt
-from chargpt import checkpoint as ckpt
-from chargpt import rundir
 from chargpt.cli import sample_cli, train_cli
 from chargpt.errors import CheckpointError, ConfigError, DataError
+from chargpt.runs import checkpoint as ckpt
+from chargpt.runs import rundir
 
 
 def train_ok(**kw):

@@ -9,13 +9,13 @@ from click.testing import CliRunner
 from helpers import run_chargpt
 from torch.nn import functional as F
 
-import chargpt.evaluate as ev
-from chargpt.checkpoint import load_model, read_meta, save_model
+import chargpt.tools.evaluate as ev
 from chargpt.cli import eval_cli
-from chargpt.data import encode_corpus, split_of
+from chargpt.data.corpus import encode_corpus, split_of
 from chargpt.errors import DataError
-from chargpt.evaluate import evaluate, window_plan
-from chargpt.rundir import resolve
+from chargpt.runs.checkpoint import load_model, read_meta, save_model
+from chargpt.runs.rundir import resolve
+from chargpt.tools.evaluate import evaluate, window_plan
 
 # only characters of the tiny run's corpus
 TEXT = "ROMEO: To be, or not to be: that is the question 7.\nO, she doth teach the torches to be the question.\n"

@@ -19,16 +19,16 @@ import torch
 from helpers import ROOT, assert_one_line_error, invoke, run_chargpt, snapshot
 from safetensors import safe_open
 
-import chargpt.export as export_module
-from chargpt.checkpoint import read_meta, save_model
+import chargpt.tools.export as export_module
 from chargpt.cli import export_cli
 from chargpt.config import ModelConfig, TrainConfig
-from chargpt.engine import Generator
+from chargpt.data.pairs import END, SEP
+from chargpt.data.tokenizer import Vocab
 from chargpt.errors import ChargptError
-from chargpt.export import FILES, export
-from chargpt.model import build_model
-from chargpt.pairs import END, SEP
-from chargpt.tokenizer import Vocab
+from chargpt.model.transformer import build_model
+from chargpt.runs.checkpoint import read_meta, save_model
+from chargpt.sampling.engine import Generator
+from chargpt.tools.export import FILES, export
 
 transformers = pytest.importorskip("transformers")  # the export extra, which the test extra installs
 from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline  # noqa: E402

@@ -16,11 +16,11 @@ from helpers import TINY_FLAGS, TINY_RUN_KW, start_training, wait_for_training
 from safetensors.torch import load_file
 
 import chargpt
-from chargpt import checkpoint as ckpt
-from chargpt import rundir
 from chargpt.cli import train_cli
 from chargpt.errors import ChargptError
-from chargpt.model import CharGPT
+from chargpt.model.transformer import CharGPT
+from chargpt.runs import checkpoint as ckpt
+from chargpt.runs import rundir
 
 
 def quiet_train(**kw):
@@ -168,7 +168,7 @@ def test_exact_resume(tmp_path, corpus):
 def test_weights_that_evaluate_to_nan_are_never_saved(tmp_path, corpus, monkeypatch):
     """If the model breaks between evaluations (finite training loss, non-finite evaluation), the broken weights
     must not overwrite the last good checkpoint."""
-    from chargpt.components import validate
+    from chargpt.training import validate
     estimate, calls = validate.estimate_loss, []
 
     def breaks_at_second_eval(*args, **kwargs):
@@ -187,7 +187,7 @@ def test_weights_that_evaluate_to_nan_are_never_saved(tmp_path, corpus, monkeypa
 def test_gpu_style_periodic_check_names_the_first_nonfinite_step(tmp_path, corpus, monkeypatch):
     """On a GPU the host reads the stop flags only every 10 steps (each read is a sync). The first non-finite loss
     is remembered on the device in between, so the error still names its step, not the step of the check."""
-    from chargpt.training import Trainer, start_run
+    from chargpt.training.trainer import Trainer, start_run
     forward, calls = CharGPT.forward, []
 
     def nan_from_step_3(self, idx, targets=None, cache=None, **kw):

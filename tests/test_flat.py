@@ -1,5 +1,5 @@
-"""Flat parameters (chargpt/flat.py): every parameter and gradient a view of one buffer, so clipping and AdamW are a
-few calls per step; the same updates as torch's per-parameter AdamW and clipping, and the same state format."""
+"""Flat parameters (chargpt/training/flat.py): every parameter and gradient a view of one buffer, so clipping and AdamW
+are a few calls per step; the same updates as torch's per-parameter AdamW and clipping, and the same state format."""
 
 import copy
 import dataclasses
@@ -7,11 +7,11 @@ import dataclasses
 import pytest
 import torch
 
-from chargpt import checkpoint as ckpt
 from chargpt.config import TrainConfig
-from chargpt.model import CharGPT
-from chargpt.optim import make_optimizer
-from chargpt.tokenizer import Vocab
+from chargpt.data.tokenizer import Vocab
+from chargpt.model.transformer import CharGPT
+from chargpt.runs import checkpoint as ckpt
+from chargpt.training.optim import make_optimizer
 
 CPU = torch.device("cpu")
 ADAMW = TrainConfig(optimizer="adamw", learning_rate=1e-2, weight_decay=0.1)
@@ -107,8 +107,8 @@ def test_low_precision_copies_train_exactly_as_autocast(tiny_config):
     the tied head included; over two micro-batches too, except that the tied weight's sum of three gradients
     (two micro-batches, embedding and head) is added in another order (an ulp); the copies follow every change of
     the weights when refreshed."""
-    from chargpt.flat import LowPrecisionCopies
     from chargpt.runtime import autocast
+    from chargpt.training.flat import LowPrecisionCopies
     torch.manual_seed(0)
     ref = CharGPT(tiny_config)
     ours = copy.deepcopy(ref)
@@ -175,8 +175,7 @@ def test_a_bf16_training_with_the_copies_saves_the_weights_autocast_alone_would(
     from safetensors.torch import load_file
 
     import chargpt
-    from chargpt import optim
-    from chargpt.components import start
+    from chargpt.training import optim, start
     kw = dict(data="corpus.txt", max_iters=4, eval_interval=4, device="cpu", n_layer=1, n_head=2, n_embd=16,
               block_size=16, batch_size=4, eval_iters=1, dropout=0.0, threads=1, sample_chars=0, dtype="bfloat16",
               warmup_iters=0, log=lambda *a: None)

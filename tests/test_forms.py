@@ -1,7 +1,7 @@
-"""Forms, acrostics, banned and allowed characters, and best-of (chargpt/forms.py, chargpt/constraints.py): a tiny
-model trained here on generated five-character couplets writes every sample in the form asked for; the pattern
-language and its errors; what the constraints removed; best-of's scores against a teacher-forced evaluation, its
-ranking, and its copy check against the run's training text."""
+"""Forms, acrostics, banned and allowed characters, and best-of (chargpt/sampling/forms.py,
+chargpt/sampling/constraints.py): a tiny model trained here on generated five-character couplets writes every sample in
+the form asked for; the pattern language and its errors; what the constraints removed; best-of's scores against a
+teacher-forced evaluation, its ranking, and its copy check against the run's training text."""
 
 import random
 import re
@@ -11,13 +11,13 @@ import torch
 from helpers import TINY_RUN_KW, VOCAB, counter_gen, counter_model, train_tiny
 
 import chargpt
-from chargpt import forms
 from chargpt.config import SampleSettings
-from chargpt.constraints import Sample, plan, rank
-from chargpt.engine import Generator
+from chargpt.data.tokenizer import Vocab
 from chargpt.errors import ChargptError, ConfigError
-from chargpt.sampling import StepRunner, decode
-from chargpt.tokenizer import Vocab
+from chargpt.sampling import forms
+from chargpt.sampling.constraints import Sample, plan, rank
+from chargpt.sampling.decode import StepRunner, decode
+from chargpt.sampling.engine import Generator
 
 CHARS = "春夏秋冬山水花月風雲江湖日夜鳥鳴白青紅綠天地人心長短高低"  # the couplets' characters
 
@@ -276,7 +276,7 @@ def test_best_of_drops_near_duplicates_and_copies():
 def test_best_of_ranks_a_sample_that_loops_after_the_others():
     """The model's mean log-prob rewards loops (處處處 won 4 of 20 Tang best-ofs): they rank after the rest, while
     '...', '!!!' and a code line's indentation are not loops."""
-    from chargpt.constraints import repetitive
+    from chargpt.sampling.constraints import repetitive
     assert all(repetitive(t) for t in ("春眠處處處聞啼鳥", "la la la la", "hahaha", "ab\nab\nab\n"))
     assert not any(repetitive(t) for t in ("Wait... what?!!!", "def f():\n        return 1", "床前明月光，疑是地上霜。",
                                            "aa bb", "Mississippi"))
@@ -309,7 +309,7 @@ def test_best_of_checks_copies_against_the_runs_own_text_and_says_once_when_it_i
 def test_compile_auto_weighs_what_a_form_writes_not_max_new_tokens(monkeypatch):
     """A five-character verse with --max-new-tokens 10000 writes about six characters a sample: --compile auto must
     not compile the decode step for 4 x 10,000 (it did, and a best-of took 60 s against 12 s eager)."""
-    import chargpt.engine as engine_module
+    import chargpt.sampling.engine as engine_module
     weighed = []
 
     def eager(mode, device, new_chars, quantized=False):

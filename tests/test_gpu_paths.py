@@ -13,16 +13,17 @@ import pytest
 import torch
 from helpers import ROOT, WeightCasts
 
-from chargpt import platforms, rundir, runtime
-from chargpt.components.start import build, wrap
+from chargpt import platforms, runtime
 from chargpt.config import ModelConfig, SampleSettings, TrainConfig
-from chargpt.data import corpus_key, corpus_sources, encode_corpus
+from chargpt.data.corpus import corpus_key, corpus_sources, encode_corpus
 from chargpt.errors import ConfigError
-from chargpt.model import build_model
-from chargpt.optim import Muon
-from chargpt.quantize import inference_model
+from chargpt.model.quantize import inference_model
+from chargpt.model.transformer import build_model
+from chargpt.runs import rundir
 from chargpt.runtime import Dist, ddp, pick_compile
-from chargpt.sampling import decode
+from chargpt.sampling.decode import decode
+from chargpt.training.optim import Muon
+from chargpt.training.start import build, wrap
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 
@@ -252,7 +253,7 @@ def test_fused_loss_under_compile_does_not_recompile_per_pair_length(monkeypatch
     length, then dynamic for all), in one graph, and the loss keeps its value."""
     torch._dynamo.reset()
     graphs = counting_compile(monkeypatch)
-    V = 1100  # fused by default from chargpt.loss.FUSED_MIN_VOCAB
+    V = 1100  # fused by default from chargpt.model.loss.FUSED_MIN_VOCAB
     torch.manual_seed(0)
     model = build_model(ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=64, vocab_size=V, dropout=0.0))
     compiled = torch.compile(model)

@@ -31,11 +31,12 @@ from helpers import (
 )
 
 import chargpt
-from chargpt import checkpoint as ckpt
-from chargpt import rundir, textio
+from chargpt import textio
 from chargpt.config import ModelConfig
 from chargpt.errors import ChargptError, ConfigError, DataError
-from chargpt.model import check_model_fits, estimated_params
+from chargpt.model.transformer import check_model_fits, estimated_params
+from chargpt.runs import checkpoint as ckpt
+from chargpt.runs import rundir
 
 TINY_KW = {**TINY_RUN_KW, "curves": False}
 
@@ -183,8 +184,8 @@ def test_an_endless_line_is_refused_naming_it(tmp_path):
 
 
 def test_interactive_input_without_line_ends_ends_the_session(tiny_run):
-    from chargpt.options import SampleOptions
-    from chargpt.repl import repl
+    from chargpt.cli.repl import repl
+    from chargpt.sampling.options import SampleOptions
     gen = chargpt.load(tiny_run, device="cpu")
     settings = {"max_new_tokens": 2, "temperature": 0.0, "top_k": None, "top_p": None, "stop": ()}
     out, err = io.StringIO(), io.StringIO()
@@ -202,7 +203,7 @@ def test_the_estimate_matches_the_model_built(arch, size):
     if arch == "decoder" and "n_enc_layer" in size:
         size = {k: v for k, v in size.items() if k != "n_enc_layer"}
     cfg = ModelConfig(**{**dict(vocab_size=70, block_size=32, n_layer=2, n_head=4, n_embd=32), **size}, arch=arch)
-    from chargpt.model import build_model
+    from chargpt.model.transformer import build_model
     with torch.device("meta"):
         actual = build_model(cfg).num_params()
     assert abs(estimated_params(cfg) - actual) / actual < 0.05
@@ -211,7 +212,7 @@ def test_the_estimate_matches_the_model_built(arch, size):
 def test_a_model_that_cannot_fit_is_refused_before_building(tmp_path, corpus):
     """A ConfigError naming the setting to lower, where building would fail to allocate (or take hours). The time
     each command takes is not asserted: --preset auto first waits up to 30 s for a busy machine's CPUs to quieten
-    (chargpt/sizing.py), so on a loaded one a refusal takes longer; the timeouts only guard against a hang."""
+    (chargpt/training/sizing.py), so on a loaded one a refusal takes longer; the timeouts only guard against a hang."""
     write_cipher(tmp_path / "pairs.tsv", n=50)
     with pytest.raises(ConfigError, match=r"lower n_embd \(now 1,000,000\)"):
         quiet_train(n_embd=1_000_000, n_head=4)  # about 1.2e13 parameters: 190 TB to train
@@ -245,7 +246,7 @@ def test_a_signal_during_evaluation_stops_it_at_once(tmp_path, corpus):
 
 
 def test_translation_scoring_checks_the_stop_flag(tmp_path):
-    from chargpt.translate import translate
+    from chargpt.sampling.translate import translate
     run = tmp_path / "pairs"
     train_pairs(write_cipher(tmp_path / "pairs.tsv", n=200), run, steps=2)
     gen = chargpt.load(run, device="cpu")
@@ -305,7 +306,7 @@ def test_plot_to_an_empty_name_is_one_line(tiny_run):
 
 def test_plot_leaves_out_losses_too_large_to_draw(tmp_path):
     pytest.importorskip("matplotlib")
-    from chargpt.plot import plot_runs
+    from chargpt.runs.plot import plot_runs
     run = tmp_path / "run"
     run.mkdir()
     rows = [{"step": i, "train_loss": v, "val_loss": v} for i, v in enumerate([4.0, 1.7e308, 3.0, 1e307])]
@@ -333,7 +334,7 @@ def test_a_malformed_mirror_url_is_one_line(tmp_path):
 
 
 def test_a_damaged_partial_file_is_downloaded_again_whole(tmp_path, monkeypatch):
-    import chargpt.corpora as corpora
+    import chargpt.data.corpora as corpora
     monkeypatch.setitem(corpora.CORPORA, GOOD.name, GOOD)
     server = Server()
     try:
@@ -350,7 +351,7 @@ def test_a_damaged_partial_file_is_downloaded_again_whole(tmp_path, monkeypatch)
 # --- Ctrl-C while the command starts ------------------------------------------------------------------------------
 def test_ctrl_c_during_start_up_is_quiet():
     """Until the command's work begins, SIGINT exits at once with 'interrupted' (here the start-up is held open)."""
-    script = ("from chargpt.components.interrupt import quiet_start\nquiet_start()\nimport time\n"
+    script = ("from chargpt.training.interrupt import quiet_start\nquiet_start()\nimport time\n"
               "print('importing', flush=True)\ntime.sleep(60)\n")
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "PYTHONPATH": str(ROOT)}, text=True)
@@ -436,7 +437,7 @@ def test_cr_line_ends_are_read(tmp_path):
     (tmp_path / "pairs.tsv").write_bytes(b"".join(f"abc{i % 7}\tdef{i % 5}\r".encode() for i in range(100)))
     summary = quiet_train(data="pairs.tsv", task="pairs", out_dir="run", max_iters=1, block_size=16)
     assert summary["step"] == 1
-    from chargpt.pairs import encode_pairs
+    from chargpt.data.pairs import encode_pairs
     assert encode_pairs("pairs.tsv", log=lambda m: None).n_pairs == 100
 
 

@@ -9,15 +9,15 @@ import safetensors
 from click.testing import CliRunner
 from helpers import run_chargpt
 
-import chargpt.checkpoint as ckpt_module
-import chargpt.runinfo as runinfo_module
-from chargpt.checkpoint import checkpoint_meta, load_model, model_tensors, save_model, write_safetensors
+import chargpt.runs.checkpoint as ckpt_module
+import chargpt.runs.info as runinfo_module
 from chargpt.cli import info_cli
 from chargpt.config import FORMAT_VERSION, ModelConfig, TrainConfig, saved_train_config
-from chargpt.model import CharGPT
-from chargpt.runinfo import format_info, run_info
+from chargpt.data.tokenizer import Vocab
+from chargpt.model.transformer import CharGPT
+from chargpt.runs.checkpoint import checkpoint_meta, load_model, model_tensors, save_model, write_safetensors
+from chargpt.runs.info import format_info, run_info
 from chargpt.textio import escape
-from chargpt.tokenizer import Vocab
 
 
 def test_info_reports_the_run(tiny_run):

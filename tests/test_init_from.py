@@ -11,17 +11,17 @@ from helpers import TINY_FLAGS, run_chargpt, write_cipher
 from safetensors.torch import load_file, save_file
 
 import chargpt
-from chargpt import rundir
-from chargpt.checkpoint import load_model, read_meta, save_model
 from chargpt.cli import train_cli
 from chargpt.config import ModelConfig
+from chargpt.data.pairs import END, SEP
 from chargpt.errors import DataError
-from chargpt.evaluate import evaluate
-from chargpt.init_from import transplant
-from chargpt.model import build_model
-from chargpt.pairs import END, SEP
-from chargpt.runinfo import format_info, run_info
-from chargpt.training import start_run
+from chargpt.model.transformer import build_model
+from chargpt.runs import rundir
+from chargpt.runs.checkpoint import load_model, read_meta, save_model
+from chargpt.runs.info import format_info, run_info
+from chargpt.tools.evaluate import evaluate
+from chargpt.training.init_from import transplant
+from chargpt.training.trainer import start_run
 
 # the model of conftest's tiny_run; float32 and AdamW pinned so that exact comparisons mean the same everywhere
 KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
@@ -237,7 +237,7 @@ def test_the_init_from_benchmark_runs_on_tiny_sizes(tmp_path, corpus, new_text):
 def test_novelty_of_a_fine_tuned_run_scores_against_its_own_training_text(tmp_path, tiny_run, new_text):
     """The run's ids live in the base's extended vocabulary, its corpus cache in the corpus's own: chargpt novelty
     finds the corpus by the key the run recorded and scores in the corpus's characters (text and pairs runs)."""
-    from chargpt import novelty
+    from chargpt.tools import novelty
     train(data=str(new_text), out_dir="ft", init_from=str(tiny_run), max_iters=2, eval_interval=2)
     index = novelty.for_run(tmp_path / "ft", log=lambda m: None)
     line = NEW_TEXT.splitlines()[3] + "\n" + NEW_TEXT.splitlines()[4]

@@ -30,12 +30,12 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import chargpt
-from chargpt import data
-from chargpt.checkpoint import save_model
 from chargpt.cli import sample_cli, train_cli
 from chargpt.config import MAX_SEED
+from chargpt.data import corpus as data
+from chargpt.data.tokenizer import Vocab
 from chargpt.errors import ChargptError, CheckpointError, ConfigError, DataError
-from chargpt.tokenizer import Vocab
+from chargpt.runs.checkpoint import save_model
 
 NAN, INF = float("nan"), float("inf")
 
@@ -115,7 +115,8 @@ def test_text_encodings_still_work(tmp_path):
 
 # --- 3: out of memory, on the CPU for real and on CUDA by type ------------------------------------------------------
 CAPPED = """import resource, runpy, sys
-import chargpt.cli, chargpt.engine, chargpt.training  # everything imported first: the cap is for the work
+# everything imported first: the cap is for the work
+import chargpt.cli, chargpt.sampling.engine, chargpt.training.trainer
 vm = int(next(line for line in open("/proc/self/status") if line.startswith("VmSize")).split()[1]) * 1024
 resource.setrlimit(resource.RLIMIT_AS, (vm + (1 << 30), vm + (1 << 30)))  # 1 GB more than the imports took
 sys.argv = sys.argv[1:]

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from chargpt.config import ModelConfig
-from chargpt.engine import Generator
-from chargpt.inside import look_inside, next_char_logprobs
-from chargpt.model import CharGPT
-from chargpt.tokenizer import Vocab
+from chargpt.data.tokenizer import Vocab
+from chargpt.model.inside import look_inside, next_char_logprobs
+from chargpt.model.transformer import CharGPT
+from chargpt.sampling.engine import Generator
 
 VOCAB = Vocab("\n abcdefghijklmnopqrstuvwxyz")
 

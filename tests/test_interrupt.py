@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from chargpt.components.interrupt import Aborted, SignalFlag, StopRequested
+from chargpt.training.interrupt import Aborted, SignalFlag, StopRequested
 
 
 def signals(where, n, distributed=False):

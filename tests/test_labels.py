@@ -14,9 +14,9 @@ from helpers import TINY_RUN_KW, assert_one_line_error, invoke, need
 
 import chargpt
 from chargpt.cli import sample_cli
-from chargpt.items import items_layout, split_items
-from chargpt.runinfo import format_info, run_info
-from chargpt.tokenizer import Vocab
+from chargpt.data.items import items_layout, split_items
+from chargpt.data.tokenizer import Vocab
+from chargpt.runs.info import format_info, run_info
 
 ITEM_LETTERS = "abcdefgh"
 STYLES = {"a": "abc", "b": "xyz"}
@@ -169,7 +169,7 @@ def test_the_label_survives_the_hugging_face_export(label_run, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     root, _ = label_run
-    from chargpt.export import export
+    from chargpt.tools.export import export
     export(root / "run", to=tmp_path / "hf", log=lambda _: None)
     model, tok = AutoModelForCausalLM.from_pretrained(tmp_path / "hf"), AutoTokenizer.from_pretrained(tmp_path / "hf")
     assert "⟨a⟩" in (tmp_path / "hf" / "README.md").read_text()
@@ -220,7 +220,7 @@ def test_batches_draw_labels_by_their_rule(rule, dropout, small_share):
 
     import torch
 
-    from chargpt.labels import LabelBatches
+    from chargpt.data.labels import LabelBatches
     ids = np.tile(np.arange(1, 9, dtype=np.uint16), 1250)  # 10,000 characters: 9,500 of "big", 500 of "small"
     cfg = types.SimpleNamespace(batch_size=4000, label_dropout=dropout, label_sampling=rule, val_fraction=0.1,
                                 val_split="blocks")
@@ -237,8 +237,8 @@ def test_batches_draw_labels_by_their_rule(rule, dropout, small_share):
 def test_samples_while_training_a_labels_run_start_unlabelled(monkeypatch):
     """--sample-every on a labels run: the sample starts with the "no label" token, as the unlabelled windows it
     trained on; a run without labels starts from the prompt alone."""
-    from chargpt.components import samples
-    from chargpt.labels import NULL
+    from chargpt.data.labels import NULL
+    from chargpt.training import samples
     seen = []
     monkeypatch.setattr(samples, "sample_text", lambda model, vocab, device, prompt, *a: seen.append(prompt) or "x")
     quiet = type("Quiet", (), {"score": lambda self, text: None, "write": lambda self, *a: None})()

@@ -1,4 +1,4 @@
-"""The fused output head + cross-entropy (chargpt.loss) against the reference: F.cross_entropy on the full logits.
+"""The fused output head + cross-entropy (chargpt.model.loss) against the reference: F.cross_entropy on the full logits.
 Same loss and gradients for random shapes, masks, label smoothing and chunk sizes; the same models (tied and untied
 heads, both architectures) and the same training curve either way; checkpoints that do not know it exists."""
 
@@ -10,12 +10,12 @@ from safetensors import safe_open
 from torch.nn import functional as F
 
 import chargpt
-from chargpt import loss as fused
-from chargpt.checkpoint import load_model, save_model
 from chargpt.config import ModelConfig
-from chargpt.loss import head_loss
-from chargpt.model import build_model, lm_loss
-from chargpt.tokenizer import Vocab
+from chargpt.data.tokenizer import Vocab
+from chargpt.model import loss as fused
+from chargpt.model.loss import head_loss
+from chargpt.model.transformer import build_model, lm_loss
+from chargpt.runs.checkpoint import load_model, save_model
 
 
 def reference(hidden, weight, targets, bias=None, loss_mask=None, label_smoothing=0.0):

@@ -8,7 +8,7 @@ import torch
 
 from chargpt.config import PRESETS, ModelConfig, split_overrides
 from chargpt.errors import ConfigError
-from chargpt.model import CharGPT, KVCache, build_model, check_model_fits, estimated_params
+from chargpt.model.transformer import CharGPT, KVCache, build_model, check_model_fits, estimated_params
 
 
 def test_initial_loss_is_log_vocab(tiny_config):

@@ -1,4 +1,4 @@
-"""Is it writing or copying (chargpt/novelty/): the suffix arrays against plain sorting, the scores against brute
+"""Is it writing or copying (chargpt/tools/novelty/): the suffix arrays against plain sorting, the scores against brute
 force, and what a user reads: a slice of the training text is copied at its true line, random text is not, a
 splice shows its two sources, validation text is found in the validation split only, CJK, the cache, a missing
 corpus, and the JSON of `chargpt novelty`, `sample.py --novelty` and samples.jsonl."""
@@ -17,10 +17,10 @@ from click.testing import CliRunner
 from helpers import need, run_chargpt, train_pairs, write_cipher
 
 import chargpt
-from chargpt import novelty
 from chargpt.cli import novelty_cli, sample_cli
-from chargpt.data import encode_corpus, split_of
-from chargpt.pairs import encode_pairs
+from chargpt.data.corpus import encode_corpus, split_of
+from chargpt.data.pairs import encode_pairs
+from chargpt.tools import novelty
 
 WORDS = ("time love night king lord death heaven blood sweet fair honour grace noble gentle heart hand eyes tongue "
          "sword crown peace war friend brother father mother daughter soul fortune nature virtue reason truth").split()
@@ -348,8 +348,8 @@ def test_sigterm_while_an_index_is_written_leaves_no_partial_file(tmp_path):
     corpus = tmp_path / "verse.txt"
     corpus.write_text(verse(), encoding="utf-8")
     encode_corpus(str(corpus), cache_dir=tmp_path / "cache")
-    script = ("import sys, time\nimport numpy as np\nfrom chargpt.data import encode_corpus\n"
-              "from chargpt import novelty\n"
+    script = ("import sys, time\nimport numpy as np\nfrom chargpt.data.corpus import encode_corpus\n"
+              "from chargpt.tools import novelty\n"
               "def slow(f, arr, allow_pickle=False):\n"
               "    f.write(b'part of an index')\n    f.flush()\n    print('writing', flush=True)\n    time.sleep(60)\n"
               "np.save = slow\n"
@@ -394,7 +394,7 @@ def test_sentence_pairs_are_scored_per_split_and_located_by_pair(tmp_path):
     path.write_text("".join(f"{s}\t{t}\n" for s, t in rows), encoding="utf-8")
     corpus = encode_pairs(str(path), cache_dir=tmp_path / "c")
     index = novelty.index_corpus(corpus, 0.1, log=lambda *a: None)
-    from chargpt.pairs import split_pairs
+    from chargpt.data.pairs import split_pairs
     train, val = split_pairs(len(rows), 0.1)
     report = index.score(rows[train[7]][1])
     assert report.train.copied_fraction == 1.0 and report.unit == "pair" and report.train.longest.line == train[7] + 1

@@ -12,15 +12,25 @@ from helpers import TINY_FLAGS, run_cli
 from safetensors.torch import load_file
 
 import chargpt
-from chargpt import checkpoint as ckpt
-from chargpt import optim, rundir, runtime, training
+from chargpt import runtime
 from chargpt.cli import train_cli
 from chargpt.config import ModelConfig, TrainConfig
+from chargpt.data.tokenizer import Vocab
 from chargpt.errors import CheckpointError, ConfigError
-from chargpt.model import CharGPT, EncoderDecoder
-from chargpt.optim import Muon, describe_numerics, make_optimizer, orthogonalize, orthogonalize_all, split_params
+from chargpt.model.transformer import CharGPT, EncoderDecoder
+from chargpt.runs import checkpoint as ckpt
+from chargpt.runs import rundir
 from chargpt.runtime import pick_compile, pick_dtype
-from chargpt.tokenizer import Vocab
+from chargpt.training import optim
+from chargpt.training import trainer as training
+from chargpt.training.optim import (
+    Muon,
+    describe_numerics,
+    make_optimizer,
+    orthogonalize,
+    orthogonalize_all,
+    split_params,
+)
 
 TINY_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
                threads=1, sample_chars=0, dtype="float32", warmup_iters=0, verbose=True)
@@ -197,7 +207,7 @@ def test_wsd_trains_and_logs_its_rates(tmp_path, corpus):
     summary = quiet_train(out_dir="run", max_iters=10, eval_interval=2, learning_rate=1e-2, min_lr=1e-3,
                           lr_schedule="wsd", decay_fraction=0.5)
     assert summary["step"] == 10
-    lrs = [m["lr"] for m in chargpt.rundir.read_step_rows(tmp_path / "run" / chargpt.rundir.METRICS)]
+    lrs = [m["lr"] for m in chargpt.runs.rundir.read_step_rows(tmp_path / "run" / chargpt.runs.rundir.METRICS)]
     assert lrs[:3] == pytest.approx([1e-2] * 3) and lrs[3] < 1e-2 and lrs[-1] == pytest.approx(1e-3)
 
 
@@ -238,7 +248,7 @@ def test_compile_auto_on_a_cpu_compiles_long_bf16_runs_only(monkeypatch):
 def test_a_run_that_compiles_keeps_torch_s_compile_cache_under_chargpt_s(tmp_path, corpus, monkeypatch):
     """Runs share the compiled code (a later run of the same shapes loads it in seconds), in a folder a reboot keeps;
     a cache folder the user chose wins."""
-    from chargpt.components import start
+    from chargpt.training import start
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")  # so that the teardown restores what was there before
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
     monkeypatch.setenv("CHARGPT_CACHE_DIR", str(tmp_path / "cache"))
@@ -253,8 +263,8 @@ def test_a_run_that_compiles_keeps_torch_s_compile_cache_under_chargpt_s(tmp_pat
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")  # sampling's compiled decode step shares the same folder
     from chargpt.config import ModelConfig
-    from chargpt.model import CharGPT
-    from chargpt.sampling import StepRunner
+    from chargpt.model.transformer import CharGPT
+    from chargpt.sampling.decode import StepRunner
     StepRunner(CharGPT(ModelConfig(vocab_size=8, n_layer=1, n_head=1, n_embd=8, block_size=8)), compiled=True)
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache" / "torchinductor")
 

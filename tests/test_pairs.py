@@ -6,11 +6,11 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-import chargpt.pairs as pairs_module
+import chargpt.data.pairs as pairs_module
 from chargpt.config import ModelConfig
+from chargpt.data.pairs import END, SEP, PairBatches, encode_pairs, split_pairs
 from chargpt.errors import DataError
-from chargpt.model import CharGPT
-from chargpt.pairs import END, SEP, PairBatches, encode_pairs, split_pairs
+from chargpt.model.transformer import CharGPT
 
 PAIRS = [("Hi.", "Ciao."), ("Run!", "Corri!"), ("Who?", "Chi?"), ("我很好。", "Sto bene."), ("I see.", "Capisco.")]
 

@@ -11,8 +11,9 @@ import sys
 import pytest
 from helpers import ROOT, TINY_FLAGS
 
-from chargpt import platforms, rundir
+from chargpt import platforms
 from chargpt.platforms import STOP_SIGNALS, claim_port, pid_alive, portable_name
+from chargpt.runs import rundir
 
 
 def dead_pid():

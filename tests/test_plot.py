@@ -13,7 +13,7 @@ from helpers import run_chargpt
 
 from chargpt.cli import plot_cli
 from chargpt.errors import ChargptError
-from chargpt.plot import figure, maybe_write_curves, plot_runs, require_metrics
+from chargpt.runs.plot import figure, maybe_write_curves, plot_runs, require_metrics
 
 try:
     import matplotlib  # noqa: F401
@@ -119,7 +119,7 @@ def test_plot_bad_input_is_one_line(tiny_run, tmp_path, args, needle):
 
 @needs_mpl
 def test_curves_are_titled_with_run_corpus_and_model_and_show_the_running_loss(tiny_run, tmp_path):
-    from chargpt.plot import read_running, title_of
+    from chargpt.runs.plot import read_running, title_of
     title = title_of([tiny_run])
     assert title.startswith("run: corpus corpus, 1 layers x 16 wide, 2 heads, context 16")  # run, corpus, model
     running = read_running(tiny_run)  # logged every 10 steps: denser than the evaluations
@@ -138,8 +138,8 @@ def test_curves_are_titled_with_run_corpus_and_model_and_show_the_running_loss(t
 def test_training_without_matplotlib_says_so_once_at_start(corpus, monkeypatch):
     """No curves.png without matplotlib: the start-up says it in one note, with the install line (in the lines a
     person reads by default too), rather than nothing."""
-    from chargpt.components.describe import brief_lines, start_lines
-    from chargpt.components.start import start_run
+    from chargpt.training.describe import brief_lines, start_lines
+    from chargpt.training.start import start_run
     kw = dict(data=str(corpus), device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4,
               eval_iters=1, threads=1, dtype="float32", sample_chars=0, max_iters=2)
 

@@ -12,10 +12,10 @@ import pytest
 from helpers import ROOT
 
 import chargpt
-from chargpt.checkpoint import read_meta
 from chargpt.config import PRESETS, ModelConfig, device_preset
-from chargpt.rundir import STATE
-from chargpt.settings import new_run_settings
+from chargpt.config.settings import new_run_settings
+from chargpt.runs.checkpoint import read_meta
+from chargpt.runs.rundir import STATE
 
 try:
     import tomllib

@@ -5,8 +5,8 @@ import time
 
 import torch
 
-from chargpt.components import progress
-from chargpt.components.progress import LOG_EVERY, Progress
+from chargpt.training import progress
+from chargpt.training.progress import LOG_EVERY, Progress
 
 
 def test_speed_and_time_left_leave_out_the_pauses(monkeypatch):

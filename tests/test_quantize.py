@@ -8,9 +8,9 @@ from helpers import run_cli
 import chargpt
 from chargpt import runtime
 from chargpt.errors import ConfigError
-from chargpt.evaluate import evaluate
-from chargpt.quantize import Int8Linear, uses_dynamic_int8
+from chargpt.model.quantize import Int8Linear, uses_dynamic_int8
 from chargpt.runtime import pick_decode_dtype
+from chargpt.tools.evaluate import evaluate
 
 PROMPT = "To be, or not"
 
@@ -111,7 +111,7 @@ def test_decoding_on_cpu_is_float32_unless_bf16_is_asked_for(monkeypatch, native
 
 # --- --quantize auto: int8 where it measures faster here and costs little -----------------------------------------
 def test_quantize_auto_rule_takes_int8_only_when_faster_and_nearly_free():
-    from chargpt.quantize import AUTO_MAX_NATS, AUTO_MIN_SPEEDUP, prefer_int8
+    from chargpt.model.quantize import AUTO_MAX_NATS, AUTO_MIN_SPEEDUP, prefer_int8
     assert prefer_int8(2.8, 0.001)[0]  # 2.8x faster at a thousandth of a nat: int8
     assert not prefer_int8(1.05, 0.001)[0]  # within noise of float32
     assert not prefer_int8(3.0, 5 * AUTO_MAX_NATS)[0]  # fast, but the text would change

@@ -11,12 +11,12 @@ from click.testing import CliRunner
 from helpers import TINY_FLAGS
 
 import chargpt
-from chargpt.checkpoint import read_meta
 from chargpt.cli import train_cli
-from chargpt.components.describe import start_lines
-from chargpt.rundir import METRICS, STATE
+from chargpt.runs.checkpoint import read_meta
+from chargpt.runs.rundir import METRICS, STATE
 from chargpt.runtime import pick_dtype
-from chargpt.training import Trainer, start_run
+from chargpt.training.describe import start_lines
+from chargpt.training.trainer import Trainer, start_run
 
 TINY_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
                threads=1, sample_chars=0, dtype="float32")

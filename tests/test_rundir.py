@@ -18,13 +18,13 @@ from click.testing import CliRunner
 from helpers import ROOT, TINY_FLAGS
 
 import chargpt
-from chargpt import rundir
-from chargpt.checkpoint import read_meta
 from chargpt.cli import train_cli
-from chargpt.components import start
-from chargpt.data import corpus_key, corpus_sources, encode_corpus
+from chargpt.data.corpus import corpus_key, corpus_sources, encode_corpus
 from chargpt.errors import CheckpointError
-from chargpt.rundir import LOCK, METRICS, OWNER, STATE, RunDir, default_out_dir, latest_run, lock_holder
+from chargpt.runs import rundir
+from chargpt.runs.checkpoint import read_meta
+from chargpt.runs.rundir import LOCK, METRICS, OWNER, STATE, RunDir, default_out_dir, latest_run, lock_holder
+from chargpt.training import start
 
 TINY_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
                threads=1, sample_chars=0, dtype="float32", warmup_iters=0)

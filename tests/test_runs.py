@@ -13,16 +13,16 @@ from click.testing import CliRunner
 from helpers import TINY_API_KW, assert_one_line_error, flags, invoke, snapshot
 
 import chargpt
-from chargpt.checkpoint import read_meta
 from chargpt.cli import main, train_cli
-from chargpt.components import validate
 from chargpt.config import PRESET_ABOUT, PRESETS, ModelConfig
+from chargpt.config.flags import cli_names
+from chargpt.config.helptext import describe_params, preset_params
+from chargpt.config.settings import config_toml, new_run_settings, read_config_file, toml_value, tomllib
 from chargpt.errors import ConfigError
-from chargpt.flags import cli_names
-from chargpt.helptext import describe_params, preset_params
-from chargpt.model import build_model
-from chargpt.runinfo import run_info
-from chargpt.settings import config_toml, new_run_settings, read_config_file, toml_value, tomllib
+from chargpt.model.transformer import build_model
+from chargpt.runs.checkpoint import read_meta
+from chargpt.runs.info import run_info
+from chargpt.training import validate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUIET = dict(log=lambda *a: None)

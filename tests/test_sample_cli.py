@@ -15,13 +15,13 @@ from click.testing import CliRunner
 from helpers import VOCAB, counter_gen, counter_model, random_model, run_cli, train_pairs, write_cipher
 
 import chargpt
-import chargpt.repl as repl_module
+import chargpt.cli.repl as repl_module
 from chargpt import textio
-from chargpt.checkpoint import save_model
 from chargpt.cli import sample_cli
-from chargpt.engine import Generator
-from chargpt.options import SampleOptions
-from chargpt.repl import repl
+from chargpt.cli.repl import repl
+from chargpt.runs.checkpoint import save_model
+from chargpt.sampling.engine import Generator
+from chargpt.sampling.options import SampleOptions
 
 GREEDY = ["--temperature", "0", "--seed", "1"]
 
@@ -343,8 +343,8 @@ def test_a_scored_sample_ends_its_line_before_its_score_line(ckpt):
     import io
 
     from chargpt.cli.writers import Target, write_scored
-    from chargpt.engine import load
-    from chargpt.options import SampleOptions
+    from chargpt.sampling.engine import load
+    from chargpt.sampling.options import SampleOptions
     screen = io.StringIO()
     target = Target(say=lambda line: screen.write(line + "\n"), stdout=screen)
     write_scored(load(ckpt, device="cpu"), "xy", SampleOptions.of(ban="\n", max_new_tokens=4, temperature=0.0), target)

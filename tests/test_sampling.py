@@ -11,14 +11,14 @@ from helpers import MODEL_ALPHABET, MODEL_BLOCK, VOCAB, counter_gen, counter_mod
 
 from chargpt import runtime
 from chargpt.config import SampleSettings
-from chargpt.constraints import NgramBan, plan, repetition_penalty
-from chargpt.engine import Generator
+from chargpt.data.tokenizer import Vocab
 from chargpt.errors import ChargptError, ConfigError
-from chargpt.model import KVCache
-from chargpt.options import SampleOptions
+from chargpt.model.transformer import KVCache
 from chargpt.runtime import DECODE_COMPILE_MIN_CHARS, cpp_compiler, pick_decode_compile
-from chargpt.sampling import StepRunner, StopFilter, decode, sample_next
-from chargpt.tokenizer import Vocab
+from chargpt.sampling.constraints import NgramBan, plan, repetition_penalty
+from chargpt.sampling.decode import StepRunner, StopFilter, decode, sample_next
+from chargpt.sampling.engine import Generator
+from chargpt.sampling.options import SampleOptions
 
 
 def run(model, ctx, seed=0, use_cache=True, runner=None, **settings):
@@ -231,8 +231,8 @@ def test_api_exposes_every_decoding_flag_of_the_cli():
     from chargpt.cli import sample_cli
     cli_only = {"checkpoint_path", "prompt_file", "output", "as_json", "interactive", "device", "dtype", "quantize",
                 "compile_mode", "no_cache",  # load() takes device, dtype, quantize and compile
-                "novelty", "min_span", "novelty_data",  # scoring a sample is chargpt.novelty's, not decoding
-                "list_forms",  # --forms lists the named forms (chargpt.forms.SHAPES)
+                "novelty", "min_span", "novelty_data",  # scoring a sample is chargpt.tools.novelty's, not decoding
+                "list_forms",  # --forms lists the named forms (chargpt.sampling.forms.SHAPES)
                 "new_only"}  # a list's items: Generator.items takes it
     # the API's options are one SampleOptions (its fields and SampleSettings'), or keywords overriding them
     api = {f.name for f in fields(SampleOptions)} | {f.name for f in fields(SampleSettings)} | \

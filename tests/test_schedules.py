@@ -1,4 +1,4 @@
-"""Learning-rate schedules and budgets (chargpt/schedules.py): warmup, cosine, warmup-stable-decay and
+"""Learning-rate schedules and budgets (chargpt/training/schedules.py): warmup, cosine, warmup-stable-decay and
 inverse-sqrt, by steps and by training time, and when a run is finished."""
 
 import math
@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from chargpt.components.state import RunState
 from chargpt.config import UNLIMITED, TrainConfig
-from chargpt.schedules import describe_budget, final_lr, finished, lr_at, schedule_changed
+from chargpt.training.schedules import describe_budget, final_lr, finished, lr_at, schedule_changed
+from chargpt.training.state import RunState
 
 
 def lrs(cfg, steps, state=None, elapsed=0.0):

@@ -27,17 +27,17 @@ from helpers import (
 )
 
 import chargpt
-from chargpt.checkpoint import load_model, read_meta, write_safetensors
 from chargpt.cli import eval_cli, sample_cli, train_cli, translate_cli
 from chargpt.config import ARCH_FIELDS, PRESETS, ModelConfig, TrainConfig
+from chargpt.data.pairs import encode_pairs, split_pairs
 from chargpt.errors import ChargptError, CheckpointError, ConfigError
-from chargpt.evaluate import evaluate
-from chargpt.model import CharGPT, EncoderDecoder, build_model
-from chargpt.pairs import encode_pairs, split_pairs
-from chargpt.rundir import BEST, LATEST, STATE
-from chargpt.runinfo import format_info, run_info
-from chargpt.schedules import inverse_sqrt_lr
-from chargpt.translate import exact_match
+from chargpt.model.transformer import CharGPT, EncoderDecoder, build_model
+from chargpt.runs.checkpoint import load_model, read_meta, write_safetensors
+from chargpt.runs.info import format_info, run_info
+from chargpt.runs.rundir import BEST, LATEST, STATE
+from chargpt.sampling.translate import exact_match
+from chargpt.tools.evaluate import evaluate
+from chargpt.training.schedules import inverse_sqrt_lr
 
 ARCHS = ["decoder", "encoder-decoder"]
 TINY_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,

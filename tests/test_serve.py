@@ -108,7 +108,7 @@ def test_metrics_carry_the_running_loss_and_details_the_whole_vocabulary(client,
 
 
 def test_a_run_is_marked_training_exactly_while_a_training_holds_its_lock(client, served):
-    from chargpt.rundir import RunDir
+    from chargpt.runs.rundir import RunDir
     assert client.get("/api/runs").json()["runs"][0]["training"] is False
     owner = RunDir(served / "tiny")
     owner.claim()  # what a training does for its whole life
@@ -277,7 +277,7 @@ def test_a_generate_request_is_the_engine_s_one_options_object():
     SampleOptions in one place as it is parsed (config's rules checked there)."""
     from dataclasses import fields
 
-    from chargpt.options import SETTINGS, SampleOptions
+    from chargpt.sampling.options import SETTINGS, SampleOptions
     from chargpt.web.schemas import GenerateRequest
     own = {f.name for f in fields(SampleOptions)} - {"settings", "use_cache"}  # the server always caches
     assert set(SETTINGS) | own <= set(GenerateRequest.model_fields)

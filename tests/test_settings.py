@@ -1,4 +1,4 @@
-"""Where a run's settings come from (chargpt/settings.py): defaults <- preset <- config file <- flags, the source
+"""Where a run's settings come from (chargpt/config/settings.py): defaults <- preset <- config file <- flags, the source
 of each, budgets given in one layer lifting another's, a run started from another's settings, and config.toml
 read back as the same settings."""
 
@@ -11,9 +11,8 @@ from click.testing import CliRunner
 
 from chargpt.cli import train_cli
 from chargpt.config import AUTO_BUDGET_S, PRESETS, UNLIMITED, ModelConfig, TrainConfig
-from chargpt.errors import ConfigError
-from chargpt.flags import cli_names, flag_specs
-from chargpt.settings import (
+from chargpt.config.flags import cli_names, flag_specs
+from chargpt.config.settings import (
     FLAGS,
     NOT_WRITTEN,
     Settings,
@@ -23,6 +22,7 @@ from chargpt.settings import (
     new_run_settings,
     read_config_file,
 )
+from chargpt.errors import ConfigError
 
 
 def write(path, text):

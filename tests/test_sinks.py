@@ -6,7 +6,7 @@ import json
 import pytest
 
 import chargpt
-from chargpt.rundir import LOSSES, METRICS, SAMPLES, STATUS
+from chargpt.runs.rundir import LOSSES, METRICS, SAMPLES, STATUS
 
 TINY_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=1, dropout=0.0,
                threads=1, dtype="float32", curves=False, sample_chars=8, sample_every=10, eval_interval=10)

@@ -1,17 +1,17 @@
-"""--preset auto (chargpt/sizing.py): the rule is pure and behaves as its reasons say; the trainer applies it, says
-what it chose, lets explicit settings win and keeps a resumed run's model."""
+"""--preset auto (chargpt/training/sizing.py): the rule is pure and behaves as its reasons say; the trainer applies it,
+says what it chose, lets explicit settings win and keeps a resumed run's model."""
 
 import json
 import re
 
 import pytest
 
-from chargpt import sizing
-from chargpt.checkpoint import read_meta
 from chargpt.config import AUTO_BUDGET_S, PRESETS, UNLIMITED, TrainConfig
-from chargpt.settings import Settings, new_run_settings
-from chargpt.sizing import RUNGS, choose
-from chargpt.training import train
+from chargpt.config.settings import Settings, new_run_settings
+from chargpt.runs.checkpoint import read_meta
+from chargpt.training import sizing
+from chargpt.training.sizing import RUNGS, choose
+from chargpt.training.trainer import train
 
 ENGLISH = "".join(f"line {i}: the quick brown fox jumps over the lazy dog, and then it rests.\n" for i in range(400))
 
@@ -137,8 +137,8 @@ def test_sentence_pairs_keep_the_cpu_model(tmp_path):
 
 
 def test_the_default_budget_is_time_and_the_log_says_so(corpus, tmp_path):
-    from chargpt.components.describe import start_lines
-    from chargpt.training import start_run
+    from chargpt.training.describe import start_lines
+    from chargpt.training.trainer import start_run
     lines = []
     trainer = start_run(dict(data=corpus, out_dir=str(tmp_path / "run"), threads=1), log=lines.append)  # set up only
     lines += start_lines(trainer)

@@ -12,11 +12,11 @@ from safetensors.torch import load_file, save_file
 
 import chargpt
 from chargpt.config import TrainConfig
-from chargpt.data import Batches, make_split, split_of, val_snippet
+from chargpt.data.corpus import Batches, make_split, split_of, val_snippet
+from chargpt.data.tokenizer import Vocab
 from chargpt.errors import ConfigError, DataError
-from chargpt.evaluate import evaluate
-from chargpt.rundir import BEST, LATEST, STATE
-from chargpt.tokenizer import Vocab
+from chargpt.runs.rundir import BEST, LATEST, STATE
+from chargpt.tools.evaluate import evaluate
 
 TINY_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0,
                threads=1, sample_chars=0, dtype="float32", curves=False, verbose=True)
@@ -199,7 +199,7 @@ def test_an_old_run_resumes_and_evaluates_with_the_tail_split_it_was_trained_on(
 def test_novelty_indexes_the_split_the_run_trained_with(tmp_path):
     """A line of validation text is copied from the validation split, never from training, under the blocks
     split too (chargpt novelty, sample.py --novelty, the playground)."""
-    from chargpt import novelty
+    from chargpt.tools import novelty
     data = write_drifting(tmp_path / "drift.txt")
     chargpt.train(data=str(data), out_dir="run", max_iters=2, eval_interval=2, log=lambda m: None, **TINY_KW)
     index = novelty.for_run(tmp_path / "run", log=lambda m: None)

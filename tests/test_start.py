@@ -4,9 +4,9 @@ function of that Run alone, and a start that fails leaves nothing behind."""
 import pytest
 
 import chargpt
-from chargpt.components.describe import start_lines
-from chargpt.components.start import start_run
-from chargpt.training import Trainer
+from chargpt.training.describe import start_lines
+from chargpt.training.start import start_run
+from chargpt.training.trainer import Trainer
 
 TINY_KW = dict(device="cpu", n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=1, dropout=0.0,
                threads=1, dtype="float32", curves=False, sample_chars=0)

@@ -1,12 +1,12 @@
-"""The character vocabulary (chargpt/tokenizer.py): built from any text, encoding and decoding exactly, ids that
+"""The character vocabulary (chargpt/data/tokenizer.py): built from any text, encoding and decoding exactly, ids that
 stay put when a vocabulary grows, and the policies for characters a model never saw."""
 
 import numpy as np
 import pytest
 
+from chargpt.config.flags import cli_names
+from chargpt.data.tokenizer import Vocab, codepoints, describe_chars
 from chargpt.errors import ChargptError
-from chargpt.flags import cli_names
-from chargpt.tokenizer import Vocab, codepoints, describe_chars
 
 TEXT = "To be, or not to be: 春眠不觉晓 😀 café\n\ttab"
 

@@ -231,7 +231,7 @@ def test_a_tracker_failing_mid_run_warns_once_and_training_completes(tmp_path, m
 def test_per_label_validation_losses_are_metrics_every_tracker_takes():
     """--labels: each label's validation loss (metrics.jsonl's val_loss_by_label) reaches the trackers as its own
     curve, under a name MLflow accepts too (letters of any script, digits, _ - . and spaces)."""
-    from chargpt.components.trackers import metrics
+    from chargpt.training.trackers import metrics
     record = {"step": 10, "val_loss": 1.5, "val_loss_by_label": {"Li Bai": 1.25, "杜甫": 1.75, "a&b?": 2.0,
                                                                   "empty": float("nan")}}
     got = metrics("eval", record)

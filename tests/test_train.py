@@ -10,12 +10,13 @@ from helpers import TINY_FLAGS, run_cli
 from safetensors import safe_open
 
 import chargpt
-from chargpt import engine, training
-from chargpt.checkpoint import load_model, save_model
-from chargpt.components import validate
-from chargpt.model import CharGPT
+from chargpt.data.tokenizer import Vocab
+from chargpt.model.transformer import CharGPT
+from chargpt.runs.checkpoint import load_model, save_model
 from chargpt.runtime import pick_dtype
-from chargpt.tokenizer import Vocab
+from chargpt.sampling import engine
+from chargpt.training import trainer as training
+from chargpt.training import validate
 
 
 def test_save_load_gives_identical_logits(tmp_path, tiny_config):

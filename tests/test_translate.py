@@ -7,13 +7,13 @@ import pytest
 import torch
 from helpers import train_pairs, write_cipher
 
-from chargpt.checkpoint import load_model
 from chargpt.config import ModelConfig
+from chargpt.data.pairs import END, SEP, PairBatches, encode_pairs
+from chargpt.data.tokenizer import Unknowns, Vocab
 from chargpt.errors import ChargptError
-from chargpt.model import build_model
-from chargpt.pairs import END, SEP, PairBatches, encode_pairs
-from chargpt.tokenizer import Unknowns, Vocab
-from chargpt.translate import (
+from chargpt.model.transformer import build_model
+from chargpt.runs.checkpoint import load_model
+from chargpt.sampling.translate import (
     CHRF_MISSING,
     DecoderSteps,
     EncoderDecoderSteps,

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 import chargpt
-from chargpt import data
+from chargpt.data import corpus as data
+from chargpt.data.tokenizer import Vocab
 from chargpt.errors import DataError
-from chargpt.tokenizer import Vocab
 
 TINY_KW = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, batch_size=4, eval_iters=2, dropout=0.0, threads=1,
                sample_chars=0, dtype="float32", warmup_iters=0, max_iters=2, eval_interval=2)

@@ -1,4 +1,4 @@
-"""`chargpt export --format web`: one HTML file that writes with a run in a browser, offline (chargpt/webpage/).
+"""`chargpt export --format web`: one HTML file that writes with a run in a browser, offline (chargpt/tools/webpage/).
 
 The page's decoder runs under node (skipped without node outside CI) on the exported file itself: greedy text equal
 to chargpt's float32 greedy text for 200 characters (the window slides many times at context 16), seeded sampling
@@ -18,16 +18,16 @@ import torch
 from helpers import CHROMIUM, assert_one_line_error, invoke, launch_chromium, need, snapshot, train_tiny
 
 import chargpt
-import chargpt.webpage as webpage
-from chargpt.checkpoint import save_model
+import chargpt.tools.webpage as webpage
 from chargpt.cli import export_cli
 from chargpt.config import ModelConfig, TrainConfig
-from chargpt.model import build_model
-from chargpt.pairs import END, SEP
-from chargpt.tokenizer import Vocab
-from chargpt.webpage.check import chargpt_greedy
-from chargpt.webpage.pack import dequantized, pack_weights
-from chargpt.webpage.page import read_page
+from chargpt.data.pairs import END, SEP
+from chargpt.data.tokenizer import Vocab
+from chargpt.model.transformer import build_model
+from chargpt.runs.checkpoint import save_model
+from chargpt.tools.webpage.check import chargpt_greedy
+from chargpt.tools.webpage.pack import dequantized, pack_weights
+from chargpt.tools.webpage.page import read_page
 
 NODE = shutil.which("node")
 CHECK_JS = webpage.Path(webpage.__file__).with_name("check.js")

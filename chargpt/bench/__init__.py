@@ -46,9 +46,9 @@ def write_results(report, kind, title, path=RESULTS):
 def main(argv=None, prog=None):
     given = sys.argv[1:] if argv is None else list(argv)
     if given[:1] == ["novelty"]:  # its own flags (chargpt/bench/novelty.py)
-        from .novelty import main as novelty_main
+        from chargpt.bench.novelty import main as novelty_main
         return novelty_main(given[1:], f"{prog or 'python -m chargpt.bench'} novelty")
-    from .speed import PARTS, machine_kind, profile, speed
+    from chargpt.bench.speed import PARTS, machine_kind, profile, speed
     p = argparse.ArgumentParser(prog=prog or "python -m chargpt.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("mode", nargs="?", default="speed", choices=["speed", "profile", "quality", "pairs"])
@@ -82,7 +82,7 @@ def main(argv=None, prog=None):
     p.add_argument("--quick", action="store_true", help="speed, profile: every part on a tiny shape in seconds, to "
                    "check that the benchmark runs (its numbers mean nothing)")
     args = p.parse_args(argv)
-    from ..runtime import configure_threads, pick_device
+    from chargpt.runtime import configure_threads, pick_device
     device = pick_device(args.device)
     if device.type == "cpu":
         configure_threads(args.threads)
@@ -91,15 +91,15 @@ def main(argv=None, prog=None):
     elif args.mode == "profile":
         report = profile(args, device)
     elif args.mode == "pairs":
-        from .pairs import pairs
+        from chargpt.bench.pairs import pairs
         report = pairs(args)
     elif args.init_from:
-        from .quality import init_from_quality
-        from .speed import parse_sets
+        from chargpt.bench.quality import init_from_quality
+        from chargpt.bench.speed import parse_sets
         report = init_from_quality(args.init_from, args.data, args.base_time, args.max_time, args.device,
                                    parse_sets(args.set), args.out_dir)
     else:
-        from .quality import quality
+        from chargpt.bench.quality import quality
         report = quality(args)
     print(report)
     if args.write:

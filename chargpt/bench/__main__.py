@@ -1,5 +1,5 @@
 """python -m chargpt.bench: the benchmark command (usage in __init__.py)."""
 
-from . import main
+from chargpt.bench import main
 
 main()

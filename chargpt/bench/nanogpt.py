@@ -72,7 +72,7 @@ def nanogpt_step_ms(checkout, text, device, steps, threads):
 
 def chargpt_step_ms(data, device, steps, dtype, threads):
     """Steady-state ms per step of chargpt's training loop on the recipe (see the module docstring)."""
-    from ..training import train
+    from chargpt.training.trainer import train
     recipe = {**(RECIPES["cpu"] if device.type == "cpu" else GPU_CONFIG), **SHARED}
     flags = {k: v for k, v in recipe.items() if k not in ("device", "compile", "eval_iters")}
     flags.update(device=str(device), dtype=dtype, bias=False, eval_iters=20, sample_chars=0, data=data)
@@ -91,7 +91,7 @@ def chargpt_step_ms(data, device, steps, dtype, threads):
 
 def side_by_side(checkout, data, device, steps=200):
     """Markdown rows: nanoGPT's and chargpt's steady-state step time on nanoGPT's recipe for this device."""
-    from ..data import corpus_sources, iter_text
+    from chargpt.data.corpus import corpus_sources, iter_text
     _, sources = corpus_sources(data)
     text = "".join(iter_text(sources))
     threads = torch.get_num_threads()

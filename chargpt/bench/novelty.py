@@ -1,4 +1,4 @@
-"""Benchmark of the novelty index (chargpt/novelty/): index build time and peak memory, and scoring time, per
+"""Benchmark of the novelty index (chargpt/tools/novelty/): index build time and peak memory, and scoring time, per
 corpus, each case in a fresh Python process.
 
     python -m chargpt.bench novelty --chars 1000000 --chars 100000000        # synthetic English-like corpora
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ChargptError
-from ..novelty import matching_statistics, suffix_array
-from ..novelty.suffixarray import pick_builder
+from chargpt.errors import ChargptError
+from chargpt.tools.novelty import matching_statistics, suffix_array
+from chargpt.tools.novelty.suffixarray import pick_builder
 
 
 def synthetic_ids(n, seed=0, words=5000, chunk=1 << 23):
@@ -54,7 +54,7 @@ def bench_one(n_chars=None, data=None, sample_chars=1000, seed=0, builder="auto"
     import tempfile
     import tracemalloc
 
-    from ..data import encode_corpus
+    from chargpt.data.corpus import encode_corpus
     with tempfile.TemporaryDirectory() as tmp:
         if data is not None:
             ids, name = encode_corpus(data, cache_dir=tmp, log=lambda *a: None).ids(), Path(data).name

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .speed import machine, parse_sets
+from chargpt.bench.speed import machine, parse_sets
 
 # pairs: decoder-only against encoder-decoder at about the same size (a decoder block has 12 C^2 weights, an encoder
 # block 12 C^2, a cross-attending decoder block 16 C^2: 5 layers = 60 C^2 against 2 + 2 = 56 C^2)
@@ -40,11 +40,11 @@ def pairs(args):
     chrF and exact match (greedy) on the same --eval-pairs validation pairs, and training chars/s."""
     import tempfile
 
-    from ..engine import load
-    from ..evaluate import score_pairs
-    from ..pairs import encode_pairs, split_pairs
-    from ..training import train
-    from ..translate import chrf, exact_match
+    from chargpt.data.pairs import encode_pairs, split_pairs
+    from chargpt.sampling.engine import load
+    from chargpt.sampling.translate import chrf, exact_match
+    from chargpt.tools.evaluate import score_pairs
+    from chargpt.training.trainer import train
     if not args.data:
         raise SystemExit("pairs needs --data: the Tang poems (chargpt data get tang -> data/tang_poems.txt)")
     work = Path(args.out_dir or tempfile.mkdtemp(prefix="chargpt-pairs-"))

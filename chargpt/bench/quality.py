@@ -5,16 +5,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .speed import machine, parse_sets
+from chargpt.bench.speed import machine, parse_sets
 
 
 def quality_run(args, sets):
     """Train with the defaults plus `sets` ({flag: value}) for --max-time seconds -> (full val loss, summary, with
     "model": what was trained, e.g. '3 x 160, context 128, batch 16, dropout 0.1')."""
-    from ..checkpoint import read_meta
-    from ..evaluate import evaluate
-    from ..rundir import resolve
-    from ..training import train
+    from chargpt.runs.checkpoint import read_meta
+    from chargpt.runs.rundir import resolve
+    from chargpt.tools.evaluate import evaluate
+    from chargpt.training.trainer import train
     out = tempfile.mkdtemp(prefix="chargpt-quality-")
     # the tail split unless --set says otherwise: tiny Shakespeare's published numbers (and RESULTS.md's) use it
     summary = train(out_dir=out, data=args.data, max_time=args.max_time, sample_chars=0, device=args.device,
@@ -31,7 +31,7 @@ def quality(args):
     """Learning at a fixed budget: one run per candidate (the defaults, then each line of --candidates: NAME=VALUE
     pairs over the defaults and --set), each the full validation loss of its best checkpoint, and the loop's
     estimates of the best and the final (a final far above the best: a run that ended overfit). Without a model
-    setting the defaults are --preset auto's choice for the budget (chargpt/sizing.py)."""
+    setting the defaults are --preset auto's choice for the budget (chargpt/training/sizing.py)."""
     base = parse_sets(args.set)
     candidates = [""] + (read_candidates(args.candidates) if args.candidates else [])
     rows = [f"quality: --max-time {args.max_time:g} on {args.data or 'the built-in corpus'}"
@@ -51,10 +51,10 @@ def init_from_quality(base_data, new_data, base_time=120.0, new_time=30.0, devic
     """--init-from at a fixed budget: a base trained base_time seconds on base_data, then new_time seconds on
     new_data from the base and from scratch (the same settings `sets` otherwise) -> a Markdown table of the full
     validation loss on new_data of each (its best checkpoint, consecutive windows as in quality)."""
-    from ..checkpoint import read_meta
-    from ..evaluate import evaluate
-    from ..rundir import resolve
-    from ..training import train
+    from chargpt.runs.checkpoint import read_meta
+    from chargpt.runs.rundir import resolve
+    from chargpt.tools.evaluate import evaluate
+    from chargpt.training.trainer import train
     work, sets = Path(work or tempfile.mkdtemp(prefix="chargpt-init-from-")), sets or {}
     common = dict(sample_chars=0, device=device, curves=False, log=lambda m: print(m, file=sys.stderr), **sets)
     base = train(data=base_data, out_dir=str(work / "base"), max_time=base_time, **common)

@@ -29,13 +29,13 @@ from urllib.parse import urlsplit
 
 import torch
 
-from ..checkpoint import save_model
-from ..config import PRESETS, ModelConfig, device_preset
-from ..engine import load
-from ..model import CharGPT
-from ..runtime import configure_threads, pick_device
-from ..tokenizer import Vocab
-from .speed import machine
+from chargpt.bench.speed import machine
+from chargpt.config import PRESETS, ModelConfig, device_preset
+from chargpt.data.tokenizer import Vocab
+from chargpt.model.transformer import CharGPT
+from chargpt.runs.checkpoint import save_model
+from chargpt.runtime import configure_threads, pick_device
+from chargpt.sampling.engine import load
 
 PROMPT = "The "
 

@@ -13,7 +13,7 @@ Speed parts: peak (best matmul GFLOP/s per dtype), train (ms/step, chars/s, MFU 
 fp32 baseline; AdamW and Muon), compile (eager against torch.compile, compile time apart), decode (cached
 chars/s at batch 1 in float32, bf16 and int8, with val loss per precision given --checkpoint), nanogpt (with
 --nanogpt PATH), vocab (a training step at 65, 2,000 and 10,000 characters on the cpu and gpu presets' shapes,
-against 65 in the same run, with the step's peak memory; the fused head + loss of chargpt.loss against the full
+against 65 in the same run, with the step's peak memory; the fused head + loss of chargpt.model.loss against the full
 logits). The machine's kind (CUDA, CPU with or without native bf16) decides which rows apply.
 """
 
@@ -31,14 +31,14 @@ from dataclasses import fields, replace
 
 import torch
 
-from ..adaptive import shortlist_for
-from ..config import ModelConfig, SampleSettings, TrainConfig
-from ..flags import field_type
-from ..model import CharGPT
-from ..optim import make_optimizer
-from ..quantize import inference_model
-from ..runtime import CPU_BF16_ENV, autocast, cpu_bf16_override, cpu_has_native_bf16, has_native_bf16
-from ..sampling import decode
+from chargpt.config import ModelConfig, SampleSettings, TrainConfig
+from chargpt.config.flags import field_type
+from chargpt.model.adaptive import shortlist_for
+from chargpt.model.quantize import inference_model
+from chargpt.model.transformer import CharGPT
+from chargpt.runtime import CPU_BF16_ENV, autocast, cpu_bf16_override, cpu_has_native_bf16, has_native_bf16
+from chargpt.sampling.decode import decode
+from chargpt.training.optim import make_optimizer
 
 SHAPES = {  # name: (model config, batch size)
     "4x128 ctx64 b12": (ModelConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, n_embd=128, dropout=0.0), 12),
@@ -139,7 +139,7 @@ def time_train_step(cfg, batch, device, dtype, attention="auto", optimizer="flat
                     warmup=3):
     """-> (median seconds of a full step: forward, backward, clip, optimizer; seconds of the first step, which
     includes torch.compile's compilation). optimizer: 'flat' (training's: fused AdamW over the flat buffer,
-    chargpt/flat.py), 'muon' (training's Muon + AdamW), or torch's per-tensor AdamW and clipping, 'fused' or
+    chargpt/training/flat.py), 'muon' (training's Muon + AdamW), or torch's per-tensor AdamW and clipping, 'fused' or
     'for-loop' (the baseline)."""
     torch.manual_seed(0)
     model = CharGPT(cfg).to(device)
@@ -262,9 +262,10 @@ def compile_rows(device, args):
 
 def decode_rows(device, args):
     """Cached decoding at batch 1 per precision (float32; bf16 where native; int8 on a CPU), against float32, and
-    with --checkpoint the validation loss of each (chargpt.evaluate, consecutive windows): what the speed costs."""
-    from ..checkpoint import load_model
-    from ..evaluate import evaluate
+    with --checkpoint the validation loss of each (chargpt.tools.evaluate, consecutive windows): what the speed
+    costs."""
+    from chargpt.runs.checkpoint import load_model
+    from chargpt.tools.evaluate import evaluate
     n = 20 if args.quick else 1000
     if args.checkpoint:
         base, _, _ = load_model(args.checkpoint, device)
@@ -305,9 +306,9 @@ def step_rows(model, device, n, before, args):
     against the float32 growing cache (`before`: the float32 row above); the cost in loss: teacher-forced through
     the step over validation text, against the float32 model's full forward (the static step's own bar: within
     0.001 nats)."""
-    from ..quantize import quantize_int8, uses_dynamic_int8
-    from ..runtime import cpp_compiler
-    from ..sampling import StepRunner
+    from chargpt.model.quantize import quantize_int8, uses_dynamic_int8
+    from chargpt.runtime import cpp_compiler
+    from chargpt.sampling.decode import StepRunner
     text_ids = step_text(model, args)
     rows = ["| decode step | chars/s | vs float32 growing cache | first call (compiles) | loss through the step "
             "| vs float32 full forward |", "|---|---|---|---|---|---|"]
@@ -331,8 +332,8 @@ def step_text(model, args):
     """Up to 4 windows of validation ids (--data's last tenth, else random ids) for step_loss, (N, block_size)."""
     cfg, n = model.config, 1 if args.quick else 4
     if args.data and args.checkpoint:
-        from ..checkpoint import load_model
-        from ..data import corpus_sources, iter_text
+        from chargpt.data.corpus import corpus_sources, iter_text
+        from chargpt.runs.checkpoint import load_model
         _, vocab, _ = load_model(args.checkpoint, "cpu")
         text = "".join(iter_text(corpus_sources(args.data)[1]))
         tail = [vocab.stoi[c] for c in text[-len(text) // 10:] if c in vocab.stoi][:n * cfg.block_size]
@@ -345,7 +346,7 @@ def step_text(model, args):
 def step_loss(model, ids, runner):
     """Mean next-character loss over ids (N, T): each window from its first character, one position at a time
     through `runner` (None: the model's full forward over the window)."""
-    from ..model import KVCache
+    from chargpt.model.transformer import KVCache
     device = next(model.parameters()).device
     ids = ids.to(device)
     if runner is None:
@@ -366,7 +367,7 @@ VOCAB_PRESETS = {"cpu": "cpu", "gpu": "shakespeare-char"}  # the shapes the two 
 def vocab_shapes(quick, batch=None):
     """{label: (ModelConfig, TrainConfig)} for the cpu and gpu presets (config.PRESETS over the defaults): their
     shape, dropout and optimizer. --quick: one tiny shape with the cpu preset's optimizer."""
-    from ..config import PRESETS, split_overrides
+    from chargpt.config import PRESETS, split_overrides
     out = {}
     for kind, preset in VOCAB_PRESETS.items():
         settings = {**PRESETS[preset], **(QUICK_SHAPE_FLAGS if quick else {})}
@@ -449,8 +450,8 @@ def vocab_rows(device, args, peaks=None):
     and the gradients of the hidden states and of the weights: 6 x characters x width x vocabulary FLOPs) at the
     machine's measured matmul peak; "vs 65 + floor" is the step against vocabulary 65's step plus that floor, the
     most a large alphabet can be made to cost without computing fewer logits."""
-    from ..loss import use_fused
-    from ..runtime import pick_compile, pick_dtype
+    from chargpt.model.loss import use_fused
+    from chargpt.runtime import pick_compile, pick_dtype
     dtype, compiled = pick_dtype("auto", device)[0], pick_compile("auto", device)[0]
     peak = (peaks or {}).get(dtype) or (None if args.quick else matmul_peak(device, dtype))
     step_kw = dict(steps=2, warmup=1) if args.quick else dict(steps=5, warmup=2)
@@ -496,7 +497,7 @@ def speed(parts, device, args):
     if "vocab" in parts:
         rows += vocab_rows(device, args, peaks)
     if args.nanogpt:
-        from .nanogpt import side_by_side
+        from chargpt.bench.nanogpt import side_by_side
         rows += side_by_side(args.nanogpt, args.data, device, steps=20 if args.quick else args.steps)
     return "\n".join(rows).rstrip()
 
@@ -532,7 +533,7 @@ def profile(args, device):
 
 def profiled_run(args, device, recipe, iters, schedule=None):
     """The training loop on `recipe` for `iters` steps under torch.profiler -> (profiler, trainer)."""
-    from ..training import Trainer, start_run
+    from chargpt.training.trainer import Trainer, start_run
     threads = {"threads": args.threads} if args.threads and device.type == "cpu" else {}
     with tempfile.TemporaryDirectory(prefix="chargpt-profile-") as out:
         settings = {"data": args.data, "out_dir": out, "device": str(device), "max_iters": iters,

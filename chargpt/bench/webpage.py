@@ -25,12 +25,12 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import save_model
-from ..config import ModelConfig
-from ..errors import ChargptError
-from ..model import CharGPT
-from ..tokenizer import Vocab
-from ..webpage import export_web
+from chargpt.config import ModelConfig
+from chargpt.data.tokenizer import Vocab
+from chargpt.errors import ChargptError
+from chargpt.model.transformer import CharGPT
+from chargpt.runs.checkpoint import save_model
+from chargpt.tools.webpage import export_web
 
 # (label, n_layer, n_embd, n_head, block_size, vocabulary size)
 SHAPES = [("default CPU (3 x 160)", 3, 160, 4, 128, 65), ("6 x 384", 6, 384, 6, 256, 65),

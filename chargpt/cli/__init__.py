@@ -1,7 +1,7 @@
 """The command lines: `python train.py` / `chargpt-train` and `python sample.py` / `chargpt-sample`.
 
 Thin by design: flags -> one call into the package. Flags are generated from the config dataclasses
-(flags.flag_specs), so every setting has exactly one name, default and help line, in chargpt/config.py. Each
+(flags.flag_specs), so every setting has exactly one name, default and help line, in chargpt/config/__init__.py. Each
 command lists its parameters in order (click's `params`); an option several commands take is one click.Option
 object (CHECKPOINT, SEED, ...), defined once.
 Output: results on stdout (sample.py's text; train.py's run directory, one line when it ends), everything
@@ -14,10 +14,10 @@ other `chargpt` command); this module is the `chargpt` group.
 
 import click
 
-from .. import __version__
-from .common import CONTEXT, run_guarded, say  # noqa: F401 (used by the commands' callers)
-from .core import bench_cli, sample_cli, train_cli  # noqa: F401
-from .tools import (  # noqa: F401
+from chargpt import __version__
+from chargpt.cli.common import CONTEXT, run_guarded, say  # noqa: F401 (used by the commands' callers)
+from chargpt.cli.core import bench_cli, sample_cli, train_cli  # noqa: F401
+from chargpt.cli.tools import (  # noqa: F401
     bench_command,
     data_cli,
     data_get_cli,

@@ -12,11 +12,11 @@ import click
 from click.core import ParameterSource
 from tqdm import tqdm
 
-from .. import textio
-from ..components.interrupt import interrupted, work_begins
-from ..config import SampleSettings
-from ..errors import ChargptError, Interrupted, out_of_memory, requested_memory
-from ..flags import cli_names, flag_specs
+from chargpt import textio
+from chargpt.config import SampleSettings
+from chargpt.config.flags import cli_names, flag_specs
+from chargpt.errors import ChargptError, Interrupted, out_of_memory, requested_memory
+from chargpt.training.interrupt import interrupted, work_begins
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
 TRAIN_MEMORY_HINT = "lower --batch-size (--grad-accum keeps the global batch), --block-size or the model size " \
@@ -104,7 +104,7 @@ def run_guarded(fn, memory_hint="lower the batch or model size", heavy=("torch",
     C extension's import would leave it half-loaded ("cannot load module more than once"), so it exits at once."""
     for name in heavy:
         importlib.import_module(name)
-    work_begins()  # Ctrl-C raises KeyboardInterrupt from here on (chargpt/components/interrupt.py)
+    work_begins()  # Ctrl-C raises KeyboardInterrupt from here on (chargpt/training/interrupt.py)
     try:
         with cli_names():
             result = fn()

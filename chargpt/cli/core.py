@@ -7,12 +7,8 @@ from dataclasses import replace
 import click
 from click.core import ParameterSource
 
-from .. import textio
-from ..components.interrupt import work_begins
-from ..config import ModelConfig, SampleSettings, TrainConfig
-from ..errors import ChargptError
-from ..options import SampleOptions
-from .common import (
+from chargpt import textio
+from chargpt.cli.common import (
     CHECKPOINT,
     CONTEXT,
     DEVICE,
@@ -32,13 +28,17 @@ from .common import (
     next_step_hint,
     run_guarded,
 )
+from chargpt.config import ModelConfig, SampleSettings, TrainConfig
+from chargpt.errors import ChargptError
+from chargpt.sampling.options import SampleOptions
+from chargpt.training.interrupt import work_begins
 
 
 class TrainCommand(click.Command):
     """train's --help ends with the presets and their sizes (computed when help is shown, not at every start)."""
 
     def format_epilog(self, ctx, formatter):
-        from ..helptext import preset_table
+        from chargpt.config.helptext import preset_table
         formatter.write_paragraph()
         formatter.write("\n".join(preset_table()) + "\n")
 
@@ -58,7 +58,7 @@ def train_cli(**kwargs):
     ctx = click.get_current_context()
     overrides = {k: v for k, v in kwargs.items()
                  if ctx.get_parameter_source(k) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
-    from ..training import train
+    from chargpt.training.trainer import train
     summary = run_guarded(lambda: train(log=_log, **overrides), TRAIN_MEMORY_HINT)
     if int(os.environ.get("RANK", 0)) == 0:
         _log(next_step_hint(summary))
@@ -118,11 +118,11 @@ def sample_cli(checkpoint_path, prompt, prompt_file, num_samples, seed, unknown,
     sample when there are several); everything else goes to stderr. Under a constraint (--form, --ban, ...) or
     --best-of, each sample's scores follow on stderr (in --json, its `score`)."""
     def main():
-        from ..engine import load
-        from ..forms import shape_lines
-        from ..novelty import check_options, sample_scorer
-        from ..rundir import latest_run
-        from .writers import Target, write_items, write_samples
+        from chargpt.cli.writers import Target, write_items, write_samples
+        from chargpt.runs.rundir import latest_run
+        from chargpt.sampling.engine import load
+        from chargpt.sampling.forms import shape_lines
+        from chargpt.tools.novelty import check_options, sample_scorer
         if list_forms:
             return click.echo("\n".join(shape_lines()))
         new_only = flags.pop("new_only")
@@ -145,14 +145,14 @@ def sample_cli(checkpoint_path, prompt, prompt_file, num_samples, seed, unknown,
         copies = gen.copy_check(min_span, novelty_data, str(path)) if best_of and not interactive else None
         textio.tolerant_stdout()
         if interactive:
-            from ..repl import repl
+            from chargpt.cli.repl import repl
             return repl(gen, options)
         text, warning = gen.prompt_text(text, unknown), gen.unknown_warning(text, unknown)  # 'error' raises here
         _warn(warning)
         # greedy text does not depend on the seed
         options = replace(options, seed=_seed(seed, shown=options.settings.temperature > 0))
         target = Target(output, as_json, _stderr, scorer)
-        if gen.items_run or new_only:  # a list: N items, one a line (chargpt/items.py)
+        if gen.items_run or new_only:  # a list: N items, one a line (chargpt/data/items.py)
             return write_items(gen, text, options, target, new_only, novelty_data, path)
         write_samples(gen, text, options, target, copies)
 
@@ -160,7 +160,7 @@ def sample_cli(checkpoint_path, prompt, prompt_file, num_samples, seed, unknown,
 
 
 def bench_cli():
-    from ..bench import main
+    from chargpt.bench import main
     work_begins()
     main()
 

@@ -5,17 +5,8 @@ import sys
 
 import click
 
-from .. import textio
-from ..components.interrupt import work_begins
-from ..config import (
-    ExportSettings,
-    SampleSettings,
-    TrainConfig,
-)
-from ..corpora import DATA_DIR
-from ..errors import ChargptError
-from ..options import check_sample_options
-from .common import (
+from chargpt import textio
+from chargpt.cli.common import (
     CHECKPOINT,
     CONTEXT,
     DEVICE,
@@ -33,6 +24,15 @@ from .common import (
     run_guarded,
     say,
 )
+from chargpt.config import (
+    ExportSettings,
+    SampleSettings,
+    TrainConfig,
+)
+from chargpt.data.corpora import DATA_DIR
+from chargpt.errors import ChargptError
+from chargpt.sampling.options import check_sample_options
+from chargpt.training.interrupt import work_begins
 
 
 # --- the other commands of `chargpt` ------------------------------------------------------------------------
@@ -57,8 +57,8 @@ def eval_cli(checkpoint_path, device, data, target_data, encoding, encoding_erro
     sentence pairs scores pairs (--data PAIRS.tsv, or --data SOURCES --target-data TARGETS): each target given its
     source."""
     def run():
-        from ..evaluate import evaluate, format_result
-        from ..rundir import latest_run
+        from chargpt.runs.rundir import latest_run
+        from chargpt.tools.evaluate import evaluate, format_result
         result = evaluate(checkpoint_path or latest_run(), data, encoding=encoding, encoding_errors=encoding_errors,
                           stride=stride, batch_size=batch_size, device=device, target_data=target_data)
         click.echo(json.dumps(result, ensure_ascii=False) if as_json else format_result(result))
@@ -79,8 +79,8 @@ def novelty_cli(checkpoint_path, text, input_path, min_span, novelty_data, as_js
     the same against the run's validation text. The first use builds an index of the corpus (cached beside it).
     With --json, also the longest copied span starting and ending at every position (`starting`, `ending`)."""
     def run():
-        from .. import novelty
-        from ..rundir import latest_run
+        from chargpt.runs.rundir import latest_run
+        from chargpt.tools import novelty
         if min_span is not None:
             novelty.check_min_span(min_span)
         body = novelty.read_input(text, input_path)
@@ -97,8 +97,8 @@ def info_cli(run, as_json):
     """What a run is: model, vocabulary, steps, best validation loss, training time, files. RUN is a run
     directory or a .safetensors file [default: the most recent run under checkpoints/]. Reads headers only."""
     def show():
-        from ..rundir import latest_run
-        from ..runinfo import format_info, run_info
+        from chargpt.runs.info import format_info, run_info
+        from chargpt.runs.rundir import latest_run
         info = run_info(run or latest_run(pass_run="name one: chargpt info RUN"))
         click.echo(textio.visible_json(info) if as_json else format_info(info))  # no raw terminal escapes
     run_guarded(show)
@@ -132,10 +132,10 @@ def translate_cli(checkpoint_path, sources, input_path, output, beam, alpha, tem
     or stdin, one translation per line on stdout (or --output). Greedy by default; --beam N searches, and
     --temperature above 0 samples. Blank lines stay blank."""
     def run():
-        from ..engine import load
-        from ..rundir import latest_run
-        from ..tokenizer import Unknowns
-        from ..translate import check_translate_options
+        from chargpt.data.tokenizer import Unknowns
+        from chargpt.runs.rundir import latest_run
+        from chargpt.sampling.engine import load
+        from chargpt.sampling.translate import check_translate_options
         settings = _sample_settings({"temperature": temperature, "top_k": top_k, "top_p": top_p})
         check_sample_options(1, seed)
         check_translate_options(beam, alpha, settings.temperature, top_k, top_p, batch_size)
@@ -178,17 +178,17 @@ def export_cli(checkpoint_path, to, format, force, web_weights):
     """Write a run as a Hugging Face transformers folder (a GPT-2 model, its character tokenizer, a model card) that
     AutoModelForCausalLM and AutoTokenizer load without custom code; the folder is checked against chargpt's logits
     before it appears. Needs transformers: pip install -e ".[export]". Prints the folder on stdout.
-    --format web writes one .html page that writes with the model in any browser, offline (chargpt/webpage), its
+    --format web writes one .html page that writes with the model in any browser, offline (chargpt/tools/webpage), its
     decoder checked under node first where node is installed; prints the file."""
     def run():
-        from ..rundir import latest_run
+        from chargpt.runs.rundir import latest_run
         checkpoint = checkpoint_path or latest_run()
         if format == "web":
-            from ..webpage import export_web
+            from chargpt.tools.webpage import export_web
             return click.echo(export_web(checkpoint, to, force, web_weights, log=say))
         if web_weights != "float32":
             raise ChargptError("--web-weights is for --format web; drop it, or add --format web")
-        from ..export import export
+        from chargpt.tools.export import export
         click.echo(export(checkpoint, to, format, force=force, log=say))
     run_guarded(run)
 
@@ -204,8 +204,8 @@ def plot_cli(runs, output, unit):
     """Train (dashed) and validation (solid) loss against steps, one colour per run: RUNS are run directories
     [default: the most recent run under checkpoints/]. Needs matplotlib: pip install -e ".[plots]"."""
     def draw():
-        from ..plot import plot_runs
-        from ..rundir import latest_run
+        from chargpt.runs.plot import plot_runs
+        from chargpt.runs.rundir import latest_run
         runs_ = list(runs) or [latest_run(pass_run="name them: chargpt plot RUN...")]
         click.echo(f"wrote {plot_runs(runs_, output, unit)}", err=True)
     run_guarded(draw)
@@ -215,7 +215,7 @@ def plot_cli(runs, output, unit):
                add_help_option=False, params=[click.Argument(["args"], nargs=-1, type=click.UNPROCESSED)])
 def bench_command(args):
     """Speed and quality benchmarks (chargpt bench --help; the flags of python -m chargpt.bench)."""
-    from ..bench import main as bench_main
+    from chargpt.bench import main as bench_main
     work_begins()
     bench_main(list(args), prog="chargpt bench")
 
@@ -231,7 +231,7 @@ def data_cli():
 @data_cli.command("list", context_settings=CONTEXT, params=[DATA_DIR_OPTION])
 def data_list_cli(data_dir):
     """The corpora `data get` knows, and whether they are downloaded."""
-    from ..corpora import list_corpora
+    from chargpt.data.corpora import list_corpora
     for c in list_corpora(data_dir):
         where = f"downloaded: {c['path']}" if c["downloaded"] else f"not downloaded ({c['size']:,} bytes)"
         click.echo(f"{c['name']:<18} {c['about']}\n{'':<18} {where}; {c['url']}")
@@ -241,7 +241,7 @@ def data_list_cli(data_dir):
 def data_get_cli(name, data_dir):
     """Download corpus NAME into --dir; an interrupted download resumes when run again."""
     def fetch():
-        from ..corpora import get
+        from chargpt.data.corpora import get
         path = get(name, data_dir, log=_stderr)
         click.echo(f"train on it with: chargpt train --data {path}", err=True)
     run_guarded(fetch, heavy=())  # the standard library alone
@@ -262,7 +262,7 @@ def data_get_cli(name, data_dir):
 def serve_cli(checkpoints, host, port, device, data_dir, training):
     """A local web playground: write with any run, look inside the model, watch runs train, train new ones."""
     def run():
-        from ..web.server import serve  # loads torch and the web extra only when asked for
+        from chargpt.web.server import serve  # loads torch and the web extra only when asked for
         serve(checkpoints, host, port, device, say=_stderr, training=training, data_dir=data_dir)
     run_guarded(run)
 

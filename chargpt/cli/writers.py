@@ -1,5 +1,5 @@
 """What sample.py prints: the samples as they are decoded or all at once, as text or JSON lines, their scores under a
-constraint or best-of, and a list's items. Each writer takes the call's options (chargpt.options.SampleOptions,
+constraint or best-of, and a list's items. Each writer takes the call's options (chargpt.sampling.options.SampleOptions,
 checked when the flags were read) and a Target that says where the text goes; the engine below only decodes."""
 
 import itertools
@@ -11,12 +11,12 @@ from typing import TextIO
 
 import click
 
-from .. import textio
-from ..constraints import given
-from ..errors import ConfigError, DataError
-from ..flags import param
-from ..items import MAX_TRIES
-from ..novelty.samples import sample_records, scored_line
+from chargpt import textio
+from chargpt.config.flags import param
+from chargpt.data.items import MAX_TRIES
+from chargpt.errors import ConfigError, DataError
+from chargpt.sampling.constraints import given
+from chargpt.tools.novelty.samples import sample_records, scored_line
 
 
 def _stderr(message):
@@ -160,8 +160,8 @@ def score_line(sample, i, n, best_of=None):
 
 def write_items(gen, prompt, options, target, new_only=False, data=None, run="the run"):
     """sample.py with a run trained with --items: options.num_samples items, one a line (Generator.items). target.say
-    says how many are exact copies of an item of the list (found as chargpt.novelty finds a run's text: `data` if it
-    moved), or that the list is gone and nothing was counted; with new_only, copies are left out."""
+    says how many are exact copies of an item of the list (found as chargpt.tools.novelty finds a run's text: `data` if
+    it moved), or that the list is gone and nothing was counted; with new_only, copies are left out."""
     n = options.num_samples
     if not gen.items_run:
         raise ConfigError(f"{param('new_only')} is for a run trained with {param('items')} (a list); drop it")

@@ -6,8 +6,8 @@ import json
 
 from starlette.requests import ClientDisconnect
 
-from ..rundir import no_constant
-from .limits import MAX_BODY_BYTES, MAX_INT_DIGITS
+from chargpt.runs.rundir import no_constant
+from chargpt.web.limits import MAX_BODY_BYTES, MAX_INT_DIGITS
 
 
 class RequestError(Exception):

@@ -5,8 +5,8 @@ import sys
 import threading
 from collections import OrderedDict
 
-from .body import RequestError
-from .limits import MAX_BUSY, MAX_MODELS
+from chargpt.web.body import RequestError
+from chargpt.web.limits import MAX_BUSY, MAX_MODELS
 
 
 class Models:
@@ -19,7 +19,7 @@ class Models:
         self.lock = threading.Lock()
 
     def get(self, path):
-        from ..engine import load
+        from chargpt.sampling.engine import load
         try:
             key = (str(path), path.stat().st_mtime_ns)
         except OSError:
@@ -60,7 +60,7 @@ class Busy:
 
 
 class NoveltyIndexes:
-    """The novelty index (chargpt.novelty) of each run asked about, by run directory: built or loaded in a worker
+    """The novelty index (chargpt.tools.novelty) of each run asked about, by run directory: built or loaded in a worker
     thread (the first build of a large corpus takes a while), one at a time. As with Models, a checkpoint that
     changed on disk (its mtime or size) is read again: a run still training keeps its index, a run replaced
     under the same name (another corpus or split: novelty.corpus_identity) gets its own."""
@@ -69,8 +69,8 @@ class NoveltyIndexes:
         self.loaded, self.lock = {}, threading.Lock()  # run directory -> (stamp, identity, Novelty)
 
     def get(self, path):
-        from ..checkpoint import read_meta
-        from ..novelty import CorpusMissing, corpus_identity, for_meta
+        from chargpt.runs.checkpoint import read_meta
+        from chargpt.tools.novelty import CorpusMissing, corpus_identity, for_meta
         name = path.parent.name
         try:
             stat = path.stat()

@@ -5,12 +5,12 @@ import contextlib
 import math
 from pathlib import Path
 
-from ..errors import ChargptError
-from ..rundir import BEST, LATEST, LOSSES, METRICS, SAMPLES, lock_holder, read_step_rows
-from ..runinfo import run_info
-from ..textio import escape
-from .body import RequestError
-from .limits import MAX_METRIC_ROWS, MAX_RUNNING_POINTS, MAX_SAMPLE_ROWS, MAX_VOCAB_SENT, VOCAB_PREVIEW
+from chargpt.errors import ChargptError
+from chargpt.runs.info import run_info
+from chargpt.runs.rundir import BEST, LATEST, LOSSES, METRICS, SAMPLES, lock_holder, read_step_rows
+from chargpt.textio import escape
+from chargpt.web.body import RequestError
+from chargpt.web.limits import MAX_METRIC_ROWS, MAX_RUNNING_POINTS, MAX_SAMPLE_ROWS, MAX_VOCAB_SENT, VOCAB_PREVIEW
 
 
 class Runs:
@@ -59,7 +59,7 @@ class Runs:
             info = run_info(run, preview=preview)
         except ChargptError as e:
             return {**out, "error": str(e)}
-        from ..novelty.score import default_min_span
+        from chargpt.tools.novelty.score import default_min_span
         m, best = info["model_config"], finite(info["best_val_loss"])
         return {**out, "corpus": str(info["corpus"] or run.name), "step": info["steps"],
                 "params": info["parameters"], "best_val_loss": best,

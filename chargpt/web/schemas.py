@@ -3,7 +3,8 @@ default and this server's limit on it (chargpt/web/limits.py). Strict: a bool is
 integer, a number is not a string, and an unknown field is refused. A body that does not fit is one 400 line naming
 the field and what it must be (one_line). The sampling settings' own rules (temperature >= 0, top_p in (0, 1], a
 non-empty stop string, the seed's range) are chargpt.config's: GenerateRequest becomes the engine's one options
-object (chargpt.options.SampleOptions) as it is parsed, checked there by config's rules, whose message is the 400."""
+object (chargpt.sampling.options.SampleOptions) as it is parsed, checked there by config's rules, whose message is the
+400."""
 
 import contextvars
 import json
@@ -11,12 +12,12 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from ..config import SampleSettings
-from ..errors import ConfigError
-from ..options import SETTINGS, SampleOptions
-from ..tokenizer import UNKNOWN_POLICIES
-from .body import RequestError
-from .limits import (
+from chargpt.config import SampleSettings
+from chargpt.data.tokenizer import UNKNOWN_POLICIES
+from chargpt.errors import ConfigError
+from chargpt.sampling.options import SETTINGS, SampleOptions
+from chargpt.web.body import RequestError
+from chargpt.web.limits import (
     MAX_GUIDANCE,
     MAX_INSIDE_CHARS,
     MAX_LABEL_CHARS,
@@ -60,7 +61,8 @@ class GenerateRequest(Request):
     stop: list[Annotated[str, Field(max_length=MAX_STOP_CHARS)]] = Field(
         [], max_length=MAX_STOPS, description=f"a list of at most {MAX_STOPS} strings of at most {MAX_STOP_CHARS} "
                                               f"characters")
-    # the constraints (chargpt/constraints.py, chargpt/forms.py); best_of decodes its samples in one batch
+    # the constraints (chargpt/sampling/constraints.py, chargpt/sampling/forms.py); best_of decodes its samples in one
+    # batch
     form: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
     acrostic: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
     ban: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
@@ -70,8 +72,8 @@ class GenerateRequest(Request):
     no_repeat_ngram: int | None = Field(None, le=MAX_NEW_CHARS)
     min_p: float | None = None
     min_span: int | None = Field(None, ge=1, le=MAX_NOVELTY_CHARS)  # best-of's copy check; None: the run's default
-    # a run trained with --labels (chargpt/labels.py): write in this label's style (None: unconditioned), held to it
-    # by classifier-free guidance >= 1; a label the run does not have is a 400 once the run is loaded (write.start)
+    # a run trained with --labels (chargpt/data/labels.py): write in this label's style (None: unconditioned), held to
+    # it by classifier-free guidance >= 1; a label the run does not have is a 400 once the run is loaded (write.start)
     label: str | None = Field(None, max_length=MAX_LABEL_CHARS)
     guidance: float | None = Field(None, le=MAX_GUIDANCE)
 
@@ -114,7 +116,7 @@ class InsideRequest(Request):
 class NoveltyRequest(Request):
     run: str
     text: str = Field(max_length=MAX_NOVELTY_CHARS)
-    min_span: int | None = Field(None, ge=1, le=MAX_NOVELTY_CHARS)  # None: chargpt.novelty's default
+    min_span: int | None = Field(None, ge=1, le=MAX_NOVELTY_CHARS)  # None: chargpt.tools.novelty's default
 
 
 class StopRequest(Request):

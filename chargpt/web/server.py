@@ -6,7 +6,7 @@
 
 One page (chargpt/web/, plain HTML and JavaScript modules, no build step, nothing from the internet) with four
 views: Write streams text from a run (from a run trained on sentence pairs: the translation of a source sentence);
-Look inside shades each character by the model's surprise and draws its attention maps (chargpt.inside); Runs
+Look inside shades each character by the model's surprise and draws its attention maps (chargpt.model.inside); Runs
 overlays loss curves from metrics.jsonl and follows runs still training; New run trains one (chargpt train in a
 process of its own: training.py), off with --no-training.
 The server is a thin layer over the library: chargpt.load for models, Generator.stream for text, so a seed
@@ -59,9 +59,9 @@ import threading
 import time
 from pathlib import Path
 
-from ..errors import ChargptError
-from ..platforms import claim_port
-from .limits import (
+from chargpt.errors import ChargptError
+from chargpt.platforms import claim_port
+from chargpt.web.limits import (
     LOOPBACK_NAMES,
     MAX_BUSY,
     MAX_MODELS,
@@ -85,12 +85,12 @@ def create_app(checkpoints, device="auto", hosts=LOOPBACK_NAMES, max_busy=MAX_BU
     training: whether the page may train runs (on `device`), on texts uploaded or named from data_dir; train_args:
     `chargpt train` flags every one of them gets (("--threads", "2") leaves cores to the server)."""
     need_web()
-    from . import endpoints  # the modules below import the web extra: loaded once need_web() found it
-    from .body import RequestError
-    from .cache import Busy, Models, NoveltyIndexes
-    from .middleware import HostCheck, SecurityHeaders
-    from .runs import Runs
-    from .training import Trainings
+    from chargpt.web import endpoints  # the modules below import the web extra: loaded once need_web() found it
+    from chargpt.web.body import RequestError
+    from chargpt.web.cache import Busy, Models, NoveltyIndexes
+    from chargpt.web.middleware import HostCheck, SecurityHeaders
+    from chargpt.web.runs import Runs
+    from chargpt.web.training import Trainings
 
     middleware = [Middleware(SecurityHeaders)]
     if hosts:
@@ -237,7 +237,7 @@ def serve(checkpoints=DEFAULT_CHECKPOINTS, host="127.0.0.1", port=8000, device="
     if data_dir is not None and not Path(data_dir).is_dir():
         raise ChargptError(f"no data folder {data_dir}; pass --data-dir a folder of text files")
     data_dir = data_dir if data_dir is not None or not Path("data").is_dir() else "data"
-    from ..runtime import pick_device
+    from chargpt.runtime import pick_device
     pick_device(device)  # an impossible --device fails now, not on the first request
     sock = bind(host, port)
     local = is_loopback(sock)

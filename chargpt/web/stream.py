@@ -9,7 +9,7 @@ import threading
 import time
 import traceback
 
-from ..errors import ChargptError
+from chargpt.errors import ChargptError
 
 
 def sse(event, data):

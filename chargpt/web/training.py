@@ -29,15 +29,20 @@ import time
 from pathlib import Path
 
 import chargpt
-
-from ..checkpoint import read_meta
-from ..config import PRESETS
-from ..data import DEFAULT_CORPUS_NAME
-from ..errors import ChargptError
-from ..platforms import WINDOWS, pid_alive, portable_name
-from ..rundir import LOSSES, SAMPLES, STATE, STATUS, lock_holder, write_atomic, write_text_atomic
-from .body import RequestError
-from .limits import MAX_CORPORA_LISTED, MAX_NAME_CHARS, MAX_UPLOAD_FOLDER_BYTES, TRAIN_LOG_LINES, TRAIN_SAMPLES
+from chargpt.config import PRESETS
+from chargpt.data.corpus import DEFAULT_CORPUS_NAME
+from chargpt.errors import ChargptError
+from chargpt.platforms import WINDOWS, pid_alive, portable_name
+from chargpt.runs.checkpoint import read_meta
+from chargpt.runs.rundir import LOSSES, SAMPLES, STATE, STATUS, lock_holder, write_atomic, write_text_atomic
+from chargpt.web.body import RequestError
+from chargpt.web.limits import (
+    MAX_CORPORA_LISTED,
+    MAX_NAME_CHARS,
+    MAX_UPLOAD_FOLDER_BYTES,
+    TRAIN_LOG_LINES,
+    TRAIN_SAMPLES,
+)
 
 HOME, UPLOADS, LOGS, RECORD = ".playground", "uploads", "logs", "training.json"
 TEXT_PRESETS = tuple(name for name, p in PRESETS.items() if p.get("task", "text") == "text")  # not sentence pairs
@@ -335,7 +340,7 @@ def how_it_ended(code, stop_requested, status):
 
 
 def run_status(out_dir):
-    """The run's status.json (components/sinks.RunStatus: how its training goes and how its session ended), if it
+    """The run's status.json (training/sinks.RunStatus: how its training goes and how its session ended), if it
     is one; else None (no step trained yet, or not a file chargpt wrote)."""
     try:
         with open(Path(out_dir) / STATUS, "rb") as f:

@@ -163,7 +163,7 @@ async function onGenerate() {
 }
 
 async function markCopied(run, texts, nodes, stale = () => false) {
-  // shade the spans of each sample that occur verbatim in the run's training text (chargpt.novelty), the line
+  // shade the spans of each sample that occur verbatim in the run's training text (chargpt.tools.novelty), the line
   // they come from in each one's tooltip, and the share copied under the sample
   $("outputs").dataset.novelty = "checking";
   const minSpan = numberOrNull("min-span") ?? Number($("min-span").placeholder);  // empty: the run's default

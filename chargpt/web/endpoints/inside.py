@@ -12,9 +12,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from ...inside import look_inside
-from ..body import RequestError, read_json
-from ..schemas import InsideRequest
+from chargpt.model.inside import look_inside
+from chargpt.web.body import RequestError, read_json
+from chargpt.web.schemas import InsideRequest
 
 
 async def inside(request):

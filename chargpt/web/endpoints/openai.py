@@ -41,10 +41,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from ...errors import ChargptError
-from ...tokenizer import UNKNOWN_POLICIES
-from ..body import RequestError, read_json
-from ..limits import (
+from chargpt.data.tokenizer import UNKNOWN_POLICIES
+from chargpt.errors import ChargptError
+from chargpt.web.body import RequestError, read_json
+from chargpt.web.endpoints.write import start
+from chargpt.web.limits import (
     MAX_GUIDANCE,
     MAX_LABEL_CHARS,
     MAX_NEW_CHARS,
@@ -56,8 +57,7 @@ from ..limits import (
     MAX_TEMPERATURE,
     MAX_TOP_K,
 )
-from ..schemas import GenerateRequest, Request, one_line
-from .write import start
+from chargpt.web.schemas import GenerateRequest, Request, one_line
 
 DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE = 16, 1.0  # OpenAI's, for an absent (or null) field
 

@@ -5,7 +5,7 @@ from pathlib import Path
 from starlette.responses import FileResponse
 from starlette.routing import Route
 
-from ..body import RequestError, clipped
+from chargpt.web.body import RequestError, clipped
 
 WEB = Path(__file__).parent.parent  # index.html and PAGE_FILES: shipped as package data
 # what /static/ serves: the page's own files, never the package's Python (main.js imports the other modules)

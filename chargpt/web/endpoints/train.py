@@ -23,10 +23,10 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from ..body import RequestError, read_capped, read_json
-from ..limits import MAX_NAME_CHARS, MAX_TRAIN_SECONDS, MAX_UPLOAD_BYTES
-from ..schemas import Request
-from ..training import TEXT_PRESETS
+from chargpt.web.body import RequestError, read_capped, read_json
+from chargpt.web.limits import MAX_NAME_CHARS, MAX_TRAIN_SECONDS, MAX_UPLOAD_BYTES
+from chargpt.web.schemas import Request
+from chargpt.web.training import TEXT_PRESETS
 
 MAX_SIZE = 1_000_000  # a model size field: train checks what fits; this bounds the command line
 

@@ -22,12 +22,12 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from ...constraints import given, plan
-from ...errors import ChargptError, ConfigError
-from ...tokenizer import describe_chars
-from ..body import RequestError, read_json
-from ..schemas import GenerateRequest, StopRequest
-from ..stream import Generation
+from chargpt.data.tokenizer import describe_chars
+from chargpt.errors import ChargptError, ConfigError
+from chargpt.sampling.constraints import given, plan
+from chargpt.web.body import RequestError, read_json
+from chargpt.web.schemas import GenerateRequest, StopRequest
+from chargpt.web.stream import Generation
 
 
 async def generate(request):

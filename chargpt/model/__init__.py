@@ -1,0 +1,1 @@
+"""The model: the transformer, its fused loss, the adaptive softmax, dropout, quantisation, and looking inside."""

@@ -1,0 +1,1 @@
+"""Runs on disk: checkpoints, run directories, what a run is (info), and its loss curves (plot)."""
