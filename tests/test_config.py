@@ -18,12 +18,12 @@ from chargpt.config import (
     SampleSettings,
     TrainConfig,
     check_task,
-    describe_model,
     device_preset,
     model_config_from_dict,
     split_overrides,
     typed_fields,
 )
+from chargpt.config.architecture import describe_model
 from chargpt.config.flags import cli_names, flag_specs, param, spelled
 from chargpt.errors import ConfigError
 

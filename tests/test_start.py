@@ -86,3 +86,19 @@ def test_the_start_up_reads_in_a_few_short_lines_and_the_run_keeps_them_all(tmp_
     chargpt.train(data=str(corpus), out_dir="verbose", max_iters=2, eval_interval=2, log=said.append, verbose=True,
                   **brief)
     assert any(line.startswith("numerics: ") for line in said) and not any(line.startswith("run: ") for line in said)
+
+
+def test_a_run_s_settings_are_checked_once(tmp_path, corpus, monkeypatch):
+    """Each setting is checked where the run's settings are made, once: the model's before the corpus is read (what
+    only the vocabulary decides is checked with it), the training's when the layers are merged; sizing and the
+    parts after it read typed fields."""
+    from chargpt.config import ModelConfig, TrainConfig
+    checks = []
+    for cls in (ModelConfig, TrainConfig):
+        real = cls.validate
+        monkeypatch.setattr(cls, "validate", lambda self, real=real: checks.append(type(self).__name__) or real(self))
+    run = start_run({**TINY_KW, "data": str(corpus), "out_dir": "run", "max_iters": 4, "dropout": 0.1,
+                     "softmax": "adaptive"}, log=quiet)
+    run.release()
+    assert sorted(checks) == ["ModelConfig", "TrainConfig"] and run.mcfg.dropout == 0.1
+    assert run.mcfg.vocab_size == len(run.corpus.vocab) and 0 < run.mcfg.shortlist < run.mcfg.vocab_size

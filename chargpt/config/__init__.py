@@ -19,10 +19,19 @@ typed_fields.
 import difflib
 import math
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import ClassVar
 
-from chargpt.config.architecture import ACTIVATIONS, ARCH_FIELDS, ARCHS, NORMS, POS_EMBS, SOFTMAXES, validate_arch
+from chargpt.config.architecture import (
+    ACTIVATIONS,
+    ARCH_FIELDS,
+    ARCHS,
+    NORMS,
+    POS_EMBS,
+    SOFTMAXES,
+    check_shortlist,
+    validate_arch,
+)
 from chargpt.config.flags import opt, param
 from chargpt.errors import ConfigError
 
@@ -172,6 +181,17 @@ class ModelConfig:
             raise ConfigError(f"{param('dropout')} must be in [0, 1) (got {self.dropout})")
         validate_arch(self)
         return self
+
+    def with_vocabulary(self, size):
+        """The model for a corpus of `size` characters, checked once against it: a run's model settings are checked
+        (validate) before its corpus is read, with room for any vocabulary; only what the vocabulary decides is
+        checked here."""
+        cfg = replace(self, vocab_size=size)
+        if size < 1:
+            raise ConfigError(f"the vocabulary size must be at least 1 (got {size})")
+        if cfg.softmax == "adaptive":
+            check_shortlist(cfg)
+        return cfg
 
     @property
     def head_size(self):
@@ -505,19 +525,6 @@ def check_preset(name):
         close = difflib.get_close_matches(str(name), PRESETS, n=1)
         raise ConfigError(f"{param('preset')} {name!r:.40} is not a preset; "
                           + (f"did you mean {close[0]!r}? " if close else "") + f"the presets: {', '.join(PRESETS)}")
-
-
-def describe_model(cfg: ModelConfig):
-    """'encoder-decoder, 2+2 layers x 128 wide, 4 heads, context 64, sinusoidal positions, post-LN, ReLU'."""
-    layers = f"{cfg.n_enc_layer or cfg.n_layer}+{cfg.n_layer} layers" if cfg.arch == "encoder-decoder" else \
-        f"{cfg.n_layer} layers"
-    options = [name for name, on in (("sinusoidal positions", cfg.pos_emb == "sinusoidal"),
-                                     ("embeddings x sqrt(width)", cfg.emb_scale), ("post-LN", cfg.norm == "post"),
-                                     ("ReLU", cfg.activation == "relu"),
-                                     (f"adaptive softmax (shortlist {cfg.shortlist:,})", cfg.softmax == "adaptive"))
-               if on]
-    return ", ".join([(f"{cfg.arch}, " if cfg.arch != "decoder" else "") + f"{layers} x {cfg.n_embd} wide",
-                      f"{cfg.n_head} heads", f"context {cfg.block_size}", *options])
 
 
 def check_task(arch, cfg: TrainConfig):

@@ -13,6 +13,15 @@ SOFTMAXES = ("full", "adaptive")
 ARCH_FIELDS = ("arch", "n_enc_layer", "pos_emb", "emb_scale", "norm", "activation", "softmax", "shortlist")
 
 
+def check_shortlist(cfg):
+    """--softmax adaptive against the vocabulary: what only the corpus's characters decide."""
+    if cfg.vocab_size < 2:
+        raise ConfigError("--softmax adaptive needs a corpus of at least 2 distinct characters")
+    if not 0 <= cfg.shortlist < cfg.vocab_size:
+        raise ConfigError(f"--shortlist must be at least 0 and below the vocabulary's {cfg.vocab_size:,} "
+                          f"characters (got {cfg.shortlist:,}); 0 picks it from the text")
+
+
 def validate_arch(cfg):
     """The architecture options: names from the untrusted checkpoint metadata are checked here too."""
     for name, allowed in (("arch", ARCHS), ("pos_emb", POS_EMBS), ("norm", NORMS), ("activation", ACTIVATIONS),
@@ -25,13 +34,22 @@ def validate_arch(cfg):
         if cfg.arch != "decoder":
             raise ConfigError("--softmax adaptive is for the decoder-only model (text); the encoder-decoder keeps "
                               "--softmax full")
-        if cfg.vocab_size < 2:
-            raise ConfigError("--softmax adaptive needs a corpus of at least 2 distinct characters")
-        if not 0 <= cfg.shortlist < cfg.vocab_size:
-            raise ConfigError(f"--shortlist must be at least 0 and below the vocabulary's {cfg.vocab_size:,} "
-                              f"characters (got {cfg.shortlist:,}); 0 picks it from the text")
+        check_shortlist(cfg)
     elif cfg.shortlist:
         raise ConfigError(f"--shortlist {cfg.shortlist} needs --softmax adaptive")
     if cfg.n_enc_layer and cfg.arch != "encoder-decoder":
         raise ConfigError(f"--n-enc-layer {cfg.n_enc_layer} needs --arch encoder-decoder (a decoder has no encoder); "
                           f"drop --n-enc-layer or add --arch encoder-decoder")
+
+
+def describe_model(cfg):
+    """'encoder-decoder, 2+2 layers x 128 wide, 4 heads, context 64, sinusoidal positions, post-LN, ReLU'."""
+    layers = f"{cfg.n_enc_layer or cfg.n_layer}+{cfg.n_layer} layers" if cfg.arch == "encoder-decoder" else \
+        f"{cfg.n_layer} layers"
+    options = [name for name, on in (("sinusoidal positions", cfg.pos_emb == "sinusoidal"),
+                                     ("embeddings x sqrt(width)", cfg.emb_scale), ("post-LN", cfg.norm == "post"),
+                                     ("ReLU", cfg.activation == "relu"),
+                                     (f"adaptive softmax (shortlist {cfg.shortlist:,})", cfg.softmax == "adaptive"))
+               if on]
+    return ", ".join([(f"{cfg.arch}, " if cfg.arch != "decoder" else "") + f"{layers} x {cfg.n_embd} wide",
+                      f"{cfg.n_head} heads", f"context {cfg.block_size}", *options])

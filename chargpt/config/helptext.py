@@ -8,7 +8,8 @@ help is shown: nothing is allocated, and a training start pays nothing for it.
 
 import textwrap
 
-from chargpt.config import PRESET_ABOUT, PRESETS, ModelConfig, describe_model, split_overrides
+from chargpt.config import PRESET_ABOUT, PRESETS, ModelConfig, split_overrides
+from chargpt.config.architecture import describe_model
 from chargpt.training import sizing
 
 

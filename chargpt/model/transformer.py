@@ -26,7 +26,8 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-from chargpt.config import ModelConfig, describe_model
+from chargpt.config import ModelConfig
+from chargpt.config.architecture import describe_model
 from chargpt.config.flags import param
 from chargpt.errors import ConfigError
 from chargpt.model.adaptive import AdaptiveSoftmax, default_shortlist

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-from chargpt.config import ModelConfig, describe_model
+from chargpt.config import ModelConfig
+from chargpt.config.architecture import describe_model
 from chargpt.data.labels import LabelSet
 from chargpt.runs.checkpoint import read_meta
 from chargpt.runs.rundir import LATEST, METRICS, read_step_rows, resolve

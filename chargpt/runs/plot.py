@@ -147,7 +147,7 @@ def labels(runs):
 
 def run_facts(run):
     """(corpus, model description) from the run's newest checkpoint header, or None without one."""
-    from chargpt.config import describe_model
+    from chargpt.config.architecture import describe_model
     from chargpt.runs.checkpoint import read_meta
     path = Path(run)
     path = path.parent if path.name == METRICS else path

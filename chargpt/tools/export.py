@@ -39,7 +39,8 @@ import torch
 from safetensors import SafetensorError
 
 from chargpt import __version__
-from chargpt.config import EXPORT_FORMATS, ExportSettings, SampleSettings, describe_model
+from chargpt.config import EXPORT_FORMATS, ExportSettings, SampleSettings
+from chargpt.config.architecture import describe_model
 from chargpt.config.flags import param
 from chargpt.data.labels import LabelSet, rendered, token_strings
 from chargpt.data.pairs import END, SEP

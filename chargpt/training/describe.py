@@ -9,7 +9,7 @@ brief_lines(run), what the terminal shows by default: the corpus, the model and 
 where the run goes; then every warning and note of the full lines, which are never left out.
 """
 
-from chargpt.config import describe_model
+from chargpt.config.architecture import describe_model
 from chargpt.config.settings import HARDWARE
 from chargpt.runs.plot import curves_note
 from chargpt.runs.rundir import LOG

@@ -215,7 +215,9 @@ def _build(settings, given, dist, device, log, claimed, extra_sinks, logfile):
     early = origin.model_kw
     if sizes and "n_head" in chosen and "n_embd" not in chosen:  # auto fits the width to the heads chosen
         early = {**early, "n_embd": sizing.width_for(early["n_embd"], early["n_head"])}
-    check_task(ModelConfig(**early, vocab_size=MAX_CODEPOINT + 1).validate().arch, cfg)  # before the corpus is read
+    # the one check of the run's model settings, before the corpus is read (room for any vocabulary: what the
+    # corpus's characters decide is checked with them, ModelConfig.with_vocabulary); sizing's choices are its rule's
+    check_task(ModelConfig(**early, vocab_size=MAX_CODEPOINT + 1).validate().arch, cfg)
     task = make_task(cfg)
     task.labels_from = origin.meta or (origin.base.meta if origin.base is not None else None)  # --labels: its ids
     dtype, dtype_reason = pick_dtype(cfg.dtype, device)
@@ -239,7 +241,7 @@ def _build(settings, given, dist, device, log, claimed, extra_sinks, logfile):
     if origin.meta is not None and origin.meta["vocab"] != corpus.vocab:
         raise ConfigError(f"--resume: the corpus's vocabulary ({len(corpus.vocab)} characters) differs from "
                           f"the checkpoint's ({len(origin.meta['vocab'])}); resume with the same --data")
-    mcfg = ModelConfig(**model_kw, vocab_size=len(corpus.vocab)).validate()
+    mcfg = ModelConfig(**model_kw).with_vocabulary(len(corpus.vocab))
     check_model_fits(mcfg, *device_memory(device), lambda name: file_setting(settings, name))  # before allocating
     if mcfg.softmax == "adaptive" and cfg.label_smoothing:
         raise ConfigError(f"{param('label_smoothing')} needs {param('softmax', 'full')}: an adaptive softmax scores "
@@ -354,7 +356,6 @@ def adaptive_softmax(origin, corpus):
     model_kw = origin.model_kw
     if model_kw.get("softmax") != "adaptive" or origin.meta is not None:
         return model_kw, None
-    ModelConfig(**model_kw, vocab_size=len(corpus.vocab)).validate()  # --shortlist against this text, on every rank
     if origin.base is not None:
         raise ConfigError(f"{param('init_from')} cannot carry {param('softmax', 'adaptive')} yet (its clusters follow "
                           f"one text's counts); train with {param('softmax', 'full')} to extend a model")

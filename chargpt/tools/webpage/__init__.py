@@ -23,7 +23,8 @@ import os
 from pathlib import Path
 
 from chargpt import __version__
-from chargpt.config import WEB_WEIGHTS, ExportSettings, SampleSettings, describe_model
+from chargpt.config import WEB_WEIGHTS, ExportSettings, SampleSettings
+from chargpt.config.architecture import describe_model
 from chargpt.config.flags import param
 from chargpt.data.labels import LabelSet
 from chargpt.errors import ChargptError, ConfigError
