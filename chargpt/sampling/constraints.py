@@ -31,7 +31,7 @@ NEAR_DUPLICATE = 0.5  # best-of drops a sample whose 8-character pieces overlap 
 SHINGLE = 8
 # best-of ranks last a sample that repeats a piece of 1-8 characters holding a letter or ideograph three times in a
 # row (處處處, lalala): the model's own log-probability rewards such loops (4 of 20 Tang quatrains kept by mean
-# log-prob had one, against none of 20 plain samples), and a reader sees them as broken text
+# log-prob had one in a newcomer's run, against none of 20 plain samples), and a reader sees them as broken text
 REPEATS = re.compile(r"(.{1,8}?)\1\1", re.S)
 
 
