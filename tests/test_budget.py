@@ -33,7 +33,7 @@ from chargpt.training.schedules import WARMUP_SHARE, decay_warning, lr_at, warmu
 from chargpt.training.start import start_run
 from chargpt.training.state import RunState
 from chargpt.training.trainer import Trainer
-from chargpt.training.validate import EVALS_PER_BUDGET
+from chargpt.training.validate import EVALS_PER_BUDGET, Validator
 
 TINY = {k: v for k, v in TINY_RUN_KW.items() if k != "warmup_iters"}  # the warm-up: each test's own
 
@@ -242,11 +242,12 @@ def test_the_measured_case_goes_from_most_of_the_budget_to_about_a_tenth():
     """20 batches a split took 4.5 s at a 5,378-character alphabet: 21 of them were 63% of 150 s."""
     said = []
     cfg = TrainConfig(max_time=150.0, eval_iters=20)
-    validator = SimpleNamespace(cfg=cfg, period=7.5, steps=None, dist=SimpleNamespace(enabled=False))
+    validator = Validator(cfg, RunState(), 7.5, None, None, None, "cpu", None, SimpleNamespace(enabled=False))
     EvalFit(150.0, 16 * 128, said.append).refit(4.5, validator)
-    evals = round(150.0 / validator.period)
-    assert MIN_EVALS <= evals < EVALS_PER_BUDGET and 4 <= cfg.eval_iters < 20
-    assert 4.5 * (1 + evals * cfg.eval_iters / 20) <= EVAL_SHARE * 150.0 + 1e-9
+    evals, iters = round(150.0 / validator.period), validator.iters
+    assert MIN_EVALS <= evals < EVALS_PER_BUDGET and 4 <= iters < 20 and validator.state.eval_iters == iters
+    assert cfg.eval_iters == 20  # the setting stays as it was; what the budget fitted is the run's state
+    assert 4.5 * (1 + evals * iters / 20) <= EVAL_SHARE * 150.0 + 1e-9
     assert len(said) == 1 and said[0].startswith("evaluation: the first took 4.5 s on 20 batches a split; 20 more "
                                                  "would be 63% of the budget")
 
@@ -349,3 +350,15 @@ def test_a_tiny_run_that_memorises_its_text_is_told_it_is_overfitting(tmp_path):
                   learning_rate=1e-2, log=said.append, **TINY_RUN_KW)
     warned = [ln for ln in said if "the model is overfitting" in ln]
     assert len(warned) == 1 and warned[0].startswith("warning: validation loss has risen from ")
+
+
+def test_the_batches_a_budget_fitted_are_the_runs_until_eval_iters_is_chosen(tmp_path):
+    """What the first evaluation fitted is kept in the run's state (a --resume compares its losses on as many
+    batches), not written over the setting: --eval-iters given on the resume replaces it."""
+    from chargpt.training.state import resumed_state
+    cfg = TrainConfig(max_iters=100, eval_iters=20)
+    meta = {"run_state": {"step": 10, "eval_iters": 7}, "train_config": cfg}
+    assert resumed_state(meta, cfg, {}, tmp_path)[0].eval_iters == 7
+    assert resumed_state(meta, cfg, {"eval_iters": 20}, tmp_path)[0].eval_iters is None
+    validator = Validator(cfg, RunState(eval_iters=7), None, None, None, None, "cpu", None, None)
+    assert validator.iters == 7 and Validator(cfg, RunState(), None, None, None, None, "cpu", None, None).iters == 20

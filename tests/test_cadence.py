@@ -13,6 +13,7 @@ from chargpt.config import TrainConfig
 from chargpt.runs.rundir import LOSSES, METRICS
 from chargpt.training.budget import EVAL_SHARE, EvalFit
 from chargpt.training.progress import RunningLoss
+from chargpt.training.state import RunState
 from chargpt.training.validate import (
     EVALS_PER_BUDGET,
     PASSES_PER_EVAL,
@@ -90,7 +91,7 @@ def test_a_small_text_is_evaluated_every_few_passes_as_often_as_a_tenth_of_the_b
     assert pass_steps(30.0, 18_000, 2048) == 88  # ceil(10 * 18,000 / 2,048)
     assert pass_steps(None, 18_000, 2048) is None  # a step budget: --eval-interval decides
     cfg = TrainConfig(max_time=600.0, eval_iters=20)
-    validator = Validator(cfg, 30.0, None, 0.0, 0, None, None, "cpu", None, SimpleNamespace(enabled=False),
+    validator = Validator(cfg, RunState(), 30.0, None, None, None, "cpu", None, SimpleNamespace(enabled=False),
                           passes=88)
     EvalFit(600.0, 2048, lambda m: None).refit(0.2, validator)  # cheap: twenty by the clock stay
     assert validator.period == 30.0 and abs(validator.min_gap - 0.2 * (1 - EVAL_SHARE) / EVAL_SHARE) < 1e-9

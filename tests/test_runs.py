@@ -203,7 +203,7 @@ def scripted_losses(monkeypatch):
     """Validation losses in the order evaluations ask for them (the train loss is the same number)."""
     queue = []
 
-    def fake(model, batches, cfg, device, dtype, dist, check_stop=None):
+    def fake(model, batches, cfg, device, dtype, dist, check_stop=None, iters=None):
         loss = queue.pop(0)
         return {"train": loss, "val": loss}
     monkeypatch.setattr(validate, "estimate_loss", fake)

@@ -198,7 +198,7 @@ class ModelConfig:
         return self.n_embd // self.n_head
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
     # where the settings come from (chargpt/config/settings.py): defaults <- preset <- config file <- flags
     preset: str | None = opt(None, "named settings to start from (listed below, with their sizes); flags and "
@@ -319,7 +319,7 @@ class TrainConfig:
 
     def __post_init__(self):
         if isinstance(self.compile, bool):  # compile=True from Python, and checkpoints from before auto|on|off
-            self.compile = "on" if self.compile else "off"
+            object.__setattr__(self, "compile", "on" if self.compile else "off")
 
     def validate(self):
         check_seed(self.seed)  # its own range, said more precisely than check_numbers would

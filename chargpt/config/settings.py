@@ -13,7 +13,7 @@ and `chargpt train --config DIR/config.toml` trains that run again, into a new r
 import difflib
 import json
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 try:
@@ -254,7 +254,7 @@ def resume_settings(meta, settings: Settings, out_dir):
     settings come from this command alone (a run may move to other hardware). From a config file or a named preset
     only what differs from the run counts as given. The run's state: chargpt/training/state.py."""
     model_kw, cfg = _resumed_configs(meta, settings)
-    cfg.out_dir = str(out_dir)
+    cfg = replace(cfg, out_dir=str(out_dir))
     return model_kw, cfg, corpus_changes(meta.get("train_config"), cfg)
 
 

@@ -122,7 +122,7 @@ def fit_evaluations(budget_s, first_s, iters, min_iters, evals=EVALS_PER_BUDGET,
 
 class EvalFit:
     """Fits a time-budgeted run's evaluations to EVAL_SHARE of its budget, once, from its first evaluation's cost
-    (Validator.evaluate calls refit). The batches a split are the run's setting from then on (cfg.eval_iters, saved
+    (Validator.evaluate calls refit). The batches a split are the run's from then on (RunState.eval_iters, saved
     with it: a --resume compares its losses on the same batches); the evaluations, the period between them."""
 
     def __init__(self, budget_s, chars_per_batch, say, fit_iters=True, clock=None):
@@ -130,25 +130,25 @@ class EvalFit:
         self.clock = clock or time.perf_counter  # what times the first evaluation (tests give their own)
 
     def refit(self, first_s, validator):
-        """The first evaluation took first_s seconds: the validator's period (and steps), and its cfg.eval_iters,
-        fitted. Rank 0's measure decides, so all ranks evaluate together."""
-        cfg = validator.cfg
+        """The first evaluation took first_s seconds: the validator's period (and steps), and its batches a split
+        (kept in the run's state), fitted. Rank 0's measure decides, so all ranks evaluate together."""
+        had = validator.iters
         first_s = float(broadcast_str(repr(first_s), validator.dist))
         min_iters = math.ceil(MIN_EVAL_CHARS / max(self.chars_per_batch, 1))
-        evals, iters = fit_evaluations(self.budget_s, first_s, cfg.eval_iters, min_iters, fit_iters=self.fit_iters)
+        evals, iters = fit_evaluations(self.budget_s, first_s, had, min_iters, fit_iters=self.fit_iters)
         # evaluations by the passes over a small text come no closer than keeps them within EVAL_SHARE
-        validator.min_gap = first_s * iters / cfg.eval_iters * (1 - EVAL_SHARE) / EVAL_SHARE
-        if (evals, iters) == (EVALS_PER_BUDGET, cfg.eval_iters):
+        validator.min_gap = first_s * iters / had * (1 - EVAL_SHARE) / EVAL_SHARE
+        if (evals, iters) == (EVALS_PER_BUDGET, had):
             return
         before = first_s * (1 + EVALS_PER_BUDGET) / self.budget_s
-        after = first_s * (1 + evals * iters / cfg.eval_iters) / self.budget_s
+        after = first_s * (1 + evals * iters / had) / self.budget_s
         validator.period = self.budget_s / evals
         if validator.steps is not None:
             validator.steps = math.ceil(validator.steps * EVALS_PER_BUDGET / evals)
-        self.say(f"evaluation: the first took {first_s:.1f} s on {cfg.eval_iters} batches a split; "
+        self.say(f"evaluation: the first took {first_s:.1f} s on {had} batches a split; "
                  f"{EVALS_PER_BUDGET} more would be {before:.0%} of the budget, so {evals} more, every "
                  f"{seconds(round(validator.period, 1))} of training"
-                 + (f", on {iters} batches a split" if iters != cfg.eval_iters else "")
+                 + (f", on {iters} batches a split" if iters != had else "")
                  + f" (about {after:.0%}; at most {EVAL_SHARE:.0%} where the floors allow); {param('eval_interval')} "
                  f"N or {param('eval_iters')} N to choose")
-        cfg.eval_iters = iters
+        validator.state.eval_iters = iters

@@ -103,12 +103,10 @@ def origin_of(given, settings: Settings, device_type, out_dir):
     if given.get("init_from"):
         base = init_from.read_base(given["init_from"])
         started = init_settings(base.meta, settings, device_type, given["init_from"])
-        started.cfg.out_dir = str(out_dir)
-        return Origin(started.model_kw, started.cfg, RunState(), started.notes, base=base,
-                      pairs_from_base=started.task_from_base)
+        return Origin(started.model_kw, replace(started.cfg, out_dir=str(out_dir)), RunState(), started.notes,
+                      base=base, pairs_from_base=started.task_from_base)
     model_kw, cfg = new_run_settings(settings, device_type)[:2]
-    cfg.out_dir = str(out_dir)
-    return Origin(model_kw, cfg, RunState())
+    return Origin(model_kw, replace(cfg, out_dir=str(out_dir)), RunState())
 
 
 @dataclass(frozen=True)
@@ -264,8 +262,8 @@ def _build(settings, given, dist, device, log, claimed, extra_sinks, logfile):
     budget = fit_budget(cfg, state, step_s, period, chars_per_step / cfg.grad_accum, log,
                         fit_warmup=fresh and "warmup_iters" not in chosen,
                         fit_iters=fresh and "eval_iters" not in chosen)
-    validator = Validator(cfg, period, eval_steps(cfg, period, state.budget_step), state.elapsed, state.step, model,
-                          batches, device, dtype, dist, budget.eval_fit,
+    validator = Validator(cfg, state, period, eval_steps(cfg, period, state.budget_step), model, batches, device,
+                          dtype, dist, budget.eval_fit,
                           passes=pass_steps(period, int(corpus.length * (1 - cfg.val_fraction)), chars_per_step))
     about = dict(corpus=corpus.name, corpus_key=corpus.key, hardware=hardware(device, dtype, threads, cfg),
                  world_size=dist.world_size, chars_per_step=chars_per_step, corpus_chars=corpus.length,  # model cards;

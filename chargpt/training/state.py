@@ -31,6 +31,8 @@ class RunState:
     budget_lr: float | None = None  # None: the configured warmup, then decay from --learning-rate
     since_best: int = 0  # evaluations since the best validation loss so far (--patience)
     warmup_s: float | None = None  # a warm-up that is a share of the time budget: its seconds (schedules.py)
+    eval_iters: int | None = None  # evaluation's batches a split once fitted to a time budget (budget.EvalFit), kept
+    # for the rest of the run (a --resume compares its losses on as many batches); None: --eval-iters
 
     def evaluated_at(self, val_loss):
         """Record an evaluation's validation loss -> whether it is the best so far (--patience counts the rest)."""
@@ -50,6 +52,8 @@ def resumed_state(meta, cfg: TrainConfig, flags, out_dir):
         s = RunState(**typed_fields(RunState, meta.get("run_state") or {}, "run state"))
     except ConfigError as e:
         raise CheckpointError(f"{state_file} has corrupted metadata ({e}); re-train or re-copy it") from None
+    if "eval_iters" in flags:  # chosen now: it replaces what the run's budget fitted
+        s = replace(s, eval_iters=None)
     notes = []
     old = meta.get("train_config") or cfg
     if schedule_changed(old, cfg, flags):

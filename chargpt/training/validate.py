@@ -64,17 +64,17 @@ def model_inputs(batch):
 
 
 @torch.no_grad()
-def estimate_loss(model, batches, cfg: TrainConfig, device, dtype, dist, check_stop=lambda: None):
-    """Mean loss over eval_iters batches per split: plain cross-entropy (no label smoothing), the number to compare.
-    The batches come from a generator seeded the same way at every evaluation, so successive numbers compare the
-    model, not the luck of the draw. check_stop() is called before each batch (it raises to abandon the
-    evaluation)."""
+def estimate_loss(model, batches, cfg: TrainConfig, device, dtype, dist, check_stop=lambda: None, iters=None):
+    """Mean loss over `iters` batches per split (None: cfg.eval_iters): plain cross-entropy (no label smoothing),
+    the number to compare. The batches come from a generator seeded the same way at every evaluation, so successive
+    numbers compare the model, not the luck of the draw. check_stop() is called before each batch (it raises to
+    abandon the evaluation)."""
     model.eval()
     out = {}
     for split in ("train", "val"):
         gen = torch.Generator().manual_seed(stream_seed(cfg.seed, "eval", dist.rank))
-        losses = torch.zeros(cfg.eval_iters, device=device)
-        for k in range(cfg.eval_iters):
+        losses = torch.zeros(iters or cfg.eval_iters, device=device)
+        for k in range(iters or cfg.eval_iters):
             check_stop()
             batch = model_inputs(batches.get(split, gen))
             with autocast(device, dtype):
@@ -96,11 +96,11 @@ class Validator:
     needed under no_grad, and torch.compile would recompile for eval mode) on the run's batches. The task's scores
     (translations of a pairs run) are the loop's to ask for, on rank 0."""
 
-    def __init__(self, cfg: TrainConfig, period, steps, elapsed, step, model, batches, device, dtype, dist, fit=None,
+    def __init__(self, cfg: TrainConfig, state, period, steps, model, batches, device, dtype, dist, fit=None,
                  passes=None):
-        self.cfg, self.period, self.steps, self.fit = cfg, period, steps, fit  # fit: training/budget.EvalFit
+        self.cfg, self.state, self.period, self.steps, self.fit = cfg, state, period, steps, fit  # fit: EvalFit
         self.passes, self.min_gap = passes, 0.0  # min_gap: EvalFit's, from the first evaluation's cost
-        self.last_eval_at, self.last_eval_step = elapsed, step
+        self.last_eval_at, self.last_eval_step = state.elapsed, state.step
         self.model, self.batches, self.device, self.dtype, self.dist = model, batches, device, dtype, dist
 
     def due(self, step, elapsed):
@@ -117,7 +117,8 @@ class Validator:
         saved). check_stop() raises to abandon the evaluation. The session's first evaluation, timed, fits the
         cadence of a time budget to evaluation's share of it (self.fit)."""
         t0 = self.fit.clock() if self.fit is not None else None
-        losses = estimate_loss(self.model, self.batches, self.cfg, self.device, self.dtype, self.dist, check_stop)
+        losses = estimate_loss(self.model, self.batches, self.cfg, self.device, self.dtype, self.dist, check_stop,
+                               self.iters)
         if not all(math.isfinite(v) for v in losses.values()):
             raise ChargptError(
                 f"evaluation loss became {losses['val']} at step {step} (learning rate {lr:.2e}): training "
@@ -127,6 +128,11 @@ class Validator:
             fit, self.fit = self.fit, None  # once
             fit.refit(fit.clock() - t0, self)
         return losses
+
+    @property
+    def iters(self):
+        """Batches a split: --eval-iters, or what a time budget's first evaluation fitted (the run's state)."""
+        return self.state.eval_iters or self.cfg.eval_iters
 
     def evaluated(self, step, elapsed):
         """An evaluation at `step`, the agreed clock after it: the next one counts from here."""
