@@ -349,14 +349,14 @@ def test_the_text_before_a_shape_s_start_is_found_in_the_corpus():
 
 def test_a_form_without_a_prompt_writes_verses_not_the_titles_and_authors_a_newline_leads_to(tmp_path):
     """Tang poems put titles and authors after a newline: a quatrain started there wrote poets' names into its
-    verses (11 of 20 in the docs' run). Started where the corpus starts verses, none of 20 holds a name."""
+    verses (11 of 20 in a newcomer's Tang run). Started where the corpus starts verses, almost none holds a name."""
     (tmp_path / "poems.txt").write_text(anthology(400), encoding="utf-8")
     kw = {**TINY_RUN_KW, "block_size": 64, "n_embd": 32}
     chargpt.train(data=str(tmp_path / "poems.txt"), out_dir=str(tmp_path / "run"), max_iters=600,
                   eval_interval=600, log=lambda *a: None, curves=False, **kw)
     gen = chargpt.load(tmp_path / "run", device="cpu", dtype="float32")
-    texts = gen.generate("", form="_____，_____。\n_____，_____。", num_samples=20, seed=1)
+    texts = gen.generate("", form="_____，_____。\n_____，_____。", num_samples=40, seed=1)
     named = [t for t in texts if any(c in NAMES for c in t)]
-    assert not named, named
-    plain = gen.generate("\n", form="_____，_____。\n_____，_____。", num_samples=20, seed=1)  # after a newline
-    assert sum(any(c in NAMES for c in t) for t in plain) >= 5  # what it avoids: after a newline, names (9 of 20)
+    assert len(named) <= 1, named  # 0 of 40 here, with three training seeds
+    plain = gen.generate("\n", form="_____，_____。\n_____，_____。", num_samples=40, seed=1)  # after a newline
+    assert sum(any(c in NAMES for c in t) for t in plain) >= 10  # what it avoids: names there (20-26 of 40 here)
