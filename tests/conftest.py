@@ -106,8 +106,8 @@ def restore(state):
 def process_unchanged():
     """Fails the test that leaves a signal handler, an environment variable, the working directory, torch's dtype or
     threads, or a logger's handlers or level changed, naming each (and puts it back): in one worker every test runs
-    after others, in an order set by xdist (and --reverse-files), and a test that inherited another's Ctrl-C
-    handler failed in the full suite only (issue 46). hermetic requests it, so it is set up before monkeypatch and
+    after others, in an order set by xdist (and --reverse-files), and a test that inherits another's Ctrl-C
+    handler fails in the full suite only, never alone. hermetic requests it, so it is set up before monkeypatch and
     every other fixture of the test, and torn down after them: it compares once they have undone what they did.
     (A logger first made during the test is left out: a library imported late sets its own up once.)"""
     before = process_state()

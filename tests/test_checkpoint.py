@@ -228,3 +228,18 @@ def test_sample_without_any_run_says_how_to_make_one(tmp_path):
     assert r.exit_code == 1 and "Traceback" not in r.output
     assert r.stderr.startswith("error: no trained run under checkpoints/; train one with python train.py")
 
+
+
+def test_a_checkpoint_s_settings_are_read_typed_and_an_old_run_gets_what_it_trained_with(tmp_path):
+    """read_meta types the training settings once; run_settings reads them. A run saved before --val-split gets the
+    tail it validated on; a checkpoint saved without settings is None, or, where a split is needed, the oldest runs'."""
+    from chargpt.config import ModelConfig, TrainConfig
+    from chargpt.runs.checkpoint import run_settings, saved_train_config
+    model = CharGPT(ModelConfig(vocab_size=len(VOCAB), block_size=8, n_layer=1, n_head=1, n_embd=8))
+    ckpt.save_model(tmp_path / "bare.safetensors", model, VOCAB)
+    bare = ckpt.read_meta(tmp_path / "bare.safetensors")[0]
+    assert run_settings(bare) is None and run_settings(bare, assumed=True).val_split == "tail"
+    ckpt.save_model(tmp_path / "run.safetensors", model, VOCAB, TrainConfig(data="corpus.txt"))
+    settings = run_settings(ckpt.read_meta(tmp_path / "run.safetensors")[0])
+    assert isinstance(settings, TrainConfig) and settings.val_split == "blocks" and settings.data.endswith("corpus.txt")
+    assert saved_train_config({"max_iters": 5}).val_split == "tail"  # from before --val-split

@@ -12,10 +12,17 @@ from helpers import run_chargpt
 import chargpt.runs.checkpoint as ckpt_module
 import chargpt.runs.info as runinfo_module
 from chargpt.cli import info_cli
-from chargpt.config import FORMAT_VERSION, ModelConfig, TrainConfig, saved_train_config
+from chargpt.config import FORMAT_VERSION, ModelConfig, TrainConfig
 from chargpt.data.tokenizer import Vocab
 from chargpt.model.transformer import CharGPT
-from chargpt.runs.checkpoint import checkpoint_meta, load_model, model_tensors, save_model, write_safetensors
+from chargpt.runs.checkpoint import (
+    checkpoint_meta,
+    load_model,
+    model_tensors,
+    save_model,
+    saved_train_config,
+    write_safetensors,
+)
 from chargpt.runs.info import format_info, run_info
 from chargpt.textio import escape
 

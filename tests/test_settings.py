@@ -16,13 +16,13 @@ from chargpt.config.settings import (
     FLAGS,
     NOT_WRITTEN,
     Settings,
-    absolute_paths,
     config_toml,
     init_settings,
     new_run_settings,
     read_config_file,
 )
 from chargpt.errors import ConfigError
+from chargpt.runs.checkpoint import absolute_paths
 
 
 def write(path, text):

@@ -11,7 +11,7 @@ from chargpt.bench.speed import machine, parse_sets
 def quality_run(args, sets):
     """Train with the defaults plus `sets` ({flag: value}) for --max-time seconds -> (full val loss, summary, with
     "model": what was trained, e.g. '3 x 160, context 128, batch 16, dropout 0.1')."""
-    from chargpt.runs.checkpoint import read_meta
+    from chargpt.runs.checkpoint import read_meta, run_settings
     from chargpt.runs.rundir import resolve
     from chargpt.tools.evaluate import evaluate
     from chargpt.training.trainer import train
@@ -21,7 +21,7 @@ def quality_run(args, sets):
                     curves=False, log=lambda msg: None, **{"val_split": "tail", **sets})
     # consecutive windows (stride = context), as for the numbers already in benchmarks/RESULTS.md
     meta = read_meta(resolve(out))[0]
-    m, batch = meta["model_config"], meta["train_config"].batch_size
+    m, batch = meta["model_config"], run_settings(meta).batch_size
     summary["model"] = f"{m.n_layer} x {m.n_embd}, context {m.block_size}, batch {batch}, dropout {m.dropout:g}"
     val = evaluate(out, stride=m.block_size, device=args.device, progress=False)["loss"]
     return val, summary

@@ -465,18 +465,6 @@ class ExportSettings:
                                       "the bytes; its cost in loss is printed)", choices=WEB_WEIGHTS)
 
 
-# What a run saved before a setting existed trained with, where that is not the setting's default today: runs from
-# before --val-split validated on the tail, runs from before Muon used AdamW. saved_train_config applies them.
-BEFORE_THE_SETTING = {"val_split": "tail", "optimizer": "adamw"}
-
-
-def saved_train_config(d):
-    """A checkpoint's train config (untrusted JSON) -> TrainConfig, checked and migrated once, where it is read: a
-    field it lacks is what the run trained with (BEFORE_THE_SETTING, else the default), so no reader restates an old
-    run's defaults. Not validated as a new run's settings: an old run's values stay loadable."""
-    return TrainConfig(**{**BEFORE_THE_SETTING, **typed_fields(TrainConfig, d, "train config")})
-
-
 def check_numbers(config):
     """Every number in a config must be one torch can take. NaN never compares, so it would slip past every range
     check after this (a NaN --max-time never stops, a NaN --grad-clip disables clipping), and inf means nothing

@@ -22,7 +22,6 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, from PyPI (a depend
     import tomli as tomllib
 
 from chargpt.config import (
-    BEFORE_THE_SETTING,
     PRESET_ABOUT,
     PRESETS,
     UNLIMITED,
@@ -35,14 +34,13 @@ from chargpt.config import (
 )
 from chargpt.config.flags import flag, flag_specs, named_as_flags, param, spelled
 from chargpt.errors import ConfigError
+from chargpt.runs.checkpoint import PATHS, run_settings
 from chargpt.textio import MAX_CONFIG_BYTES, read_bounded
 
 HARDWARE = ("device", "dtype", "threads", "compile", "attention")  # how a run is computed, not what it is
 FLAGS = "flags"  # the source name of the top layer: the command line, or chargpt.train's keyword arguments
 NOT_IN_FILE = {"config": "config files do not include one another", "resume": "pass --resume on the command line"}
 NOT_WRITTEN = ("config", "resume", "out_dir")  # a repeat is a new run, in a new run directory
-PATHS = ("data", "target_data", "cache_dir", "init_from")  # saved absolute, compared as files: a run's files are
-# read again from any folder
 WANT = {bool: "true or false", int: "a whole number", float: "a number", str: "a string (in quotes)"}
 
 
@@ -207,12 +205,6 @@ class Settings:
         return lines
 
 
-def absolute_paths(train_config):
-    """A TrainConfig as a dict, its corpus and cache paths absolute (as a checkpoint stores them: `chargpt eval`
-    finds the corpus from any folder; checkpoints written before keep their paths as typed)."""
-    return {k: str(Path(v).resolve()) if k in PATHS and isinstance(v, str) else v for k, v in train_config.items()}
-
-
 def _same(name, a, b):
     """Whether two values of a setting mean the same (a path, relative or absolute, is the same file)."""
     if name in PATHS and isinstance(a, str) and isinstance(b, str):
@@ -255,7 +247,7 @@ def resume_settings(meta, settings: Settings, out_dir):
     only what differs from the run counts as given. The run's state: chargpt/training/state.py."""
     model_kw, cfg = _resumed_configs(meta, settings)
     cfg = replace(cfg, out_dir=str(out_dir))
-    return model_kw, cfg, corpus_changes(meta.get("train_config"), cfg)
+    return model_kw, cfg, corpus_changes(run_settings(meta), cfg)
 
 
 def corpus_changes(saved: TrainConfig | None, cfg: TrainConfig):
@@ -275,8 +267,7 @@ def corpus_changes(saved: TrainConfig | None, cfg: TrainConfig):
 
 def _resumed_configs(meta, settings: Settings):
     saved_model: ModelConfig = meta["model_config"]
-    saved_cfg = meta.get("train_config") or TrainConfig(**BEFORE_THE_SETTING)  # a run saved without one
-    saved_train = {k: v for k, v in asdict(saved_cfg).items() if k not in HARDWARE}
+    saved_train = {k: v for k, v in asdict(run_settings(meta, assumed=True)).items() if k not in HARDWARE}
     settings.pick_preset(None, current=saved_train.get("preset"))  # only another preset named now
     settings.keep_changes({**asdict(saved_model), **saved_train})
     if settings.merged().get("init_from"):
@@ -339,7 +330,7 @@ def init_settings(meta, settings: Settings, device_type, base_name):
     <- flags), the preset by default the base's, --task by default the base's: a fresh optimizer, schedule and
     budget, in a new run directory."""
     base = meta["model_config"]
-    base_preset = getattr(meta.get("train_config"), "preset", None)
+    base_preset = getattr(run_settings(meta), "preset", None)
     preset = base_preset if base_preset in PRESETS else None
     settings.pick_preset(device_type, fallback=(preset, f"the base run {base_name}") if preset else None)
     model_given, _ = split_overrides(settings.given())

@@ -111,7 +111,8 @@ def corpus_items(corpus):
 
 def is_items_run(meta):
     """Whether a checkpoint's metadata is that of a run trained with --items."""
-    return bool(getattr(meta.get("train_config"), "items", False))
+    from chargpt.runs.checkpoint import run_settings  # checkpoints come after the data they hold
+    return bool(getattr(run_settings(meta), "items", False))
 
 
 @dataclass

@@ -19,8 +19,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from chargpt.config import FORMAT_VERSION, TASKS, ModelConfig, TrainConfig, model_config_from_dict, saved_train_config
-from chargpt.config.settings import absolute_paths
+from chargpt.config import FORMAT_VERSION, TASKS, ModelConfig, TrainConfig, model_config_from_dict, typed_fields
 from chargpt.data.pairs import END, SEP
 from chargpt.data.tokenizer import Vocab
 from chargpt.errors import ChargptError, CheckpointError, ConfigError
@@ -91,6 +90,26 @@ def tensor_checksum(tensors):
         h.update(f"{name}|{str(t.dtype)[6:]}|{list(t.shape)}\n".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy())  # the raw bytes, without a copy
     return "sha256:" + h.hexdigest()
+
+
+PATHS = ("data", "target_data", "cache_dir", "init_from")  # saved absolute, compared as files: a run's files are
+# read again from any folder
+# What a run saved before a setting existed trained with, where that is not the setting's default today: runs from
+# before --val-split validated on the tail, runs from before Muon used AdamW. saved_train_config applies them.
+BEFORE_THE_SETTING = {"val_split": "tail", "optimizer": "adamw"}
+
+
+def saved_train_config(d):
+    """A checkpoint's train config (untrusted JSON) -> TrainConfig, checked and migrated once, where it is read: a
+    field it lacks is what the run trained with (BEFORE_THE_SETTING, else the default), so no reader restates an old
+    run's defaults. Not validated as a new run's settings: an old run's values stay loadable."""
+    return TrainConfig(**{**BEFORE_THE_SETTING, **typed_fields(TrainConfig, d, "train config")})
+
+
+def absolute_paths(train_config):
+    """A TrainConfig as a dict, its corpus and cache paths absolute (as a checkpoint stores them: `chargpt eval`
+    finds the corpus from any folder; checkpoints written before keep their paths as typed)."""
+    return {k: str(Path(v).resolve()) if k in PATHS and isinstance(v, str) else v for k, v in train_config.items()}
 
 
 def checkpoint_meta(model, vocab, train_config: TrainConfig | None = None, **extra):
@@ -181,6 +200,14 @@ def read_meta(path):
     except (ValueError, ConfigError, ChargptError) as e:
         raise CheckpointError(f"{path} has missing or corrupted metadata ({e}); re-train or re-copy it") from None
     return meta, shapes
+
+
+def run_settings(meta, assumed=False):
+    """A checkpoint's training settings (read_meta's metadata), as read_meta typed and migrated them: a TrainConfig,
+    or None for a checkpoint saved without one (from Python, or an export's). assumed=True: such a checkpoint gets
+    what the oldest runs trained with (config.BEFORE_THE_SETTING) instead of None, for readers that need a split."""
+    settings = meta.get("train_config")
+    return settings if settings is not None or not assumed else TrainConfig(**BEFORE_THE_SETTING)
 
 
 def _check_task(meta):

@@ -17,7 +17,7 @@ from safetensors import safe_open
 from chargpt.config import ModelConfig
 from chargpt.config.architecture import describe_model
 from chargpt.data.labels import LabelSet
-from chargpt.runs.checkpoint import read_meta
+from chargpt.runs.checkpoint import read_meta, run_settings
 from chargpt.runs.rundir import LATEST, METRICS, read_step_rows, resolve
 from chargpt.textio import escape
 from chargpt.training.init_from import describe_lineage, read_lineage
@@ -60,7 +60,7 @@ def run_info(path, preview=PREVIEW_CHARS):
     latest = meta
     if run_dir is not None and (run_dir / LATEST).is_file() and ckpt.name != LATEST:
         latest = read_meta(run_dir / LATEST)[0]
-    cfg, tcfg = meta["model_config"], latest.get("train_config")  # a TrainConfig, or None
+    cfg, tcfg = meta["model_config"], run_settings(latest)
     state = latest.get("run_state") or {}
     step = latest.get("step", 0)
     processes = latest.get("world_size")  # recorded by newer trainers; None: unknown (one process assumed)

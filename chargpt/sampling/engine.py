@@ -30,7 +30,7 @@ from chargpt.data.tokenizer import describe_chars
 from chargpt.errors import ChargptError, ConfigError
 from chargpt.model.quantize import check_precision, inference_model, uses_dynamic_int8
 from chargpt.model.transformer import CharGPT
-from chargpt.runs.checkpoint import load_model, unwrap
+from chargpt.runs.checkpoint import load_model, run_settings, unwrap
 from chargpt.runtime import pick_decode_compile, pick_device
 from chargpt.sampling import constraints, forms
 from chargpt.sampling.decode import StepRunner, StopFilter, decode, through_filters
@@ -107,7 +107,7 @@ class Generator:
             starts, why = [], "the run's training text is not to be found"
             from chargpt.tools.novelty import CorpusMissing, run_corpus
             try:
-                if self.meta.get("train_config"):
+                if run_settings(self.meta):
                     corpus = run_corpus(self.meta, log=self.log)
                     ids = corpus.ids()[:MAX_FORM_SEARCH]
                     text = "".join(np.asarray(corpus.vocab.chars, dtype=object)[ids])
@@ -260,7 +260,7 @@ class Generator:
             check_min_span(min_span)
         if self.novelty is None:
             try:
-                if not self.meta.get("train_config"):
+                if not run_settings(self.meta):
                     raise CorpusMissing("this model has no record of its training text", "")
                 self.novelty = for_meta(self.meta, run, data, log=self.log)
             except CorpusMissing as e:

@@ -41,7 +41,7 @@ from chargpt.data.pairs import END, SEP, context_needed, encode_pairs, pair_stre
 from chargpt.data.tokenizer import codepoints
 from chargpt.errors import ConfigError, DataError
 from chargpt.model.quantize import check_precision, inference_model
-from chargpt.runs.checkpoint import load_model
+from chargpt.runs.checkpoint import load_model, run_settings
 from chargpt.runs.rundir import resolve
 from chargpt.runtime import autocast, pick_device, pick_dtype
 from chargpt.training.init_from import in_vocab, run_vocab
@@ -147,7 +147,7 @@ def encode_text(vocab, data, encoding="utf-8", errors="strict"):
 def validation_split(meta, vocab, block_size):
     """The id arrays of a run's own validation split (one per stretch: --val-split blocks has many, tail one),
     re-read from its corpus (through the encoded-corpus cache), split as the run was. -> (pieces, label)"""
-    cfg = meta.get("train_config")
+    cfg = run_settings(meta)
     if not cfg:
         raise DataError("this checkpoint records no training run, so it has no validation split; pass --data FILE")
     corpus = encode_corpus(cfg.data, cfg.encoding, cfg.encoding_errors, cfg.cache_dir,
@@ -226,7 +226,7 @@ def _precision(dtype, quantize):
 # --- pairs --------------------------------------------------------------------------------------------------
 def run_validation_pairs(meta, vocab):
     """A pairs run's own validation pairs, (source, target) texts, re-read from its data (through the cache)."""
-    cfg = meta.get("train_config")
+    cfg = run_settings(meta)
     if not cfg:
         raise DataError("this checkpoint records no training run, so it has no validation pairs; pass --data PAIRS")
     pairs = encode_pairs(cfg.data, cfg.target_data, cfg.encoding, cfg.encoding_errors, cfg.cache_dir,

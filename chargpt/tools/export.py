@@ -46,7 +46,7 @@ from chargpt.data.labels import LabelSet, rendered, token_strings
 from chargpt.data.pairs import END, SEP
 from chargpt.errors import ChargptError, ConfigError, Interrupted
 from chargpt.platforms import STOP_SIGNALS, lock_folder, pid_alive, replace
-from chargpt.runs.checkpoint import load_model, read_meta
+from chargpt.runs.checkpoint import load_model, read_meta, run_settings
 from chargpt.runs.rundir import remove_stale_temps, resolve
 from chargpt.training.interrupt import handling
 
@@ -179,7 +179,7 @@ def model_card(meta, model, name, transformers_version):
     corpus, chars = meta.get("corpus"), meta.get("corpus_chars")  # untrusted: checked before use
     corpus = corpus[:200] if isinstance(corpus, str) and corpus else "an unnamed corpus"
     size = f"{chars:,} characters" if isinstance(chars, int) and not isinstance(chars, bool) else "size not recorded"
-    tcfg = meta.get("train_config")
+    tcfg = run_settings(meta)
     held = tcfg.val_fraction if tcfg else None
     if isinstance(held, float) and 0 < held < 1:  # as the run split it: pairs at random, text by --val-split
         if meta.get("task") == "pairs":

@@ -11,6 +11,7 @@ where the run goes; then every warning and note of the full lines, which are nev
 
 from chargpt.config.architecture import describe_model
 from chargpt.config.settings import HARDWARE
+from chargpt.runs.checkpoint import run_settings
 from chargpt.runs.plot import curves_note
 from chargpt.runs.rundir import LOG
 from chargpt.training import init_from
@@ -101,7 +102,8 @@ def changes_since(meta, now, cfg, mcfg):
     dropout."""
     saved = meta.get("hardware")
     if not isinstance(saved, dict):  # written before hardware was recorded: compare the flags
-        saved = {k: getattr(meta["train_config"], k) for k in HARDWARE} if meta.get("train_config") else {}
+        settings = run_settings(meta)
+        saved = {k: getattr(settings, k) for k in HARDWARE} if settings else {}
         now = {k: getattr(cfg, k) for k in HARDWARE}
     changed = [f"{k} {now[k]} (checkpoint: {saved[k]})" for k in HARDWARE if k in saved and saved[k] != now[k]]
     notes = [f"hardware as this command sets it: {', '.join(changed)}"] if changed else []

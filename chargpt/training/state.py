@@ -11,6 +11,7 @@ from pathlib import Path
 from chargpt.config import TrainConfig, typed_fields
 from chargpt.config.flags import param
 from chargpt.errors import CheckpointError, ConfigError
+from chargpt.runs.checkpoint import run_settings
 from chargpt.runs.rundir import STATE
 from chargpt.training.schedules import describe_budget, final_lr, finished, lr_at, schedule_changed, warmup_lr
 
@@ -55,7 +56,7 @@ def resumed_state(meta, cfg: TrainConfig, flags, out_dir):
     if "eval_iters" in flags:  # chosen now: it replaces what the run's budget fitted
         s = replace(s, eval_iters=None)
     notes = []
-    old = meta.get("train_config") or cfg
+    old = run_settings(meta) or cfg
     if schedule_changed(old, cfg, flags):
         lr = lr_at(s.step, s.elapsed, old, s)
         warming = warmup_lr(s.step, s.elapsed, cfg, s) is not None  # finish the warmup first

@@ -33,7 +33,7 @@ from chargpt.config import PRESETS
 from chargpt.data.corpus import DEFAULT_CORPUS_NAME
 from chargpt.errors import ChargptError
 from chargpt.platforms import WINDOWS, pid_alive, portable_name
-from chargpt.runs.checkpoint import read_meta
+from chargpt.runs.checkpoint import read_meta, run_settings
 from chargpt.runs.rundir import LOSSES, SAMPLES, STATE, STATUS, lock_holder, write_atomic, write_text_atomic
 from chargpt.web.body import RequestError
 from chargpt.web.limits import (
@@ -437,7 +437,7 @@ def saved_budget(run, max_time):
         clock = meta.get("run_state") or {}
         if max_time:
             return max_time, float(clock.get("elapsed", 0.0))
-        return getattr(meta.get("train_config"), "max_time", None), float(clock.get("budget_elapsed", 0.0))
+        return getattr(run_settings(meta), "max_time", None), float(clock.get("budget_elapsed", 0.0))
     except (ChargptError, TypeError, ValueError, AttributeError):
         return max_time, 0.0
 

@@ -4,8 +4,8 @@ index over that run's own split of it."""
 
 from pathlib import Path
 
-from chargpt.config import BEFORE_THE_SETTING, TrainConfig
 from chargpt.errors import DataError
+from chargpt.runs.checkpoint import run_settings
 from chargpt.tools.novelty.index import index_corpus
 
 
@@ -24,7 +24,7 @@ def run_corpus(meta, data=None, cache_dir=None, run="the run", log=print):
     (a corpus moved elsewhere), checked to be the same corpus by its hash."""
     from chargpt.data import corpus as corpus_data
     from chargpt.data import pairs as corpus_pairs
-    tc = meta.get("train_config") or TrainConfig()  # a checkpoint saved without one: the defaults
+    tc = run_settings(meta, assumed=True)
     task, encoding, errors = tc.task, tc.encoding, tc.encoding_errors
     cache = Path(cache_dir or tc.cache_dir or corpus_data.default_cache_dir()).expanduser()
     recorded = meta.get("corpus_key")
@@ -85,7 +85,7 @@ def for_meta(meta, run="the run", data=None, cache_dir=None, log=print):
 
 def index_run(meta, corpus, log=print):
     """Novelty over `corpus` (run_corpus) as the run with metadata `meta` split it."""
-    tc = meta.get("train_config") or TrainConfig(**BEFORE_THE_SETTING)  # saved without one: as the oldest runs
+    tc = run_settings(meta, assumed=True)
     fraction, split = tc.val_fraction, None
     if tc.task == "text":  # the split the run trained with
         from chargpt.data.corpus import split_of
@@ -96,7 +96,7 @@ def index_run(meta, corpus, log=print):
 def corpus_identity(meta):
     """What decides a run's novelty index (its corpus and split), from its metadata: two checkpoints with the same
     identity share one index (the playground reloads an index when a run's checkpoint changes and this does)."""
-    tc = meta.get("train_config") or TrainConfig(**BEFORE_THE_SETTING)
+    tc = run_settings(meta, assumed=True)
     model = meta.get("model_config")
     keys = ("task", "data", "target_data", "encoding", "encoding_errors", "cache_dir", "val_fraction", "val_split")
     return (meta.get("corpus_key"), tuple(str(getattr(tc, k)) for k in keys),
