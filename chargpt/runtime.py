@@ -306,7 +306,7 @@ def check_threads(threads):
     if not 1 <= threads <= most:
         raise ConfigError(f"{param('threads')} must be between 1 and {most} ({THREADS_PER_CPU} per CPU; this machine "
                           f"has {cpu_count()}), got {threads}; more threads than CPUs only slow torch down, so "
-                          f"leave it out to use one per CPU")
+                          f"leave it out for the default")
 
 
 def configure_threads(threads=None, local_world_size=1):

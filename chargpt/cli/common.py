@@ -81,6 +81,10 @@ UNKNOWN = click.Option(["--unknown"], default="error", show_default=True,
                        help="prompt characters the model never saw: error names them; skip drops them (with a "
                             "warning); replace maps them to U+FFFD, '?' or a space (the first the vocabulary has)")
 DEVICE = click.Option(["--device"], default="auto", show_default=True, help="auto, cpu, cuda, cuda:N or mps")
+THREADS = click.Option(["--threads"], default="auto", show_default=True,
+                        help="CPU threads for decoding: auto measures, as it writes, which count is fastest here now "
+                             "(one, where other programs keep the cores busy) and checks again when it slows; or a "
+                             "number")
 NO_CACHE = click.Option(["--no-cache"], is_flag=True, help="decode without the KV cache (the slow reference path)")
 MIN_SPAN = click.Option(["--min-span"], type=int, default=None, help="copied text is in spans of at least this many "
                         "characters that occur verbatim in the training text; shorter ones are chance [default: 20, "

@@ -17,6 +17,7 @@ from chargpt.cli.common import (
     NOVELTY_DATA,
     SAMPLE_MEMORY_HINT,
     SEED,
+    THREADS,
     TRAIN_MEMORY_HINT,
     UNKNOWN,
     _log,
@@ -104,6 +105,7 @@ def _check_interactive(prompt, prompt_file, output, as_json, num_samples):
                  type=click.Choice(["auto", "on", "off"]), help="torch.compile the decode step (compiled once per "
                  "batch size, kept in torch's on-disk cache): auto compiles on a CPU with a C++ compiler from "
                  "30,000 new characters, where it repays compiling"),
+    THREADS,
     NO_CACHE,
     click.Option(["--novelty"], is_flag=True, help="say how much of each sample is copied from the training text: one "
                  "line per sample on stderr, or a `novelty` object in each --json record (chargpt novelty)"),
@@ -113,7 +115,8 @@ def _check_interactive(prompt, prompt_file, output, as_json, num_samples):
     click.Option(["--new-only"], is_flag=True, help="a run trained with --items: leave out copies of the list's items"),
 ])
 def sample_cli(checkpoint_path, prompt, prompt_file, num_samples, seed, unknown, output, as_json, interactive,
-               device, dtype, quantize, compile_mode, no_cache, novelty, min_span, novelty_data, list_forms, **flags):
+               device, dtype, quantize, compile_mode, threads, no_cache, novelty, min_span, novelty_data, list_forms,
+               **flags):
     """Write text in the style of a trained run. The text goes to stdout (with a separator line above each
     sample when there are several); everything else goes to stderr. Under a constraint (--form, --ban, ...) or
     --best-of, each sample's scores follow on stderr (in --json, its `score`)."""
@@ -133,8 +136,9 @@ def sample_cli(checkpoint_path, prompt, prompt_file, num_samples, seed, unknown,
             _check_interactive(prompt, prompt_file, output, as_json, num_samples)
         text = textio.read_prompt(prompt, prompt_file)
         path = checkpoint_path or latest_run()
-        gen = load(path, device=device, dtype=dtype, quantize=quantize, compile=compile_mode)
-        click.echo(f"loaded {path} ({gen.describe()}) on {gen.device}, {gen.precision}", err=True)
+        gen = load(path, device=device, dtype=dtype, quantize=quantize, compile=compile_mode, threads=threads)
+        click.echo(f"loaded {path} ({gen.describe()}) on {gen.device}, {gen.precision}"
+                   + (f", threads {gen.threads.choice()}" if gen.threads else ""), err=True)
         runner, reason = gen.decode_runner(options.settings.max_new_tokens * (best_of or num_samples))
         if compile_mode != "auto" or runner is not None:  # said when it is not the usual
             click.echo(reason, err=True)

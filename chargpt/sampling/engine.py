@@ -36,6 +36,7 @@ from chargpt.sampling import constraints, forms
 from chargpt.sampling.decode import StepRunner, StopFilter, decode, through_filters
 from chargpt.sampling.options import sample_options
 from chargpt.sampling.translate import iter_sample_search, make_steps, source_ids, translate
+from chargpt.threads import ThreadTuner, parse_threads
 
 MAX_FORM_SEARCH = 5_000_000  # characters of a run's text searched for where a form's shape starts (form_start): the
 # Tang poems whole (0.2 s, once per form and model); a larger text's first 5M characters hold its shapes too
@@ -48,7 +49,7 @@ class Generator:
     the prompt is the source, and the text written is the target alone (see stream)."""
 
     def __init__(self, model, vocab, device, dtype=torch.float32, meta=None, compile="auto", quantized=False,
-                 log=None):
+                 log=None, threads="auto"):
         # decode with the plain module: no DDP sync, no recompiles per length
         self.model, self.vocab, self.device, self.dtype = unwrap(model).eval(), vocab, torch.device(device), dtype
         self.meta = meta or {}
@@ -61,6 +62,9 @@ class Generator:
         self.labels = LabelSet.from_meta(self.meta)  # a run trained with --labels: its labels (chargpt/data/labels.py)
         self.items_run = is_items_run(self.meta)  # a run trained with --items: it writes items (see items())
         self.form_starts = {}  # form -> where the run's text starts text of its shape (form_start)
+        # a CPU's decode steps run at the thread count measured fastest as they run (chargpt/threads.py): on a
+        # machine where another process holds a core, one thread writes many times faster than two
+        self.threads = ThreadTuner.of(threads) if self.device.type == "cpu" else None
 
     def decode_runner(self, new_chars):
         """-> (the StepRunner that decodes new_chars characters (all samples together) after the prefill, or None
@@ -201,8 +205,11 @@ class Generator:
                 uncond[:, 0] = head[1]
             labelled = dict(pin=1, never=torch.tensor(head[2:], device=self.device), uncond=uncond,
                             guidance=settings.guidance or 1.0)
-        return decode(self.model, ctx, settings, generator, use_cache=use_cache, dtype=self.dtype, runner=runner,
-                      steer=steer, **labelled)
+        return self._threaded(decode(self.model, ctx, settings, generator, use_cache=use_cache, dtype=self.dtype,
+                                     runner=runner, steer=steer, **labelled))
+
+    def _threaded(self, steps):
+        return steps if self.threads is None else self.threads.run(steps)
 
     def _label_head(self, settings):
         """-> ([the label's id, NULL's id, every label id] or [] for a run without labels, whether to guide)."""
@@ -278,8 +285,9 @@ class Generator:
         ids = source_ids(self.model, self.vocab, [source], name="the prompt")
         step, room = make_steps(self.model, self.vocab, ids * num_samples, use_cache, self.dtype)
         filters = [StopFilter("", settings.stop) for _ in range(num_samples)]
-        found = iter_sample_search(step, num_samples, self.vocab.stoi[END], min(room, settings.max_new_tokens),
-                                   generator, settings.temperature, settings.top_k, settings.top_p)
+        found = self._threaded(iter_sample_search(step, num_samples, self.vocab.stoi[END],
+                                                  min(room, settings.max_new_tokens), generator, settings.temperature,
+                                                  settings.top_k, settings.top_p))
         yield from through_filters(filters, ([(i, self.vocab.chars[tok].replace(SEP, "")) for i, tok in chosen]
                                               for chosen in (found if settings.max_new_tokens else ())))
 
@@ -337,18 +345,21 @@ class Decoding:
                 yield k, s.text
 
 
-def load(path, device="auto", dtype="auto", quantize=None, compile="auto"):
+def load(path, device="auto", dtype="auto", quantize=None, compile="auto", threads="auto"):
     """Checkpoint file or run directory -> Generator. dtype: auto (bf16 where the device computes it natively,
     else float32: runtime.pick_decode_dtype), float32 or bfloat16; quantize='int8': int8 weights for decoding on
     a CPU (chargpt.model.quantize); compile: auto|on|off, torch.compile of the decode step (auto: where it pays,
-    runtime.pick_decode_compile)."""
+    runtime.pick_decode_compile); threads: a CPU's threads for decoding, auto (measured as it writes:
+    chargpt/threads.py) or a number."""
     device = pick_device(device)
     check_precision(device, dtype, quantize)  # a bad choice fails before the checkpoint is read
+    parse_threads(threads)
     pick_decode_compile(compile, device, 0)  # so does a bad --compile
     if compile != "off":
         share_compile_cache()  # before loading imports torch's dynamo (sampling.StepRunner says why)
     model, vocab, meta = load_model(path, device)
     model, torch_dtype, precision = inference_model(model, device, dtype, quantize)
-    gen = Generator(model, vocab, device, torch_dtype, meta, compile=compile, quantized=uses_dynamic_int8(model))
+    gen = Generator(model, vocab, device, torch_dtype, meta, compile=compile, quantized=uses_dynamic_int8(model),
+                    threads=threads)
     gen.precision = precision
     return gen
