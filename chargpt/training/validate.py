@@ -116,9 +116,14 @@ class Validator:
         """-> {"train": loss, "val": loss}; weights that evaluate to a non-finite loss stop the run (they are never
         saved). check_stop() raises to abandon the evaluation. The session's first evaluation, timed, fits the
         cadence of a time budget to evaluation's share of it (self.fit)."""
+        def measure(iters):  # -> seconds an evaluation on `iters` batches a split takes
+            t0 = self.fit.clock()
+            estimate_loss(self.model, self.batches, self.cfg, self.device, self.dtype, self.dist, check_stop, iters)
+            return self.fit.clock() - t0
+        ran = self.fit.first_iters(self, measure) if self.fit is not None else self.iters
         t0 = self.fit.clock() if self.fit is not None else None
         losses = estimate_loss(self.model, self.batches, self.cfg, self.device, self.dtype, self.dist, check_stop,
-                               self.iters)
+                               ran)
         if not all(math.isfinite(v) for v in losses.values()):
             raise ChargptError(
                 f"evaluation loss became {losses['val']} at step {step} (learning rate {lr:.2e}): training "
@@ -126,7 +131,7 @@ class Validator:
                 f"good checkpoint in {self.cfg.out_dir} is kept.")
         if self.fit is not None:
             fit, self.fit = self.fit, None  # once
-            fit.refit(fit.clock() - t0, self)
+            fit.refit(fit.clock() - t0, self, ran)
         return losses
 
     @property
