@@ -9,8 +9,14 @@
     print(chargpt.load("checkpoints/ita").translate(["Good morning."], beam=4)[0])
 """
 
-from chargpt.config import ModelConfig, TrainConfig
-from chargpt.errors import ChargptError, CheckpointError, ConfigError, DataError
+import time
+
+# when chargpt was first imported: where a command (train.py, chargpt train) began, before torch's import; its
+# --max-time is wall time from here (a Python program's chargpt.train counts from its call)
+STARTED = time.perf_counter()
+
+from chargpt.config import ModelConfig, TrainConfig  # noqa: E402
+from chargpt.errors import ChargptError, CheckpointError, ConfigError, DataError  # noqa: E402
 
 __version__ = "0.1.0"
 # imported when first used (PEP 562): `import chargpt` stays light, so a command starts (and a Ctrl-C while it

@@ -59,8 +59,9 @@ def train_cli(**kwargs):
     ctx = click.get_current_context()
     overrides = {k: v for k, v in kwargs.items()
                  if ctx.get_parameter_source(k) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
+    from chargpt import STARTED
     from chargpt.training.trainer import train
-    summary = run_guarded(lambda: train(log=_log, **overrides), TRAIN_MEMORY_HINT)
+    summary = run_guarded(lambda: train(log=_log, started=STARTED, **overrides), TRAIN_MEMORY_HINT)
     if int(os.environ.get("RANK", 0)) == 0:
         _log(next_step_hint(summary))
         click.echo(summary["out_dir"])

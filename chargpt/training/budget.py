@@ -28,6 +28,13 @@ PACE_SHARE = 0.05  # the run's speed is judged once this share of the budget has
 PACE_MIN_STEPS = 5  # ...over at least this many steps...
 PACE_MIN_S = 1.0  # ...and seconds (a few ms of jitter is not a speed)
 PACE_FACTOR = 2.0  # a speed this many times the probe's, or its inverse, is said
+# What the end of a run takes beyond its last evaluation and save (measured at each evaluation), before it is
+# measured: the closing sample at DECODE_FLOPS (2 FLOPs a parameter a character: a 4 x 192 model wrote 750-1,200
+# characters a second on 2 cores, about 1e10), at least DECODE_MIN_S a character, and the curves (matplotlib's
+# import and one figure: about a second)
+DECODE_FLOPS = 1e10
+DECODE_MIN_S = 5e-4
+CURVES_S = 1.0
 
 
 @dataclass
@@ -61,6 +68,34 @@ def fit(cfg, s, step_s, eval_period, chars_per_batch, log, fit_warmup=False, fit
     if eval_period is not None:
         budget.eval_fit = EvalFit(cfg.max_time, chars_per_batch, log, fit_iters=fit_iters)
     return budget
+
+
+def end_seconds(cfg, params):
+    """Seconds the end of a run takes after its last evaluation and save, estimated: the closing sample and the
+    curves (--max-time is the command's wall time: schedules.training_seconds)."""
+    import importlib.util
+    sample = cfg.sample_chars * max(DECODE_MIN_S, 2 * params / DECODE_FLOPS)
+    return sample + (CURVES_S if cfg.curves and importlib.util.find_spec("matplotlib") else 0.0)
+
+
+class Overhead:
+    """--max-time is the command's wall time: a session that begins its budget gives what it spent before training
+    (start-up: the corpus, the probe, the model) and what its end will take (the last evaluation and save as the
+    latest took, the closing sample and the curves: end_seconds) to RunState.overhead_s, which training's share
+    of the budget leaves out (schedules.training_seconds). A session that continues a budget adds nothing. Rank
+    0's clock decides, so every rank stops at the same step."""
+
+    def __init__(self, state, started, end_s, dist):
+        begins = started is not None and state.elapsed == state.budget_elapsed
+        self.state, self.dist, self.end_s = state, dist, end_s
+        self.startup_s = float(broadcast_str(repr(time.perf_counter() - started), dist)) if begins else None
+        self.update(0.0)
+
+    def update(self, evaluation_s):
+        """After an evaluation and save of evaluation_s seconds (0.0: none yet)."""
+        if self.startup_s is not None:
+            evaluation_s = float(broadcast_str(repr(evaluation_s), self.dist))
+            self.state.overhead_s = self.startup_s + evaluation_s + self.end_s
 
 
 # --- the speed ---------------------------------------------------------------------------------------------------

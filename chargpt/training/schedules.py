@@ -21,6 +21,9 @@ from chargpt.config import UNLIMITED, TrainConfig
 from chargpt.config.flags import param
 
 WARMUP_SHARE = 0.05  # of a time budget, when the warm-up is the budget's to choose (see above)
+# --max-time is the command's wall time: training gets what start-up and the end (the last evaluation and save, the
+# closing sample, the curves) leave of it (RunState.overhead_s), and never less than this share
+MIN_TRAINING_SHARE = 0.5
 
 
 def final_lr(cfg: TrainConfig):
@@ -86,6 +89,12 @@ def warmup_lr(it, elapsed, cfg: TrainConfig, s):
     return cfg.learning_rate * (it + 1) / (warm + 1)
 
 
+def training_seconds(cfg: TrainConfig, s):
+    """The seconds of training a --max-time budget holds: its wall time less what the command spends around the
+    training (RunState.overhead_s: start-up, measured, and the end, estimated), at least MIN_TRAINING_SHARE of it."""
+    return max(MIN_TRAINING_SHARE * cfg.max_time, cfg.max_time - s.overhead_s)
+
+
 def run_fraction(it, elapsed, cfg: TrainConfig, s):
     """How much of the decay is done: by steps (from the end of warmup, or from where a resumed budget began
     decaying), or by training time with --max-time, whichever is further."""
@@ -93,7 +102,7 @@ def run_fraction(it, elapsed, cfg: TrainConfig, s):
     decay_end = cfg.lr_decay_iters or cfg.max_iters
     frac = (it - begin) / max(1, decay_end - begin)
     if cfg.max_time:
-        frac = max(frac, (elapsed - s.budget_elapsed) / cfg.max_time)
+        frac = max(frac, (elapsed - s.budget_elapsed) / training_seconds(cfg, s))
     return min(max(frac, 0.0), 1.0)
 
 
@@ -113,7 +122,7 @@ def finished(cfg: TrainConfig, s):
     """Why the run stops now ('max_iters', 'max_time' or 'patience'), or None while it goes on."""
     if s.step >= cfg.max_iters:
         return "max_iters"
-    if cfg.max_time and s.elapsed - s.budget_elapsed >= cfg.max_time:
+    if cfg.max_time and s.elapsed - s.budget_elapsed >= training_seconds(cfg, s):
         return "max_time"
     if cfg.patience and s.since_best >= cfg.patience:
         return "patience"
@@ -158,7 +167,7 @@ def describe_budget(cfg: TrainConfig, s, left=True):
     if cfg.max_time:
         spent = s.elapsed - s.budget_elapsed
         parts.append(f"{seconds(cfg.max_time)} of training"
-                     + (f" ({max(0.0, cfg.max_time - spent):.0f} s left)" if spent and left else ""))
+                     + (f" ({max(0.0, training_seconds(cfg, s) - spent):.0f} s left)" if spent and left else ""))
     return " or ".join(parts) + (", whichever comes first" if len(parts) > 1 else "")
 
 

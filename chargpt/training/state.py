@@ -32,6 +32,9 @@ class RunState:
     budget_lr: float | None = None  # None: the configured warmup, then decay from --learning-rate
     since_best: int = 0  # evaluations since the best validation loss so far (--patience)
     warmup_s: float | None = None  # a warm-up that is a share of the time budget: its seconds (schedules.py)
+    # seconds of the current --max-time budget spent around its training: the start-up of the session it began in
+    # (measured) and the end's evaluation, save, sample and curves (estimated, then measured at each evaluation)
+    overhead_s: float = 0.0
     eval_iters: int | None = None  # evaluation's batches a split once fitted to a time budget (budget.EvalFit), kept
     # for the rest of the run (a --resume compares its losses on as many batches); None: --eval-iters
 
@@ -60,7 +63,7 @@ def resumed_state(meta, cfg: TrainConfig, flags, out_dir):
     if schedule_changed(old, cfg, flags):
         lr = lr_at(s.step, s.elapsed, old, s)
         warming = warmup_lr(s.step, s.elapsed, cfg, s) is not None  # finish the warmup first
-        s = replace(s, budget_step=s.step, budget_elapsed=s.elapsed, budget_lr=None if warming else lr)
+        s = replace(s, budget_step=s.step, budget_elapsed=s.elapsed, budget_lr=None if warming else lr, overhead_s=0.0)
         if cfg.lr_schedule == "inverse-sqrt":
             how = "follows its inverse-square-root curve on from the step reached"
         else:

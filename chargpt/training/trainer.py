@@ -21,10 +21,11 @@ from tqdm import tqdm
 
 from chargpt.errors import ChargptError, Interrupted
 from chargpt.runtime import autocast
+from chargpt.training.budget import Overhead, end_seconds
 from chargpt.training.describe import brief_lines, start_lines
 from chargpt.training.interrupt import Aborted, SignalFlag, StopRequested
 from chargpt.training.progress import Progress
-from chargpt.training.schedules import finished, lr_at
+from chargpt.training.schedules import finished, lr_at, training_seconds
 from chargpt.training.start import Run, start_run
 from chargpt.training.validate import eval_line, eval_record, model_inputs
 
@@ -34,8 +35,12 @@ NO_BAD_STEP = 2**62  # Trainer.first_bad while every loss so far was finite
 class Trainer:
     """Trains one Run until its budget is spent, --patience ends it, or a signal stops it (then saved)."""
 
-    def __init__(self, run: Run):
+    def __init__(self, run: Run, started=None):
+        """started: time.perf_counter() when the command began: its --max-time is wall time from then (Overhead)."""
         self.run, self.cfg, self.state = run, run.cfg, run.state
+        params = sum(p.numel() for p in run.model.parameters())
+        self.overhead = Overhead(run.state, started, end_seconds(run.cfg, params), run.dist) if run.cfg.max_time \
+            else None
         self.profiler = None  # a torch.profiler.profile: the loop labels its phases and steps it (chargpt.bench)
         self.signals = SignalFlag(say=run.log, distributed=run.dist.enabled)
         self.validator, self.samples = run.validator, run.samples
@@ -87,7 +92,7 @@ class Trainer:
             with self._phase("4 optimizer step"):  # or drop a non-finite step
                 self._step(bad_step, lr)
             with self._phase("5 progress"):
-                left = cfg.max_time - (s.elapsed - s.budget_elapsed) if cfg.max_time else None
+                left = training_seconds(cfg, s) - (s.elapsed - s.budget_elapsed) if cfg.max_time else None
                 record = self.progress.step(s.step, loss, lr, s.elapsed, self.last_val, left)
                 if record is not None:
                     self.run.sinks.write("train", record)
@@ -219,6 +224,8 @@ class Trainer:
                           run.bytes_per_char))
         self.last_val = losses["val"]
         self.progress.pause(time.perf_counter() - t0)
+        if self.overhead is not None:  # the last evaluation and save will take about as long
+            self.overhead.update(time.perf_counter() - t0)
 
     def _finish(self, reason, signum):
         run, s = self.run, self.state
@@ -256,13 +263,14 @@ def closing_sample(run: Run):
     return run.task.closing_sample(run.model, run.corpus, run.cfg, run.dtype, run.device, run.out_dir)
 
 
-def train(log=tqdm.write, sinks=(), **overrides):
+def train(log=tqdm.write, sinks=(), started=None, **overrides):
     """Train a model (CharGPT, or with arch='encoder-decoder' the 2017 Transformer). Keyword arguments are the
     CLI's flags with underscores (data=..., max_iters=..., preset="tiny", config="run.toml"); anything not given
     comes from the config file, else the preset (by default the device's), else the dataclass default:
     chargpt/config/settings.py. `sinks`: loggers that receive the run's records beside its own files
-    (chargpt/training/sinks.py). -> summary dict."""
-    run, threads = None, torch.get_num_threads()
+    (chargpt/training/sinks.py). --max-time is wall time from `started` (time.perf_counter() when the command began;
+    default: now) to the saved run and its closing sample. -> summary dict."""
+    run, threads, started = None, torch.get_num_threads(), started or time.perf_counter()
     try:
         run = start_run(overrides, log=log, sinks=sinks)
         try:
@@ -275,7 +283,7 @@ def train(log=tqdm.write, sinks=(), **overrides):
         except BaseException:
             run.release()
             raise
-        summary = Trainer(run).train()
+        summary = Trainer(run, started).train()
         early = f" (stopped early: no improvement in {run.cfg.patience} evaluations)" if summary["stopped_early"] \
             else ""
         run.log(f"done: {summary['step']} steps{early} in {summary['elapsed_s']:.0f} s "
