@@ -98,29 +98,51 @@ def test_ban_and_allow_hold_and_what_they_leave_out_is_an_error(english):
 
 
 CASES = [dict(form="_____ *.\n_____ *,"), dict(form="*: _\\n_*."), dict(acrostic="TRE"), dict(ban="e", form="*.\n*"),
-         dict(allow="ROMEO: thes\n", acrostic="RO"), dict(form="_" * 30, maxNewTokens=12)]
+         dict(allow="ROMEO: thes\n", acrostic="RO"), dict(form="_" * 30, maxNewTokens=12),
+         dict(noRepeatNgram=3, repetitionPenalty=1.5), dict(noRepeatNgram=1, form="___ _\n"),
+         dict(repetitionPenalty=0.7, ban="T")]
+PYTHON_NAMES = {"maxNewTokens": "max_new_tokens", "noRepeatNgram": "no_repeat_ngram",
+                "repetitionPenalty": "repetition_penalty"}
+
+
+def as_tensor(rows):
+    return torch.tensor([[float("-inf") if x is None else x for x in row] for row in rows])
 
 
 @pytest.mark.parametrize("case", CASES, ids=[json.dumps(c, ensure_ascii=False) for c in CASES])
-def test_the_page_and_python_allow_the_same_characters_at_every_step(english, case):
-    """Along what the page wrote (sampled, so the form's every branch is taken), Python's Steer allows exactly the
-    characters the page allowed before each one, and ends the form where the page did."""
+def test_the_page_and_python_constrain_every_step_alike(english, case):
+    """Along what the page wrote (sampled, so the form's every branch is taken), Python's Steer, given the page's
+    logits before the constraints, allows exactly the characters the page allowed, gives the logits the page chose
+    from (penalised: to float32 rounding), and ends the form where the page did."""
     run, page = english
     gen = chargpt.load(run, device="cpu", dtype="float32")
     steps = case.get("maxNewTokens", 250)
     for seed in range(3):
         for prompt in ("", "ROMEO: O"):
-            got = node(page, prompt, masks=True, temperature=1.5, seed=seed, **{"maxNewTokens": steps, **case})
+            got = node(page, prompt, masks=True, logits=True, temperature=1.5, seed=seed,
+                       **{"maxNewTokens": steps, **case})
             context = got["context"]
-            settings = SampleSettings(max_new_tokens=steps, **{k: v for k, v in case.items() if k != "maxNewTokens"})
+            settings = SampleSettings(**{PYTHON_NAMES.get(k, k): v for k, v in {"maxNewTokens": steps, **case}.items()})
             steer = constraints.plan(settings, gen.vocab, context).steer(gen.vocab.encode(context), 1, steps, "cpu")
-            assert got["masks"] and len(got["masks"]) == len(got["ids"])
+            assert got["ids"] and len(got["masks"]) == len(got["ids"])
+            raw, chose_from = as_tensor(got["raw"]), as_tensor(got["logits"])
             for step, (chosen, mask) in enumerate(zip(got["ids"], got["masks"])):
-                allowed = torch.isfinite(steer.logits(torch.zeros(1, len(gen.vocab))))[0]
+                ours = steer.logits(raw[step:step + 1])[0]
                 js = list(range(len(gen.vocab))) if mask is None else mask  # None: every character
-                assert js == allowed.nonzero().flatten().tolist(), (seed, prompt, step)
+                assert js == torch.isfinite(ours).nonzero().flatten().tolist(), (seed, prompt, step)
+                assert torch.equal(torch.isinf(ours), torch.isinf(chose_from[step]))
+                finite = torch.isfinite(ours)
+                assert torch.allclose(ours[finite], chose_from[step][finite], rtol=1e-6, atol=1e-6), (seed, step)
                 steer.chose(torch.tensor([chosen]))
                 assert bool(steer.ended_now) == (got["ended"] and step == len(got["ids"]) - 1), (seed, step)
+
+
+def test_min_p_leaves_only_the_likely_characters(english):
+    _, page = english
+    for seed in range(3):
+        text = node(page, "ROMEO:", text=True, minP=1.0, temperature=1.0, seed=seed, maxNewTokens=40)["text"]
+        greedy = node(page, "ROMEO:", text=True, temperature=0, maxNewTokens=40)["text"]
+        assert text == greedy  # min-p 1: only the most likely character is left
 
 
 # --- a labels run ---------------------------------------------------------------------------------------------------
@@ -160,7 +182,7 @@ def test_a_label_writes_in_the_page_as_in_python(labelled, guidance):
         assert text == gen.generate("", label=label, guidance=guidance, max_new_tokens=40, temperature=0)[0]
         got = node(page, masks=True, logits=True, forced=ids, label=label, guidance=guidance, maxNewTokens=40,
                    temperature=0)
-        js = torch.tensor([[float("-inf") if x is None else x for x in row] for row in got["logits"]])
+        js = as_tensor(got["raw"])
         assert torch.equal(torch.isinf(js), torch.isinf(want))  # the labels' characters, never written
         finite = torch.isfinite(want)
         assert (js[finite] - want[finite]).abs().max() <= 1e-4 * max(1.0, want[finite].abs().max().item())

@@ -8,7 +8,8 @@ REQUEST, JSON: {"prompt": "The ", "steps": 24}. Also used by the tests: "text": 
 request as the call's options ({"text": "...", "simd": whether WebAssembly SIMD computed it}); "masks": true writes
 with them too, and prints what the constraints allowed before each character ({"context", "ids", "masks": [the
 allowed ids, or null for all], "ended"}), with "forced": [ids] writing those instead of its own choices and
-"logits": true adding the logits each choice was made from (a labels run's: guided, its labels masked);
+"logits": true adding the logits before the constraints ("raw": a labels run's guided, its labels masked) and
+after them ("logits": what each choice was made from);
 "simd": false for the plain JavaScript loops.
 */
 "use strict";
@@ -32,11 +33,15 @@ function loadDecoder(html) {
 /** Writes as Generator._run does, keeping what the constraints allowed at each step (and the logits). */
 function masks(gen, decoder, prompt, options, forced, withLogits) {
   const call = gen.prepare(prompt, options), o = call.o;
-  const steer = call.planned ? new decoder.sampling.Steer(call.planned, o.maxNewTokens, gen.model.V) : null;
-  const out = {context: call.contextText, ids: [], masks: [], ended: false, logits: withLogits ? [] : undefined};
+  const steer = call.planned ? new decoder.sampling.Steer(call.planned, o.maxNewTokens, gen.model.V, call.steered) : null;
+  const out = {context: call.contextText, ids: [], masks: [], ended: false};
+  const kept = (logits) => Array.from(logits, (x) => (x === -Infinity ? null : x));  // JSON has no -Infinity
+  if (withLogits) Object.assign(out, {raw: [], logits: []});
   const choose = (logits) => {
-    if (withLogits) out.logits.push(Array.from(logits, (x) => (x === -Infinity ? null : x)));  // JSON has no -inf
-    const id = gen.sampler.choose(steer ? steer.apply(logits) : logits, o, call.rand);
+    if (withLogits) out.raw.push(kept(logits));
+    if (steer) steer.apply(logits);
+    if (withLogits) out.logits.push(kept(logits));
+    const id = gen.sampler.choose(logits, o, call.rand);
     out.masks.push(steer && steer.last ? Array.from(steer.last.keys()).filter((i) => steer.last[i]) : null);
     return forced ? forced[out.ids.length] : id;
   };

@@ -473,7 +473,8 @@ Nothing here allocates per character: the buffers are made once for the model. M
     }
 
     /** A call checked whole before anything is written (every bad input an Error naming it): -> {o (the options),
-     * seen (the prompt as the model reads it), rand, context (ids), contextText, planned (the constraints), head}. */
+     * seen (the prompt as the model reads it), rand, context (ids), contextText, planned (the constraints), head,
+     * steered (the context's ids the constraints read: no label)}. */
     prepare(prompt, opts) {
       if (prompt !== undefined && prompt !== null && typeof prompt !== "string") {
         throw new Error(`the prompt must be a string, not ${typeof prompt}; give "" for none`);
@@ -502,11 +503,12 @@ Nothing here allocates per character: the buffers are made once for the model. M
       contextText = contextText || meta.start_text;
       const context = this.encode(contextText, "skip");
       const planned = C.plan(o, this.vocab, contextText, meta.forms, this.never);
+      const call = {o, seen, rand, context, contextText, planned, head, steered: context};  // steered: without a label
       if (head) {
         if (o.guidance !== 1) head.uncond = [head.nullId, ...context];
-        return {o, seen, rand, context: [head.label, ...context], contextText, planned, head};
+        call.context = [head.label, ...context];
       }
-      return {o, seen, rand, context, contextText, planned, head};
+      return call;
     }
 
     /** Write after `prompt`; onText(piece) as it comes; -> a Promise of the whole text written (an Error, before
@@ -529,7 +531,7 @@ Nothing here allocates per character: the buffers are made once for the model. M
       const ended = () => (o.signal && o.signal.aborted) || this.epoch !== epoch;
       if (o.signal && o.signal.aborted) throw abortError();  // aborted while an earlier call wrote
       const filter = new C.StopFilter(call.seen, o.stop);
-      const steer = call.planned ? new C.Steer(call.planned, o.maxNewTokens, this.model.V) : null;
+      const steer = call.planned ? new C.Steer(call.planned, o.maxNewTokens, this.model.V, call.steered) : null;
       const choose = (logits) => this.sampler.choose(steer ? steer.apply(logits) : logits, o, call.rand);
       let text = "", last = now(), formEnded = false;
       for (const id of this.ids(call.context, o.maxNewTokens, choose, call.head)) {

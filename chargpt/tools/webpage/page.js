@@ -10,8 +10,9 @@
 
 Options: maxNewTokens, temperature (0: greedy), topK (0: off), topP (1: off), seed (the same seed writes the same
 text here), stop (strings that end the text, not included), stopAtBlankLine, unknown ("error", "skip", "replace":
-prompt characters the model never saw), signal (an AbortSignal), form, acrostic, ban, allow (as sample.py's --form,
---acrostic, --ban, --allow), label and guidance (a run trained with --labels). A bad call is refused before anything
+prompt characters the model never saw), signal (an AbortSignal), form, acrostic, ban, allow, minP, repetitionPenalty,
+noRepeatNgram (as sample.py's --form, --acrostic, --ban, --allow, --min-p, --repetition-penalty, --no-repeat-ngram),
+label and guidance (a run trained with --labels). A bad call is refused before anything
 is written, with an Error naming what to change. Writing runs on the page's own thread, in slices of a few tens of
 milliseconds, so Stop and the text on screen keep up.
 */

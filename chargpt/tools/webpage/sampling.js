@@ -83,6 +83,11 @@ null), ("line"); a FormWalk follows one sample through it, naming before each ch
           before += q;
         }
       }
+      if (opts.minP) {  // less likely than minP times the most likely: dropped (transformers' MinPLogitsWarper)
+        let most = 0;
+        for (let i = 0; i < V; i++) if (p[i] > most) most = p[i];
+        for (let i = 0; i < V; i++) if (p[i] < opts.minP * most) p[i] = 0;
+      }
       let total = 0;
       for (let i = 0; i < V; i++) total += p[i];
       const u = rand() * total;  // the cumulative distribution scaled to end at total > u
@@ -319,10 +324,12 @@ null), ("line"); a FormWalk follows one sample through it, naming before each ch
     return mask;
   }
 
-  /** The checked options (settings) -> {allowed: 0/1 per id or null for all, program or null}, or null when
-   * nothing constrains the sample. never: ids no sample may write (a labels run's label characters). */
+  /** The checked options (settings) -> {allowed: 0/1 per id or null for all, program or null, penalty or null,
+   * ngram or null}, or null when nothing constrains the sample. never: ids no sample may write (a labels run's label
+   * characters). */
   function plan(o, vocab, context, rules, never) {
-    if (!(o.ban || o.allow || o.form || o.acrostic)) return null;  // nothing given: the loop as it was
+    const penalty = o.repetitionPenalty !== 1 ? o.repetitionPenalty : null, ngram = o.noRepeatNgram || null;
+    if (!(o.ban || o.allow || o.form || o.acrostic || penalty || ngram)) return null;  // nothing given: as it was
     const V = vocab.chars.length;
     let allowed = new Uint8Array(V).fill(1);
     if (o.allow) allowed = charMask(vocab, o.allow);
@@ -331,16 +338,45 @@ null), ("line"); a FormWalk follows one sample through it, naming before each ch
     if (o.ban) { const banned = charMask(vocab, o.ban); for (let i = 0; i < V; i++) if (banned[i]) allowed[i] = 0; }
     if (!allowed.includes(1)) bad("ban and allow leave no character this model knows");
     const program = compile(o.form, o.acrostic, vocab, allowed, context, rules);
-    return {allowed: allowed.includes(0) ? allowed : null, program};
+    return {allowed: allowed.includes(0) ? allowed : null, program, penalty, ngram};
   }
 
-  /** A plan applied to one sample of at most `budget` characters: apply(logits) masks them in place (-Infinity),
-   * chose(id) records the choice -> whether the form ended with it; mask, what the last apply allowed. */
+  /** transformers' NoRepeatNGramLogitsProcessor as constraints.py's NgramBan, for one sample: a character that
+   * would complete an n-gram already in the text (the context included) is banned. */
+  class NgramBan {
+    constructor(n, context) {
+      this.n = n; this.length = context.length; this.seen = new Map();  // first n-1 ids (joined) -> the ids after
+      for (let j = 0; j + n <= context.length; j++) this.note(context.slice(j, j + n - 1), context[j + n - 1]);
+      this.tail = n > 1 ? context.slice(Math.max(0, context.length - n + 1)) : [];
+    }
+
+    note(key, id) {
+      const k = key.join(",");
+      if (!this.seen.has(k)) this.seen.set(k, new Set());
+      this.seen.get(k).add(id);
+    }
+
+    banned() { return this.length + 1 < this.n ? null : this.seen.get(this.tail.join(",")) || null; }
+
+    add(id) {
+      if (this.tail.length === this.n - 1) this.note(this.tail, id);
+      this.tail.push(id);
+      if (this.tail.length > this.n - 1) this.tail.shift();
+      this.length += 1;
+    }
+  }
+
+  /** A plan applied to one sample of at most `budget` characters continuing the ids `context`: apply(logits)
+   * penalises and masks them in place (-Infinity), as constraints.py's Steer.logits; chose(id) records the choice
+   * -> whether the form ended with it; last, what the last apply allowed (null: everything). */
   class Steer {
-    constructor(planned, budget, V) {
-      this.allowed = planned.allowed; this.program = planned.program;
+    constructor(planned, budget, V, context) {
+      this.allowed = planned.allowed; this.program = planned.program; this.penalty = planned.penalty;
       this.walk = planned.program ? new FormWalk(planned.program, budget) : null;
-      this.mask = new Uint8Array(V);
+      this.ngrams = planned.ngram ? new NgramBan(planned.ngram, context) : null;
+      this.seen = planned.penalty ? new Uint8Array(V) : null;  // the characters in the text so far, context included
+      if (this.seen) for (const id of context) this.seen[id] = 1;
+      this.mask = new Uint8Array(V); this.hard = new Uint8Array(V);
     }
 
     apply(logits) {
@@ -354,12 +390,30 @@ null), ("line"); a FormWalk follows one sample through it, naming before each ch
         }
         mask = m;
       }
+      const banned = this.ngrams && this.ngrams.banned();
+      if (banned && banned.size) {
+        const hard = this.hard;
+        if (mask) hard.set(mask); else hard.fill(1);
+        for (const id of banned) hard[id] = 0;
+        if (hard.includes(1)) mask = hard;  // a sample left with nothing (the form's fixed character): the form wins
+        else if (!mask) { mask = this.mask; mask.fill(1); }
+      }
+      if (this.seen) {  // transformers' repetition_penalty, in float32
+        const p = this.penalty;
+        for (let i = 0; i < logits.length; i++) {
+          if (this.seen[i]) logits[i] = logits[i] < 0 ? Math.fround(logits[i] * p) : Math.fround(logits[i] / p);
+        }
+      }
       if (mask) for (let i = 0; i < logits.length; i++) if (!mask[i]) logits[i] = -Infinity;
       this.last = mask;
       return logits;
     }
 
-    chose(id) { return this.walk ? this.walk.advance(id) : false; }
+    chose(id) {
+      if (this.seen) this.seen[id] = 1;
+      if (this.ngrams) this.ngrams.add(id);
+      return this.walk ? this.walk.advance(id) : false;
+    }
   }
 
   // --- stop strings --------------------------------------------------------------------------------------------------
@@ -406,8 +460,8 @@ null), ("line"); a FormWalk follows one sample through it, naming before each ch
   }
 
   // --- a call's options ----------------------------------------------------------------------------------------------
-  const OPTIONS = ["maxNewTokens", "temperature", "topK", "topP", "seed", "stop", "stopAtBlankLine", "unknown", "signal",
-                   "form", "acrostic", "ban", "allow", "label", "guidance"];
+  const OPTIONS = ["maxNewTokens", "temperature", "topK", "topP", "minP", "seed", "stop", "stopAtBlankLine", "unknown",
+                   "signal", "form", "acrostic", "ban", "allow", "repetitionPenalty", "noRepeatNgram", "label", "guidance"];
   const typeOf = (v) => (v === null ? "null" : Array.isArray(v) ? "an array" : `a ${typeof v}`);
 
   /** The options with their defaults, checked: -> a plain object; a bad one is an Error naming it and the fix. */
@@ -438,12 +492,16 @@ null), ("line"); a FormWalk follows one sample through it, naming before each ch
       signal: given("signal") ? opts.signal : null, seed: num("seed", Math.floor(Math.random() * 4294967296)),
       stop: [...stop, ...(opts.stopAtBlankLine ? ["\n\n"] : [])],
       form: text("form"), acrostic: text("acrostic"), ban: text("ban"), allow: text("allow"), label: text("label"),
-      guidance: num("guidance", d.guidance || 1),
+      guidance: num("guidance", d.guidance || 1), minP: num("minP", 0), repetitionPenalty: num("repetitionPenalty", 1),
+      noRepeatNgram: num("noRepeatNgram", 0),
     };
     if (!(Number.isInteger(o.maxNewTokens) && o.maxNewTokens >= 0 && o.maxNewTokens <= 1e6)) bad("maxNewTokens must be a whole number from 0 to 1000000");
     if (!(o.temperature >= 0 && o.temperature <= 100)) bad("temperature must be from 0 (greedy) to 100");
     if (!(Number.isInteger(o.topK) && o.topK >= 0)) bad("topK must be a whole number, 0 for off");
     if (!(o.topP > 0 && o.topP <= 1)) bad("topP must be in (0, 1], 1 for off");
+    if (!(o.minP >= 0 && o.minP <= 1)) bad("minP must be in [0, 1], 0 for off");
+    if (!(o.repetitionPenalty >= 1e-6 && o.repetitionPenalty <= 1e6)) bad("repetitionPenalty must be from 1e-6 to 1000000, 1 for off");
+    if (!(Number.isInteger(o.noRepeatNgram) && o.noRepeatNgram >= 0 && o.noRepeatNgram <= 1000)) bad("noRepeatNgram must be a whole number from 0 (off) to 1000");
     if (!(Number.isInteger(o.seed) && o.seed >= 0 && o.seed <= Number.MAX_SAFE_INTEGER)) bad("seed must be a whole number from 0 to 2**53 - 1");
     if (!["error", "skip", "replace"].includes(o.unknown)) bad("unknown must be error, skip or replace");
     if (!(o.guidance >= 1 && o.guidance <= 1e6)) bad("guidance must be from 1 (plain label) to 1000000");
@@ -452,5 +510,5 @@ null), ("line"); a FormWalk follows one sample through it, naming before each ch
     return o;
   }
 
-  return {mulberry32, argmax, Sampler, resolve, shapeName, parse, compile, FormWalk, plan, Steer, StopFilter, settings, OPTIONS};
+  return {mulberry32, argmax, Sampler, resolve, shapeName, parse, compile, FormWalk, plan, NgramBan, Steer, StopFilter, settings, OPTIONS};
 });
