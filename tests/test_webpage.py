@@ -124,7 +124,7 @@ def test_int8_page_writes_as_its_reference_and_reports_its_cost(pages, gen):
 def test_the_file_is_self_contained(pages):
     text = pages["float32"][0].read_text(encoding="utf-8")
     assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", text, re.I)  # nothing loaded from anywhere
-    assert "default-src 'none'" in text and text.count("<script") == 4  # the CSP forbids fetching; all inline
+    assert "default-src 'none'" in text and text.count("<script") == 5  # the CSP forbids fetching; all inline
     assert "<link" not in text and "@import" not in text and "url(" not in text
 
 
@@ -283,3 +283,57 @@ def test_the_page_in_chromium_from_file_offline(browser, pages, gen, tmp_path):
     page.screenshot(path=str(tmp_path / "page.png"))
     context.close()
     assert not refused and not errors, (refused, errors)
+
+
+def test_a_page_named_like_markup_loads_and_writes_a_form_offline(browser, run, tmp_path):
+    """A run named "<!--<script>" (which once hid the page's scripts from the parser: no window.chargpt): the page
+    loads, shows the name as text, and writes a form from its controls and from a script; an aborted signal writes
+    nothing."""
+    named = tmp_path / "<!--<script>"
+    shutil.copytree(run, named)
+    html = webpage.export_web(named, tmp_path / "named.html", log=lambda line: None)
+    context = browser.new_context()
+    refused, errors = [], []
+    context.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file:")
+                  else (refused.append(route.request.url), route.abort()))
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(html.as_uri())
+    page.wait_for_selector("body[data-ready='1']")
+    assert page.text_content("#name") == "<!--<script>" and page.title() == "<!--<script>"
+    page.select_option("#form", "pattern")
+    page.fill("#form-pattern", "_____ *.\\n_____ *.")
+    page.fill("#ban", "q")
+    page.fill("#seed", "3")
+    page.click("#generate")
+    page.wait_for_selector("body[data-state='done']")
+    assert re.fullmatch(r"[^\W\d_]{5} [^\n]*\.\n[^\W\d_]{5} [^\n]*\.", page.text_content("#output .gen"))
+    assert "q" not in page.text_content("#output .gen")
+    out = page.evaluate("""async () => {
+        const aborted = new AbortController();
+        aborted.abort();
+        let pieces = 0, error = null;
+        try { await chargpt.stream("To", {signal: aborted.signal}, () => pieces++); } catch (e) { error = e.name; }
+        let typed = null;
+        try { await chargpt.generate(123); } catch (e) { typed = e.message; }
+        return [await chargpt.generate("", {form: "_,_,_\\n", temperature: 1, seed: 2}), error, pieces, typed];
+    }""")
+    assert re.fullmatch(r"[^\W\d_],[^\W\d_],[^\W\d_]\n", out[0]) and out[1:3] == ["AbortError", 0]
+    assert out[3].startswith("the prompt must be a string")
+    context.close()
+    assert not refused and not errors, (refused, errors)
+
+
+def test_force_replaces_an_earlier_page_by_its_structure_not_a_quoted_tag(tmp_path, pages):
+    """A notes file that quotes the page's generator tag (in a <pre>, or a page's head copied into it) is not a page
+    an earlier export wrote: --force refuses it and leaves it as it was."""
+    ckpt = save_random(tmp_path)
+    tag = '<meta name="generator" content="chargpt export --format web">'
+    head = pages["float32"][0].read_text(encoding="utf-8")[:400]
+    for name, text in [("notes.html", f"<!DOCTYPE html>\n<html><head>{tag}</head><body><pre>{tag}</pre></body></html>"),
+                       ("copied.html", head + "\n<p>my notes on the page's head</p></body></html>\n")]:
+        (tmp_path / name).write_text(text, encoding="utf-8")
+        r = invoke(export_cli, ["--format", "web", "--checkpoint", ckpt, "--to", tmp_path / name, "--force"])
+        assert_one_line_error(r, r"not a page an earlier web export wrote")
+        assert (tmp_path / name).read_text(encoding="utf-8") == text

@@ -8,8 +8,11 @@ plain JavaScript with a KV cache, its sampling and its sliding window), the voca
 little-endian float32, or int8 with a float32 scale per row: pack.py). It opens from file:// in any browser, offline,
 and fetches nothing (its Content-Security-Policy forbids it). window.chargpt.generate / .stream write from scripts.
 
-What the decoder does not compute is refused by name before anything is read: the encoder-decoder, a run trained
-on sentence pairs (it translates; the page writes text) and a run trained with --labels. int8 prints what it costs
+The page writes with sample.py's constraints (a form, an acrostic, banned and allowed characters: sampling.js), from
+forms.py's own table of named forms and, per form, where the run's text starts text of its shape (form_starts: what a
+form without a prompt is conditioned on, as sample.py's); a run trained with --labels offers its labels, and guides
+with one as sample.py does. What the decoder does not compute is refused by name before anything is read: the
+encoder-decoder and a run trained on sentence pairs (it translates; the page writes text). int8 prints what it costs
 in loss, teacher-forced on the run's validation text (check.loss_gap). Before the file appears, the page's own
 decoder is run under node on the written file and must reproduce chargpt's logits step by step (check.py; without
 node the weights are read back and checked in Python, and it says so). The file is written under a temporary name
@@ -22,6 +25,8 @@ import math
 import os
 from pathlib import Path
 
+import torch
+
 from chargpt import __version__
 from chargpt.config import WEB_WEIGHTS, ExportSettings, SampleSettings
 from chargpt.config.architecture import describe_model
@@ -31,6 +36,7 @@ from chargpt.errors import ChargptError, ConfigError
 from chargpt.platforms import STOP_SIGNALS, replace
 from chargpt.runs.checkpoint import load_model, read_meta
 from chargpt.runs.rundir import BEST, LATEST, remove_stale_temps, resolve, temp_suffix
+from chargpt.sampling import forms
 from chargpt.tools.export import (
     TERM_SIGNALS,
     Stopped,
@@ -50,6 +56,7 @@ from chargpt.training.interrupt import handling
 # V8 refuses strings over 2**29 characters; 256 MB (a 64M-parameter model in float32) keeps far below.
 MAX_WEIGHT_BYTES = 256 * 10**6
 SUFFIXES = (".html", ".htm")
+PAGE_STARTS = 64  # a named form's starts the page carries (each at most forms.START_CONTEXT characters)
 
 
 def size_text(n):
@@ -57,7 +64,7 @@ def size_text(n):
     return f"{n / 1e6:,.1f} MB" if n >= 100_000 else f"{n / 1e3:,.0f} KB"
 
 
-def check_exportable(cfg, task, labels=None):
+def check_exportable(cfg, task):
     """Refuse, naming the option, what the page's decoder does not compute."""
     if cfg.arch != "decoder":
         raise ConfigError(f"{param('arch', cfg.arch)} cannot be exported as a web page: its decoder is chargpt's "
@@ -66,10 +73,6 @@ def check_exportable(cfg, task, labels=None):
     if task != "text":
         raise ConfigError(f"a run trained on sentence pairs ({param('task', task)}) translates, and the web page "
                           f"writes text; export it with {param('format', 'hf')}, or a run trained on text")
-    if labels is not None:
-        raise ConfigError(f"a run trained with {param('labels')} cannot be exported as a web page: its decoder does "
-                          f"not keep a label first in the window, nor guide with one; export it with "
-                          f"{param('format', 'hf')}")
 
 
 def weight_bytes(model, weights):
@@ -105,9 +108,35 @@ def check_target(target, checkpoint, force):
                            f"those; choose another --to")
 
 
+def form_table():
+    """forms.py's rules as the page reads them (sampling.js): the named forms, their aliases and the rules'
+    characters, written from Python so the two cannot drift."""
+    return {"shapes": {name: list(v) for name, v in forms.SHAPES.items()}, "aliases": dict(forms.ALIASES),
+            "free_span": forms.FREE_SPAN, "line_ends": forms.LINE_ENDS, "line_breaks": forms.LINE_BREAKS,
+            "escapes": dict(forms.ESCAPES)}
+
+
+def form_starts(gen, vocab):
+    """{a named form's pattern: up to PAGE_STARTS of the places the run's text starts text of its shape} for the named
+    forms this vocabulary can write (sample.py's Generator.form_start, searched once here; the page has no corpus)."""
+    out = {}
+    for name, (pattern, _) in forms.SHAPES.items():
+        fixed = {c for kind, t in forms.parse(pattern) if kind == "fixed" for c in t}
+        if not fixed <= vocab.stoi.keys():
+            continue
+        gen.form_start(name, torch.Generator())
+        starts = gen.form_starts.get(name) or []
+        if starts:
+            out[pattern] = starts[::math.ceil(len(starts) / PAGE_STARTS)]  # spread over the text, not its first ones
+    return out
+
+
 def describe(model, vocab, meta, tensors, weights, name):
-    """The page's model description (JSON): its shape, vocabulary, tensors, sampling defaults and the run's facts."""
+    """The page's model description (JSON): its shape, vocabulary, tensors, sampling defaults, the form table and the
+    run's facts (its labels, if any)."""
     from chargpt.sampling.engine import Generator
+    gen = Generator(model, vocab, "cpu", meta=meta, log=lambda message: None)  # form_starts' notes are not the export's
+    labels = LabelSet.from_meta(meta)
     cfg = model.config
     corpus, loss, step = meta.get("corpus"), meta.get("val_loss"), meta.get("step")  # untrusted: checked
     return {
@@ -115,9 +144,12 @@ def describe(model, vocab, meta, tensors, weights, name):
         "config": {"vocab_size": cfg.vocab_size, "block_size": cfg.block_size, "n_layer": cfg.n_layer,
                    "n_head": cfg.n_head, "n_embd": cfg.n_embd, "norm": cfg.norm, "activation": cfg.activation,
                    "emb_scale": cfg.emb_scale, "eps": model.h[0].ln_1.eps, "softmax": cfg.softmax},
-        "chars": vocab.chars, "start_text": Generator(model, vocab, "cpu").start_text(),
-        "replacement": vocab.replacement(),
-        "defaults": {"temperature": SampleSettings.temperature, "max_new_tokens": SampleSettings.max_new_tokens},
+        "chars": vocab.chars, "start_text": gen.start_text(), "replacement": vocab.replacement(),
+        "letters": "".join("1" if c.isalpha() else "0" for c in vocab.chars),  # forms' _: Python's str.isalpha
+        "forms": form_table(), "form_starts": form_starts(gen, vocab),
+        "labels": labels.to_meta() if labels else None,
+        "defaults": {"temperature": SampleSettings.temperature, "max_new_tokens": SampleSettings.max_new_tokens,
+                     "guidance": SampleSettings.guidance or 1.0},
         "info": {"name": name[:200], "corpus": corpus[:200] if isinstance(corpus, str) else None,
                  "size": describe_model(cfg), "params": model.num_params(),
                  "val_loss": loss if isinstance(loss, (int, float)) and math.isfinite(loss) else None,
@@ -190,7 +222,7 @@ def export_web(checkpoint, to, force=False, weights="float32", log=print):
     path = resolve(checkpoint)
     check_target(target, path, settings.force)
     header, _ = read_meta(path)  # the header alone: what cannot be exported is refused before anything heavy
-    check_exportable(header["model_config"], header.get("task", "text"), LabelSet.from_meta(header))
+    check_exportable(header["model_config"], header.get("task", "text"))
     model, vocab, meta = load_model(path, "cpu")
     model.float().eval()
     size = weight_bytes(model, settings.web_weights)

@@ -12,20 +12,21 @@ double, which only makes them closer to exact). The weights are float32, or int8
 Linear layer, a token or position of an embedding): a row's dot product is taken over its int8 values, then scaled.
 
 Long texts slide the window as chargpt/sampling/decode.py's decode() does: when the context is full, the cache is rebuilt
-from the last 3/4 of block_size characters, and decoding goes on. Choosing a character follows sample_next():
-temperature 0 is argmax, then top-k, softmax, top-p, and one uniform draw mapped through the cumulative
-distribution. The draws come from mulberry32 seeded with the seed: the same seed gives the same text here (never
-torch's text: its generator is another one).
+from the last 3/4 of block_size characters, and decoding goes on. A run trained with --labels keeps its label first in
+the window, and guidance computes a second row (the same text after the NULL label) in a second cache, as decode()'s
+batch of two halves. Choosing a character (sample_next()), the options, stop strings and the constraints (a form, an
+acrostic, banned and allowed characters) are sampling.js's, the page's script before this one.
 
 Nothing here allocates per character: the buffers are made once for the model. Matrices are row-major (torch's
 (out, in)), so a matrix-vector product is one dot product per row over contiguous memory.
 */
 "use strict";
 (function (root, factory) {
-  const api = factory();
+  // sampling.js runs first: the page's global, or (the export's check) the argument its loader names
+  const api = factory(typeof chargptSampling !== "undefined" ? chargptSampling : root.chargptSampling);
   if (typeof module === "object" && module.exports) module.exports = api;  // node: the export's check, tests
   else root.chargptDecoder = api;  // the page
-})(typeof globalThis !== "undefined" ? globalThis : this, function () {
+})(typeof globalThis !== "undefined" ? globalThis : this, function (C) {
   const LITTLE_ENDIAN = new Uint8Array(new Uint32Array([1]).buffer)[0] === 1;
   const TWO_OVER_SQRT_PI = 1.1283791670955126;
 
@@ -264,7 +265,6 @@ Nothing here allocates per character: the buffers are made once for the model. M
           proj: t(p + "attn.c_proj.weight"), projB: vec(p + "attn.c_proj.bias"),
           fc: t(p + "mlp.c_fc.weight"), fcB: vec(p + "mlp.c_fc.bias"),
           out: t(p + "mlp.c_proj.weight"), outB: vec(p + "mlp.c_proj.bias"),
-          k: new Float32Array(this.block * this.C), v: new Float32Array(this.block * this.C),  // the KV cache
         });
       }
       const C = this.C, B = this.block;  // room for a whole window: a prefill goes through at once
@@ -273,11 +273,24 @@ Nothing here allocates per character: the buffers are made once for the model. M
       this.att = new Float64Array(B); this.acc = new Float64Array(this.hs);
       this.logits = new Float32Array(this.V);
       this.one = [0];  // the id of a step
-      this.pos = 0;  // positions in the cache
+      this.caches = [];  // a KV cache per row written together (a guided label: the text with it, and without)
+      this.use(0);
       this.simd = meta.simd !== false && useSimd(this);  // meta.simd false: the plain loops (the tests compare both)
     }
 
-    reset() { this.pos = 0; }
+    /** Compute with cache i (made on first use) from now on. */
+    use(i) {
+      while (this.caches.length <= i) {
+        const size = this.block * this.C;
+        this.caches.push({pos: 0, k: this.layers.map(() => new Float32Array(size)),
+                          v: this.layers.map(() => new Float32Array(size))});
+      }
+      this.cache = this.caches[i];
+    }
+
+    get pos() { return this.cache.pos; }  // positions in the current cache
+
+    reset() { this.cache.pos = 0; }
 
     /** ids at the next positions, through every layer, their keys and values cached; -> the logits after the last
      * (a buffer the next call overwrites), or null without `wantLogits`. */
@@ -288,9 +301,9 @@ Nothing here allocates per character: the buffers are made once for the model. M
         addRow(this.wte, ids[t], x, t * C, this.embScale);
         addRow(this.wpe, start + t, x, t * C, 1);
       }
-      for (const L of this.layers) {
+      this.layers.forEach((L, l) => {
         if (!this.post) for (let t = 0; t < T; t++) layerNorm(x, t * C, h, t * C, L.ln1, C, this.eps);
-        this.attention(L, this.post ? x : h, T, start, a);
+        this.attention(L, this.cache.k[l], this.cache.v[l], this.post ? x : h, T, start, a);
         if (this.post) {
           for (let i = 0; i < n; i++) a[i] += x[i];
           for (let t = 0; t < T; t++) layerNorm(a, t * C, x, t * C, L.ln1, C, this.eps);
@@ -303,8 +316,8 @@ Nothing here allocates per character: the buffers are made once for the model. M
           this.mlp(L, h, T, a);
           for (let i = 0; i < n; i++) x[i] += a[i];
         }
-      }
-      this.pos += T;
+      });
+      this.cache.pos += T;
       if (!wantLogits) return null;
       const last = (T - 1) * C;
       if (this.lnf) layerNorm(x, last, h, 0, this.lnf, C, this.eps);
@@ -315,9 +328,9 @@ Nothing here allocates per character: the buffers are made once for the model. M
     }
 
     /** Causal self-attention of T positions from `start` (inputs inp, T x C) over the cache -> out (T x C). */
-    attention(L, inp, T, start, out) {
+    attention(L, K, Vc, inp, T, start, out) {
       const C = this.C, C3 = 3 * C, hs = this.hs, qkv = this.qkv, att = this.att, acc = this.acc, y = this.y;
-      const K = L.k, Vc = L.v, scale = 1 / Math.sqrt(hs);
+      const scale = 1 / Math.sqrt(hs);
       linear(L.attn, inp, T, qkv, L.attnB);
       for (let t = 0; t < T; t++) {
         const at = (start + t) * C, from = t * C3;
@@ -370,109 +383,6 @@ Nothing here allocates per character: the buffers are made once for the model. M
     }
   }
 
-  // --- choosing characters --------------------------------------------------------------------------------------------
-  /** mulberry32: a small, fast, well-mixed 32-bit generator; -> a function giving numbers in [0, 1). */
-  function mulberry32(seed) {
-    let a = (seed % 4294967296) ^ Math.imul(Math.floor(seed / 4294967296), 0x9e3779b1);  // seeds past 2**32 count
-    return function () {
-      a = (a + 0x6d2b79f5) | 0;
-      let t = Math.imul(a ^ (a >>> 15), 1 | a);
-      t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-      return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-    };
-  }
-
-  function argmax(logits) {
-    let best = 0;
-    for (let i = 1; i < logits.length; i++) if (logits[i] > logits[best]) best = i;  // the first of equals, as torch
-    return best;
-  }
-
-  class Sampler {
-    constructor(V) {
-      this.p = new Float64Array(V); this.sorted = new Float64Array(V);
-      this.order = Array.from({length: V}, (_, i) => i);  // reordered in place by top-p
-    }
-
-    /** logits -> the next id (chargpt/sampling/decode.py's sample_next); opts: temperature, topK, topP; rand() in [0, 1). */
-    choose(logits, opts, rand) {
-      const T = opts.temperature;
-      if (!(T > 0)) return argmax(logits);
-      const V = logits.length, p = this.p;
-      let max = -Infinity;
-      for (let i = 0; i < V; i++) if (logits[i] > max) max = logits[i];
-      for (let i = 0; i < V; i++) p[i] = Math.fround(Math.fround(logits[i] - max) / T);
-      if (opts.topK && opts.topK < V) {
-        const s = this.sorted;
-        s.set(p);
-        s.sort();
-        const kth = s[V - opts.topK];
-        for (let i = 0; i < V; i++) if (p[i] < kth) p[i] = -Infinity;
-      }
-      let sum = 0;
-      for (let i = 0; i < V; i++) { p[i] = Math.exp(p[i]); sum += p[i]; }
-      for (let i = 0; i < V; i++) p[i] /= sum;
-      if (opts.topP && opts.topP < 1) {
-        const order = this.order;
-        order.sort((a, b) => (p[b] - p[a]) || (a - b));  // most likely first; equals in id order (a stable sort)
-        let before = 0;
-        for (let j = 0; j < V; j++) {
-          const i = order[j], q = p[i];
-          if (before >= opts.topP) p[i] = 0;  // the mass before this one already reached top-p
-          before += q;
-        }
-      }
-      let total = 0;
-      for (let i = 0; i < V; i++) total += p[i];
-      const u = rand() * total;  // the cumulative distribution scaled to end at total > u
-      let cdf = 0;
-      for (let i = 0; i < V; i++) {
-        cdf += p[i];
-        if (cdf > u && p[i] > 0) return i;
-      }
-      return argmax(p);  // rounding at the very end: the most likely
-    }
-  }
-
-  /** Cuts a text at the first stop string it writes (chargpt/sampling/decode.py's StopFilter): text is released once it
-   * can no longer be the start of one; a stop string may begin in the prompt but must end in new text. */
-  class StopFilter {
-    constructor(prompt, stops) {
-      this.stops = stops.filter((s) => s.length > 0);
-      this.hold = Math.max(1, ...this.stops.map((s) => s.length)) - 1;
-      this.before = this.hold ? prompt.slice(-this.hold) : "";
-      this.pending = ""; this.done = false;
-    }
-
-    feed(chars) {
-      if (this.done) return "";
-      const checked = this.pending.length;
-      this.pending += chars;
-      const window = this.before + this.pending;
-      let first = null;  // [end, start] in window
-      for (const s of this.stops) {
-        const i = window.indexOf(s, Math.max(0, this.before.length + checked + 1 - s.length));
-        if (i >= 0 && (first === null || i + s.length < first[0] || (i + s.length === first[0] && i < first[1]))) {
-          first = [i + s.length, i];
-        }
-      }
-      if (first !== null) {
-        this.done = true;
-        const out = this.pending.slice(0, Math.max(0, first[1] - this.before.length));
-        this.pending = "";
-        return out;
-      }
-      const release = this.pending.length - this.hold;
-      if (release <= 0) return "";
-      const out = this.pending.slice(0, release);
-      this.pending = this.pending.slice(release);
-      this.before = this.hold ? (this.before + out).slice(-this.hold) : "";
-      return out;
-    }
-
-    flush() { const out = this.pending; this.pending = ""; return out; }
-  }
-
   // --- writing ----------------------------------------------------------------------------------------------------------
   const nextTask = typeof setImmediate === "function" ? () => new Promise((r) => setImmediate(r)) : (() => {
     // a message to ourselves: a new task at once, where setTimeout(0) waits 4 ms after a few nested calls
@@ -483,12 +393,24 @@ Nothing here allocates per character: the buffers are made once for the model. M
   const now = typeof performance !== "undefined" ? () => performance.now() : () => Date.now();
   const SLICE_MS = 25;  // work between yields to the page: Stop and the text on screen answer within this
 
+  const has = (o, k) => Object.prototype.hasOwnProperty.call(o, k);
+  function abortError() {
+    const message = "the signal was aborted before anything was written";
+    return typeof DOMException === "function" ? new DOMException(message, "AbortError")
+      : Object.assign(new Error(message), {name: "AbortError"});
+  }
+
   class Generator {
     constructor(meta, bytes) {
       this.model = new Model(meta, bytes);
       this.chars = meta.chars;
       this.stoi = new Map(meta.chars.map((c, i) => [c, i]));
-      this.sampler = new Sampler(this.model.V);
+      // the vocabulary as the constraints read it; letters: which ids are text characters (Python's str.isalpha)
+      this.vocab = {chars: this.chars, stoi: this.stoi, letters: Uint8Array.from(meta.letters || "", (b) => +(b === "1"))};
+      this.sampler = new C.Sampler(this.model.V);
+      this.cond = new Float32Array(this.model.V); this.work = new Float32Array(this.model.V);
+      this.labels = meta.labels || null;  // a run trained with --labels: {null, names: {name: its character}}
+      this.never = this.labels ? [this.labels.null, ...Object.values(this.labels.names)].map((c) => this.stoi.get(c)) : null;
       this.queue = Promise.resolve();  // one generation at a time: they share the cache
       this.epoch = 0;  // stop() ends every generation begun before it
     }
@@ -514,42 +436,108 @@ Nothing here allocates per character: the buffers are made once for the model. M
 
     meta() { return this.model.meta; }
 
-    /** Yield the next ids, continuing ids, as chargpt/sampling/decode.py's decode(): choose(logits) picks each. */
-    * ids(context, maxNew, choose) {
+    /** Yield the next ids, continuing the ids `context`, as chargpt/sampling/decode.py's decode(): choose(logits)
+     * picks each (the logits are a buffer of its own to change). head, a labels run's: {never: ids never chosen,
+     * uncond: the context with NULL first (guided), or none, guidance}; the label, first in context, stays first in
+     * the window. Guided, each step computes the two rows, with the label and with NULL, in caches of their own, and
+     * chooses from uncond + guidance x (cond - uncond), in float32, as decode() mixes its batch's two halves. */
+    * ids(context, maxNew, choose, head = null) {
       if (maxNew <= 0) return;
-      const m = this.model, block = m.block, keep = Math.max(1, Math.floor((3 * block) / 4));
-      let seq = context.slice(-block);
-      let logits = m.prefill(seq);
+      const m = this.model, block = m.block, keep = Math.max(1, Math.floor((3 * block) / 4)), V = m.V;
+      const pin = head ? 1 : 0, uncond = head && head.uncond, g = head ? head.guidance : 1, out = this.work;
+      const last = (seq, n) => (seq.length <= n || !pin ? seq.slice(Math.max(0, seq.length - n))
+        : [...seq.slice(0, pin), ...seq.slice(seq.length - Math.max(0, n - pin))]);  // decode()'s last()
+      const seqs = uncond ? [last(context, block), last(uncond, block)] : [last(context, block)];
+      const forward = (pass) => {  // pass(row) -> its logits; -> the logits to choose from
+        m.use(0);
+        const cond = pass(0);
+        if (!uncond) out.set(cond);
+        else {
+          this.cond.set(cond);
+          m.use(1);
+          const free = pass(1);
+          for (let i = 0; i < V; i++) out[i] = Math.fround(free[i] + Math.fround(g * Math.fround(this.cond[i] - free[i])));
+        }
+        if (head) for (const id of head.never) out[id] = -Infinity;
+        return out;
+      };
+      let logits = forward((r) => m.prefill(seqs[r]));
       for (let step = 0; step < maxNew; step++) {
         const next = choose(logits);
         yield next;
         if (step + 1 === maxNew) return;
-        seq.push(next);
-        if (seq.length > block) seq = seq.slice(-block);
-        logits = m.pos < block ? m.step(next) : m.prefill(seq.slice(-keep));  // full: rebuild from the last 3/4
+        for (let r = 0; r < seqs.length; r++) { seqs[r] = last(seqs[r], block - 1); seqs[r].push(next); }
+        const full = m.pos >= block;  // full: rebuild from the last 3/4
+        logits = forward((r) => (full ? m.prefill(last(seqs[r], keep)) : m.step(next)));
       }
     }
 
-    /** Write after `prompt`; onText(piece) as it comes; -> a Promise of the whole text written. opts: maxNewTokens,
-     * temperature, topK, topP, seed, stop (strings), stopAtBlankLine, unknown, signal (an AbortSignal). */
+    /** A call checked whole before anything is written (every bad input an Error naming it): -> {o (the options),
+     * seen (the prompt as the model reads it), rand, context (ids), contextText, planned (the constraints), head,
+     * steered (the context's ids the constraints read: no label)}. */
+    prepare(prompt, opts) {
+      if (prompt !== undefined && prompt !== null && typeof prompt !== "string") {
+        throw new Error(`the prompt must be a string, not ${typeof prompt}; give "" for none`);
+      }
+      const meta = this.meta(), o = C.settings(opts, meta.defaults);
+      if (o.signal && o.signal.aborted) throw abortError();
+      const ids = this.encode(prompt || "", o.unknown);
+      let head = null;
+      if (!this.labels && o.label) throw new Error("this run was trained without labels, so it has no labels; drop label");
+      if (this.labels) {
+        if (ids.some((i) => this.never.includes(i))) {
+          throw new Error("the prompt holds a label's own character; choose the label with the label option instead");
+        }
+        const names = this.labels.names, nullId = this.stoi.get(this.labels.null);
+        if (o.label && !has(names, o.label)) {
+          throw new Error(`unknown label ${JSON.stringify(o.label)}; this run's labels: ${Object.keys(names).slice(0, 50).join(", ")}`);
+        }
+        head = {label: o.label ? this.stoi.get(names[o.label]) : nullId, nullId, never: this.never, guidance: o.guidance};
+      }
+      const seen = ids.map((i) => this.chars[i]).join(""), rand = C.mulberry32(o.seed);
+      let contextText = seen;
+      if (!seen && o.form) {  // where the run's text starts text of the form's shape (sample.py's form_start)
+        const starts = (meta.form_starts || {})[C.resolve(o.form, meta.forms)];
+        if (starts && starts.length) contextText = starts[Math.floor(rand() * starts.length)];
+      }
+      contextText = contextText || meta.start_text;
+      const context = this.encode(contextText, "skip");
+      const planned = C.plan(o, this.vocab, contextText, meta.forms, this.never);
+      const call = {o, seen, rand, context, contextText, planned, head, steered: context};  // steered: without a label
+      if (head) {
+        if (o.guidance !== 1) head.uncond = [head.nullId, ...context];
+        call.context = [head.label, ...context];
+      }
+      return call;
+    }
+
+    /** Write after `prompt`; onText(piece) as it comes; -> a Promise of the whole text written (an Error, before
+     * anything is written, for a bad call). opts: see constraints.js's OPTIONS. */
     stream(prompt, opts, onText) {
-      const run = this.queue.then(() => this._stream(prompt || "", opts || {}, onText || (() => {})));
+      let call;
+      try {
+        call = this.prepare(prompt, opts);
+        if (onText !== undefined && onText !== null && typeof onText !== "function") throw new Error("onText must be a function");
+      } catch (e) {
+        return Promise.reject(e);
+      }
+      const run = this.queue.then(() => this._run(call, onText || (() => {})));
       this.queue = run.catch(() => {});
       return run;
     }
 
-    async _stream(prompt, opts, onText) {
-      const o = settings(opts, this.meta().defaults), epoch = this.epoch;
+    async _run(call, onText) {
+      const o = call.o, epoch = this.epoch;
       const ended = () => (o.signal && o.signal.aborted) || this.epoch !== epoch;
-      const ids = this.encode(prompt, o.unknown);
-      const seen = ids.map((i) => this.chars[i]).join("");
-      const context = ids.length ? ids : this.encode(this.meta().start_text, "skip");
-      const rand = mulberry32(o.seed);
-      const filter = new StopFilter(seen, o.stop);
-      let text = "", last = now();
-      for (const id of this.ids(context, o.maxNewTokens, (logits) => this.sampler.choose(logits, o, rand))) {
+      if (o.signal && o.signal.aborted) throw abortError();  // aborted while an earlier call wrote
+      const filter = new C.StopFilter(call.seen, o.stop);
+      const steer = call.planned ? new C.Steer(call.planned, o.maxNewTokens, this.model.V, call.steered) : null;
+      const choose = (logits) => this.sampler.choose(steer ? steer.apply(logits) : logits, o, call.rand);
+      let text = "", last = now(), formEnded = false;
+      for (const id of this.ids(call.context, o.maxNewTokens, choose, call.head)) {
         const piece = filter.feed(this.chars[id]);
         if (piece) { text += piece; onText(piece); }
+        if (steer && steer.chose(id)) { formEnded = true; break; }  // the form is complete: the sample ends
         if (filter.done) break;
         if (now() - last > SLICE_MS) {
           await nextTask();
@@ -557,7 +545,7 @@ Nothing here allocates per character: the buffers are made once for the model. M
           if (ended()) return text;
         }
       }
-      const rest = filter.done || ended() ? "" : filter.flush();
+      const rest = ended() ? "" : formEnded ? filter.end() : filter.done ? "" : filter.flush();
       if (rest) { text += rest; onText(rest); }
       return text;
     }
@@ -565,25 +553,6 @@ Nothing here allocates per character: the buffers are made once for the model. M
     generate(prompt, opts) { return this.stream(prompt, opts, null); }
   }
 
-  /** The options with their defaults, checked: -> a plain object. */
-  function settings(opts, defaults) {
-    const d = defaults || {};
-    const num = (name, fallback) => (opts[name] === undefined || opts[name] === null ? fallback : Number(opts[name]));
-    const o = {
-      maxNewTokens: num("maxNewTokens", d.max_new_tokens || 500), temperature: num("temperature", d.temperature),
-      topK: num("topK", 0), topP: num("topP", 1), unknown: opts.unknown || "error", signal: opts.signal,
-      seed: num("seed", Math.floor(Math.random() * 4294967296)),
-      stop: [...(opts.stop || []), ...(opts.stopAtBlankLine ? ["\n\n"] : [])],
-    };
-    const bad = (what) => { throw new Error(what); };
-    if (!(Number.isInteger(o.maxNewTokens) && o.maxNewTokens >= 0 && o.maxNewTokens <= 1e6)) bad("maxNewTokens must be a whole number from 0 to 1000000");
-    if (!(o.temperature >= 0 && o.temperature <= 100)) bad("temperature must be from 0 (greedy) to 100");
-    if (!(Number.isInteger(o.topK) && o.topK >= 0)) bad("topK must be a whole number, 0 for off");
-    if (!(o.topP > 0 && o.topP <= 1)) bad("topP must be in (0, 1], 1 for off");
-    if (!(Number.isInteger(o.seed) && o.seed >= 0 && o.seed <= Number.MAX_SAFE_INTEGER)) bad("seed must be a whole number from 0 to 2**53 - 1");
-    if (!["error", "skip", "replace"].includes(o.unknown)) bad("unknown must be error, skip or replace");
-    return o;
-  }
-
-  return {base64Bytes, erf, mulberry32, argmax, Model, Sampler, StopFilter, Generator, settings};
+  return {base64Bytes, erf, Model, Generator, mulberry32: C.mulberry32, argmax: C.argmax, Sampler: C.Sampler,
+          StopFilter: C.StopFilter, settings: C.settings, sampling: C};
 });

@@ -4,9 +4,14 @@
     description, blob = read_page(text)  # what a written page holds (the export's checks read it back)
 
 The template's slots are HTML comments (<!--STYLE-->, <!--DECODER-->, ...) filled in one pass, so nothing inside the
-inserted text is ever taken for a slot. Inside a <script> element only "</" could end it early: JSON escapes it as
-"<\\/" and base64 has no "<"; the scripts are checked not to hold it. The page's Content-Security-Policy allows
-inline scripts and styles and data: images, nothing else: it cannot fetch or load anything.
+inserted text is ever taken for a slot. Inside a <script> element "</script" ends it early, and "<!--" followed by
+"<script" makes the parser skip the next "</script>" (a run named "<!--<script>" would swallow the page's scripts):
+the model's JSON writes every "<" as \\u003c, base64 has no "<", and the scripts are checked to hold neither "</" nor
+"<!--" nor "<script". The page's Content-Security-Policy allows inline scripts and styles and data: images, nothing
+else: it cannot fetch or load anything.
+
+An earlier export is known by its structure (is_export), not by a string anywhere in it: the template's head, byte
+for byte up to its generator tag, at the very start, and the page's own script and closing tags at the very end.
 """
 
 import base64
@@ -17,7 +22,9 @@ from importlib import resources
 from chargpt.errors import ChargptError
 
 GENERATOR = "chargpt export --format web"  # the page's <meta name="generator">: how --force knows an earlier export
-SLOTS = ("TITLE", "STYLE", "DESCRIPTION", "WEIGHTS", "DECODER", "PAGE")
+SLOTS = ("TITLE", "STYLE", "DESCRIPTION", "WEIGHTS", "SAMPLING", "DECODER", "PAGE")
+UNSAFE_IN_SCRIPT = ("</", "<!--", "<script")  # what could end an inline script early, or hide its end (lower case)
+TAIL = 64 * 1024  # the end of a page that holds its own script (page.js, about 10 KB) and closing tags
 MARK = {"description": 'id="chargpt-model"', "weights": 'id="chargpt-weights"'}
 
 
@@ -27,8 +34,9 @@ def asset(name):
 
 
 def script_safe(text, what):
-    if "</" in text:
-        raise ChargptError(f"{what} holds '</', which would end its <script> early; report it")
+    found = next((s for s in UNSAFE_IN_SCRIPT if s in text.lower()), None)
+    if found:
+        raise ChargptError(f"{what} holds {found!r}, which would end its <script> early or hide its end; report it")
     return text
 
 
@@ -41,8 +49,9 @@ def render(description, blob):
     fill = {
         "TITLE": html_escape(description["info"]["name"]),
         "STYLE": asset("page.css"),
-        "DESCRIPTION": json.dumps(description, ensure_ascii=False).replace("</", "<\\/"),
+        "DESCRIPTION": json.dumps(description, ensure_ascii=False).replace("<", "\\u003c"),  # only in its strings
         "WEIGHTS": base64.b64encode(blob).decode("ascii"),
+        "SAMPLING": script_safe(asset("sampling.js"), "sampling.js"),
         "DECODER": script_safe(asset("decoder.js"), "decoder.js"),
         "PAGE": script_safe(asset("page.js"), "page.js"),
     }
@@ -65,10 +74,24 @@ def read_page(text):
     return json.loads(description), base64.b64decode(weights.strip(), validate=True)
 
 
-def is_export(path, head=4096):
-    """Whether the file at `path` is a page an earlier web export wrote (its generator mark, near the top)."""
+def export_head():
+    """The bytes every page starts with: the template up to and including its generator tag."""
+    template, tag = asset("page.html"), f'<meta name="generator" content="{GENERATOR}">'
+    return template[:template.index(tag) + len(tag)].encode()
+
+
+def is_export(path):
+    """Whether the file at `path` is a page an earlier web export wrote: it starts with the template's head (its
+    generator tag where the template has it) and ends with the page's script and closing tags; a file that merely
+    quotes the tag (notes showing it in a <pre>) is not one."""
+    head = export_head()
     try:
         with open(path, "rb") as f:
-            return f'<meta name="generator" content="{GENERATOR}">'.encode() in f.read(head)
+            if f.read(len(head)) != head:
+                return False
+            f.seek(0, 2)
+            f.seek(max(len(head), f.tell() - TAIL))
+            tail = f.read()
     except OSError:
         return False
+    return re.search(rb'<script id="chargpt-page">.*</script>\s*</body>\s*</html>\s*\Z', tail, re.S) is not None
