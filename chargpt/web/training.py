@@ -59,12 +59,13 @@ BUSY = "a training is already running ({run}); one at a time, because a training
 class Trainings:
     """The trainings started from the page: at most one running, the last one's record, the texts to train on."""
 
-    def __init__(self, checkpoints, data_dir=None, device="auto", enabled=True, train_args=()):
+    def __init__(self, checkpoints, data_dir=None, device="auto", enabled=True, train_args=(), off_because=None):
         self.root = Path(checkpoints).resolve()
         self.train_args = tuple(train_args)  # the server's own flags for every training (e.g. --threads)
         self.home = self.root / HOME
         self.data_dir = Path(data_dir).resolve() if data_dir is not None else None
         self.device, self.enabled = device, enabled
+        self.off_because = off_because  # why the page may not train, when that is not --no-training
         self.lock = threading.Lock()
         self.proc = None  # the Popen of a training this server started (None for one found on start-up)
         self.record = self._read_record() if enabled else None
@@ -102,7 +103,7 @@ class Trainings:
     def corpora(self):
         """What a training can read: the built-in corpus, the data folder's texts, the uploaded ones."""
         data, uploads = self.texts(self.data_dir), self.texts(self.home / UPLOADS)
-        return {"builtin": DEFAULT_CORPUS_NAME, "data_dir": str(self.data_dir) if self.data_dir else None,
+        return {"builtin": DEFAULT_CORPUS_NAME, "data_dir": self.data_dir.name if self.data_dir else None,
                 "data": [{"name": n, "bytes": size_of(p)} for n, p in data.items()],
                 "uploads": [{"name": n, "bytes": size_of(p)} for n, p in uploads.items()]}
 

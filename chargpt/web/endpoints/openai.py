@@ -27,9 +27,10 @@ characters (each prompt once, as seen after `unknown`).
 OpenAI's fields this server does not support are 400s naming them, unless absent or at OpenAI's default: logprobs
 (any value but null), echo, suffix, logit_bias (but {}), frequency_penalty and presence_penalty
 (but 0: OpenAI's are additive penalties by count, not sample.py's --repetition-penalty, so they are not mapped to
-it); so is a prompt of token ids. The Authorization header is accepted and ignored. Errors have OpenAI's shape,
-{"error": {message, type, param, code}}, with the playground's statuses and limits (chargpt/web/limits.py), so the
-openai client raises its typed errors (BadRequestError, NotFoundError, RateLimitError, ...).
+it); so is a prompt of token ids. The Authorization header carries the server's key where it asks for one
+(chargpt serve --api-key: middleware.ApiKey, a 401 in OpenAI's shape), and is ignored otherwise. Errors have
+OpenAI's shape, {"error": {message, type, param, code}}, with the playground's statuses and limits
+(chargpt/web/limits.py), so the openai client raises its typed errors (BadRequestError, NotFoundError, ...).
 """
 
 import json
