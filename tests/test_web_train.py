@@ -219,7 +219,8 @@ def test_a_crashed_training_is_reported_with_its_last_lines(client, place):
 
 def test_how_a_training_went_is_read_from_what_the_run_wrote(tmp_path):
     """status.json (written by the run) says how a session ended and its last step: no log text is parsed, and a
-    status a killed training left ('training') means it crashed, or stopped when a stop was asked for."""
+    status a killed training left ('training') means it crashed, or, when a stop was asked for, stopped without
+    its save."""
     from chargpt.web.training import how_it_ended, progress, run_status
     run = tmp_path / "run"
     run.mkdir()
@@ -236,6 +237,6 @@ def test_how_a_training_went_is_read_from_what_the_run_wrote(tmp_path):
     for killed in ({**said, "state": "training"}, {**said, "state": "failed", "error": "loss became nan"}):
         (run / "status.json").write_text(json.dumps(killed), encoding="utf-8")
         assert how_it_ended(None, False, run_status(run)) == "crashed"
-    assert how_it_ended(None, True, {**said, "state": "training"}) == "stopped"
+    assert how_it_ended(None, True, {**said, "state": "training"}) == "abandoned"  # killed before its save
     (run / "status.json").write_text('{"state": "finished", "step": "lots"}', encoding="utf-8")
     assert run_status(run) is None  # not one chargpt wrote

@@ -79,6 +79,7 @@ async function act(path, body, doing) {
     const data = await api(path, body);
     status("train-status", "");
     await render(data.training);
+    if (data.message) status("train-status", data.message);  // a second Stop: it is already stopping
   } catch (err) {
     status("train-status", err.message, true);
   }
@@ -120,7 +121,7 @@ function facts(t) {
   if (p.chars_per_s) parts.push(`${Math.round(p.chars_per_s).toLocaleString("en")} characters/s`);
   if (live(t) && typeof p.left_s === "number") parts.push(`${duration(p.left_s)} left of ${duration(t.budget)}`);
   const words = {running: "training", stopping: "stopping: saving the run", finished: "finished",
-                 stopped: "stopped and saved", crashed: `stopped with an error (exit code ${t.exit_code ?? "unknown"})`};
+                 stopped: "stopped and saved", abandoned: "stopped without its last save", crashed: `stopped with an error (exit code ${t.exit_code ?? "unknown"})`};
   return [el("span", {class: `train-state ${t.state}`, text: words[t.state] || t.state}), ` · ${parts.join(" · ")}`];
 }
 
@@ -138,6 +139,10 @@ function said(t) {
   if (t.state === "crashed") return [t.error || t.log[t.log.length - 1] || "it ended without a word", true];
   if (t.state === "finished") return [`${t.run} is trained: Write with it, or Resume to train it for longer`, false];
   if (t.state === "stopped") return [`${t.run} is saved where it stopped: Resume trains it on`, false];
+  if (t.state === "abandoned") {
+    return [`${t.run} stopped before its save was written: the steps since its last complete save are lost; ` +
+            "Resume trains it on from that save", true];
+  }
   return ["", false];
 }
 

@@ -185,11 +185,16 @@ class Trainings:
         return self.status()
 
     def stop(self):
-        """SIGTERM to the training's process group (Ctrl-Break on Windows): it saves and ends, as Ctrl-C does."""
+        """SIGTERM to the training's process group (Ctrl-Break on Windows): it saves and ends, as Ctrl-C does. One
+        per training: a second signal would only repeat the first, and a third abandons the save, so a second Stop
+        (a double click, another tab) sends none and says the training is already stopping."""
         with self.lock:
             rec = self._refresh()
             if rec is None or rec["state"] not in ("running", "stopping"):
                 raise RequestError(409, "no training is running; start one, or resume a run")
+            if rec["stop_requested"]:
+                return {**self._status_of(dict(rec)), "message": f"{rec['run']} is already stopping: it is saving, "
+                                                                 f"and ends when the save is written"}
             with contextlib.suppress(ProcessLookupError):  # it ended just now: the next status says how
                 stop_group(rec["pid"])
             rec.update(stop_requested=True, state="stopping")
@@ -230,8 +235,10 @@ class Trainings:
             return rec
         else:
             code = None  # a training found on start-up has ended: its output says how
-        rec.update(exit_code=code, ended=time.time(), state=how_it_ended(code, rec["stop_requested"],
-                                                                        run_status(rec["out_dir"])))
+        said = run_status(rec["out_dir"])
+        if said is not None and said["updated"] < rec["started"]:  # an earlier session's: says nothing of this one
+            said = None
+        rec.update(exit_code=code, ended=time.time(), state=how_it_ended(code, rec["stop_requested"], said))
         self._save_record()
         return rec
 
@@ -254,6 +261,9 @@ class Trainings:
         with self.lock:
             rec = self._refresh()
             rec = dict(rec) if rec is not None else None
+        return self._status_of(rec)
+
+    def _status_of(self, rec):
         if rec is None:
             return {"training": None}
         out_dir, output = Path(rec["out_dir"]), Path(rec["output"])
@@ -285,7 +295,7 @@ class Trainings:
         return rec if ok else None
 
 
-STATES = ("running", "stopping", "finished", "stopped", "crashed")
+STATES = ("running", "stopping", "finished", "stopped", "abandoned", "crashed")  # how_it_ended's and the two live
 RECORD_KEYS = {"run", "pid", "out_dir", "output", "started", "ended", "state", "exit_code", "stop_requested", "budget",
                "budget_start"}
 
@@ -329,15 +339,23 @@ def as_flags(options):
 
 
 def how_it_ended(code, stop_requested, status):
-    """finished, stopped (saved by a signal) or crashed, from the exit code; without one (the training ended while
-    no server watched it), from what the run said of its session's end (status.json: run_status). A run that says
-    it is still training has been killed (stopped, if a stop was asked for); so has one that never trained a step."""
-    if code is not None:
-        return "finished" if code == 0 else "stopped" if code in STOP_CODES else "crashed"
+    """finished, stopped (saved by a signal), abandoned (stopped without its save: the run keeps its last complete
+    one) or crashed, from the exit code and what the run said of its session's end (status.json: run_status); without
+    a code (the training ended while no server watched it), from that alone. A run that still says it is training
+    was killed before it could save: abandoned if a stop was asked for (or a signal ended it), else crashed; one that
+    never trained a step and was stopped lost nothing."""
     said = (status or {}).get("state")
+    if code is not None and code not in STOP_CODES:
+        return "finished" if code == 0 else "crashed"
+    if said == "stopped" and status.get("saved") is False:  # a third signal abandoned the save
+        return "abandoned"
+    if said == "training" and (code is not None or stop_requested):
+        return "abandoned"
+    if code is not None:
+        return "stopped"
     if said in ("finished", "stopped"):
         return said
-    return "stopped" if stop_requested and said != "failed" else "crashed"
+    return "stopped" if stop_requested and said is None else "crashed"
 
 
 def run_status(out_dir):
@@ -348,7 +366,7 @@ def run_status(out_dir):
             rec = json.loads(f.read(TAIL_BYTES).decode("utf-8"))
     except (OSError, ValueError):
         return None
-    numbers = ("elapsed_s", "chars_per_step", "budget_elapsed_s")
+    numbers = ("elapsed_s", "chars_per_step", "budget_elapsed_s", "updated")
     ok = isinstance(rec, dict) and rec.get("state") in ("training", "finished", "stopped", "failed") \
         and isinstance(rec.get("step"), int) and not isinstance(rec["step"], bool) \
         and all(isinstance(rec.get(k), (int, float)) and not isinstance(rec[k], bool) for k in numbers) \
