@@ -2,10 +2,12 @@
 disk during an upload or at a training's start, clients that leave, and requests the server cannot answer as asked
 (a model name with a slash, NUL bytes, files that are no training text, names that would garble a terminal)."""
 
+import errno
+import subprocess
 import sys
 
 import pytest
-from helpers import fake_training, need, sigterms
+from helpers import CORPUS_TEXT, fake_training, need, sigterms
 
 need("starlette")
 need("uvicorn")
@@ -51,3 +53,46 @@ def test_a_save_abandoned_is_not_reported_as_saved():
         assert how_it_ended(code, True, {**said, "saved": False}) == "abandoned"  # a third signal's
         assert how_it_ended(code, True, {**said, "state": "training"}) == "abandoned"  # killed before it saved
     assert how_it_ended(-15, True, None) == "stopped"  # stopped while starting: nothing trained, nothing lost
+
+
+# --- a full disk ----------------------------------------------------------------------------------------------------
+def disk_full(*_, **__):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_during_an_upload_is_one_json_line_and_leaves_nothing(tmp_path, monkeypatch):
+    from chargpt.runs import rundir
+    from chargpt.web import training
+    client = TestClient(serve.create_app(tmp_path / "checkpoints", device="cpu"), base_url=HERE)
+
+    def half_then_full(path, write):  # the real atomic write, its file cut short by the disk filling up
+        def cut(tmp):
+            tmp.write_bytes(b"half")
+            disk_full()
+        return rundir.write_atomic(path, cut)
+    monkeypatch.setattr(training, "write_atomic", half_then_full)
+    r = client.post("/api/train/upload?name=poems.txt", content=CORPUS_TEXT.encode(), headers=OCTETS)
+    assert r.status_code == 507, r.text  # the test client raises a server's traceback: there is none
+    assert r.json() == {"error": "cannot keep the upload as poems.txt (No space left on device); free disk space on "
+                                 "the server and upload it again"}
+    assert list((tmp_path / "checkpoints" / ".playground" / "uploads").iterdir()) == []
+
+
+def test_a_full_disk_at_a_trainings_start_leaves_no_child_running_unrecorded(tmp_path, monkeypatch):
+    from chargpt.web import training
+    client = TestClient(serve.create_app(tmp_path / "checkpoints", device="cpu"), base_url=HERE)
+    started = []
+
+    class Recorded(subprocess.Popen):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            started.append(self)
+    monkeypatch.setattr(training.subprocess, "Popen", Recorded)
+    monkeypatch.setattr(training, "write_text_atomic", disk_full)  # the record, training.json
+    r = client.post("/api/train", json={"source": "builtin", "max_time": 5})
+    assert r.status_code == 507 and r.json()["error"] == (
+        "cannot start the training: cannot record it in training.json (No space left on device); free disk space on "
+        "the server and start it again")
+    assert len(started) == 1 and started[0].poll() is not None  # the child was ended, and reaped
+    assert client.get("/api/train").json()["training"] is None
+    assert list((tmp_path / "checkpoints" / ".playground" / "logs").iterdir()) == []

@@ -18,6 +18,7 @@ path, and a file whose real path leaves its folder (a symlink out of it) is not 
 """
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -153,7 +154,12 @@ class Trainings:
                 if name in kept and path.read_bytes() == data:
                     return name
                 if not path.exists() and not path.is_symlink():
-                    write_atomic(path, lambda tmp: tmp.write_bytes(data))
+                    try:  # whole or not at all: a write cut short (a full disk) leaves nothing
+                        write_atomic(path, lambda tmp: tmp.write_bytes(data))
+                    except OSError as e:
+                        raise RequestError(disk_status(e), f"cannot keep the upload as {name} ({e.strerror}); "
+                                                           f"free disk space on the server and upload it again") \
+                            from None
                     return name
         raise RequestError(409, f"{stem}.txt to {stem}-999.txt all exist; rename the file")
 
@@ -207,18 +213,37 @@ class Trainings:
             raise RequestError(409, BUSY.format(run=rec["run"]))
 
     def _launch(self, out_dir, args, budget, budget_start):
+        """Start the training and record it (training.json). A child the record cannot be written for (a full disk)
+        is ended at once: a restarted server finds a training only by its record, so none may run without one."""
         output = self._folder(LOGS) / f"{out_dir.name}.log"
         argv = [sys.executable, "-m", "chargpt", "train", *args, "--device", self.device, *self.train_args, "--verbose"]
         try:
-            with open(output, "wb") as f:
-                self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
-                                             cwd=self.home, env=child_env(), **NEW_GROUP)
+            f = open(output, "wb")
         except OSError as e:
-            raise RequestError(500, f"cannot start {argv[0]} ({e.strerror})") from None
-        self.record = {"run": out_dir.name, "pid": self.proc.pid, "out_dir": str(out_dir), "output": str(output),
+            raise RequestError(disk_status(e), f"cannot start the training: cannot write its log {LOGS}/{output.name} "
+                                               f"({e.strerror}); free disk space on the server and start it again") \
+                from None
+        try:
+            with f:
+                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
+                                        cwd=self.home, env=child_env(), **NEW_GROUP)
+        except OSError as e:
+            raise RequestError(500, f"cannot start {Path(argv[0]).name} ({e.strerror})") from None
+        before, self.proc = self.record, proc
+        self.record = {"run": out_dir.name, "pid": proc.pid, "out_dir": str(out_dir), "output": str(output),
                        "command": argv[1:], "started": time.time(), "ended": None, "state": "running",
                        "exit_code": None, "stop_requested": False, "budget": budget, "budget_start": budget_start}
-        self._save_record()
+        try:
+            self._save_record()
+        except OSError as e:
+            proc.kill()  # still importing: nothing of the run is written yet
+            proc.wait()
+            self.record, self.proc = before, None
+            with contextlib.suppress(OSError):
+                output.unlink()
+            raise RequestError(disk_status(e), f"cannot start the training: cannot record it in {RECORD} "
+                                               f"({e.strerror}); free disk space on the server and start it again") \
+                from None
 
     # --- watching ---------------------------------------------------------------------------------------------
     def _refresh(self):
@@ -301,6 +326,11 @@ RECORD_KEYS = {"run", "pid", "out_dir", "output", "started", "ended", "state", "
 
 
 # --- pure helpers ---------------------------------------------------------------------------------------------
+def disk_status(e):
+    """The HTTP status of a write that failed: 507 Insufficient Storage for a full disk or quota, else 500."""
+    return 507 if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)) else 500
+
+
 def inside(path, folder):
     real = Path(path).resolve()
     return real != Path(folder).resolve() and real.is_relative_to(Path(folder).resolve())
