@@ -3,11 +3,15 @@ disk during an upload or at a training's start, clients that leave, and requests
 (a model name with a slash, NUL bytes, files that are no training text, names that would garble a terminal)."""
 
 import errno
+import json
+import socket
 import subprocess
 import sys
+import time
+from urllib.parse import quote
 
 import pytest
-from helpers import CORPUS_TEXT, fake_training, need, sigterms
+from helpers import CORPUS_TEXT, fake_training, get, need, sigterms, train_tiny
 
 need("starlette")
 need("uvicorn")
@@ -96,3 +100,69 @@ def test_a_full_disk_at_a_trainings_start_leaves_no_child_running_unrecorded(tmp
     assert len(started) == 1 and started[0].poll() is not None  # the child was ended, and reaped
     assert client.get("/api/train").json()["training"] is None
     assert list((tmp_path / "checkpoints" / ".playground" / "logs").iterdir()) == []
+
+
+# --- messages -------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("faults")
+    train_tiny(root)
+    return root
+
+
+def test_a_model_id_with_a_slash_is_not_found_not_a_wrong_method(served):
+    client = TestClient(serve.create_app(served, device="cpu"), base_url=HERE)
+    for path in ("/v1/models/a/b", "/v1/models/tiny/x"):
+        r = client.get(path)
+        assert r.status_code == 404, r.text
+        assert r.json()["error"]["message"].startswith(f"no model named {path.removeprefix('/v1/models/')!r} on this "
+                                                       f"server; its models are the runs in its folder: tiny")
+    assert client.post("/v1/models/a/b").status_code == 405  # a wrong method is still said as such
+
+
+def test_a_client_that_leaves_a_whole_reply_cancels_its_generation(served):
+    app = serve.create_app(served, device="cpu")
+    ended = []
+    finished = app.state.finished
+    app.state.finished = lambda job: (ended.append(job.result), finished(job))
+    body = json.dumps({"model": "tiny", "prompt": "ROMEO:", "max_tokens": 5000, "n": 8, "seed": 1}).encode()
+    with serve.running(app) as url:
+        port = int(url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            deadline = time.monotonic() + 30
+            while get(url + "/api/status")["busy"] == 0:  # it started
+                assert time.monotonic() < deadline and not ended
+                time.sleep(0.01)
+        deadline = time.monotonic() + 60
+        while not ended:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert get(url + "/api/status")["busy"] == 0
+    assert ended[0]["stopped"] and ended[0]["chars"] < 8 * 5000  # cancelled, not written to its end
+
+
+def test_an_upload_with_a_nul_byte_is_refused_saying_training_would_refuse_it(tmp_path):
+    client = TestClient(serve.create_app(tmp_path / "checkpoints", device="cpu"), base_url=HERE)
+    r = client.post("/api/train/upload?name=notes.txt", content=b"one line\n" * 2000 + b"\0two\n", headers=OCTETS)
+    assert r.status_code == 400 and r.json()["error"].startswith("the file holds a NUL byte (at byte 18,000), which "
+                                                                 "no text has and training refuses")
+    assert not (tmp_path / "checkpoints" / ".playground" / "uploads").exists() or \
+        not list((tmp_path / "checkpoints" / ".playground" / "uploads").iterdir())
+
+
+def test_the_texts_listed_are_texts_with_names_a_terminal_shows_as_they_are(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    names = ["README.md", "readme.txt", "Readme", "red\x1b[31m.txt", "two\nlines.txt", "back\u202etxt.exe",
+             "bell\x07.txt", "ok.txt", "詩.txt"]
+    for name in names:
+        (data / name).write_text(CORPUS_TEXT, encoding="utf-8")
+    client = TestClient(serve.create_app(tmp_path / "checkpoints", device="cpu", data_dir=data), base_url=HERE)
+    assert [c["name"] for c in client.get("/api/corpora").json()["data"]] == ["ok.txt", "詩.txt"]
+    for name in names[:7]:  # nor can they be chosen by name
+        r = client.post("/api/train", json={"source": "data", "corpus": name, "max_time": 5})
+        assert r.status_code == 404, r.text
+    r = client.post("/api/train/upload?name=" + quote("a\x1b[2Jb\u202e\nc.txt"), content=b"text\n", headers=OCTETS)
+    assert r.status_code == 200 and r.json()["corpus"].isprintable() and "\x1b" not in r.json()["corpus"]

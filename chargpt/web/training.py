@@ -88,8 +88,9 @@ class Trainings:
 
     def texts(self, folder):
         """{name: path} of the texts directly in folder: regular files, not hidden (a download in progress is
-        .NAME.part) and not the folder's own README (data/README.md says what to put there), whose real path is
-        inside folder."""
+        .NAME.part), not the folder's own README (data/README.md says what to put there), named in printable
+        characters only (a name with a newline or a terminal's escape sequence would garble the lines that show it),
+        whose real path is inside folder."""
         if folder is None or not folder.is_dir():
             return {}
         found = {}
@@ -97,7 +98,8 @@ class Trainings:
             for p in sorted(folder.iterdir()):
                 if len(found) >= MAX_CORPORA_LISTED:
                     break
-                if not p.name.startswith(".") and p.stem.upper() != "README" and p.is_file() and inside(p, folder):
+                if not p.name.startswith(".") and p.stem.upper() != "README" and p.name.isprintable() \
+                        and p.is_file() and inside(p, folder):
                     found[p.name] = p
         return found
 
@@ -142,6 +144,10 @@ class Trainings:
         except UnicodeDecodeError as e:
             raise RequestError(400, f"the file is not UTF-8 text (byte {e.start:,} is not UTF-8); save it as UTF-8 "
                                     f"(most editors offer it under Save as) and upload it again") from None
+        if b"\0" in data:  # training refuses a text with one (a binary file, or UTF-16): said now, not at its start
+            raise RequestError(400, f"the file holds a NUL byte (at byte {data.index(0):,}), which no text has and "
+                                    f"training refuses; it is likely not a text file, or saved as UTF-16: save it "
+                                    f"as UTF-8 text and upload it again")
         stem = text_name(filename)
         with self.lock:
             folder = self._folder(UPLOADS)
@@ -353,7 +359,8 @@ def size_of(path):
 def run_name(name):
     """A run name from the page -> one folder name every system accepts, never hidden (.playground is the
     server's), at most MAX_NAME_CHARS characters."""
-    name = portable_name(str(name)[:MAX_NAME_CHARS]).lstrip(" .")
+    name = "".join(c if c.isprintable() else "_" for c in str(name)[:MAX_NAME_CHARS])  # no escapes, no newlines
+    name = portable_name(name).lstrip(" .")
     return portable_name(name or "run", fallback="run")
 
 
