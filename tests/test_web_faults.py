@@ -166,3 +166,14 @@ def test_the_texts_listed_are_texts_with_names_a_terminal_shows_as_they_are(tmp_
         assert r.status_code == 404, r.text
     r = client.post("/api/train/upload?name=" + quote("a\x1b[2Jb\u202e\nc.txt"), content=b"text\n", headers=OCTETS)
     assert r.status_code == 200 and r.json()["corpus"].isprintable() and "\x1b" not in r.json()["corpus"]
+
+
+def test_a_page_started_trainings_error_names_the_pages_fields_not_flags_it_cannot_set():
+    from chargpt.web.training import for_the_page
+    said = for_the_page("error: out of memory; lower --batch-size (--grad-accum keeps the global batch), --block-size "
+                        "or the model size (--n-embd, --n-layer)")
+    assert said == ("error: out of memory; lower --batch-size (--grad-accum keeps the global batch), --block-size or "
+                    "the model size (\"Width\", \"Layers\") (--batch-size, --grad-accum, --block-size: "
+                    "not a setting of this page; train in a terminal with chargpt train to set them)")
+    assert for_the_page("error: a --max-time of 3 s is too short") == 'error: a "Time budget" of 3 s is too short'
+    assert for_the_page("error: the text is empty") == "error: the text is empty" and for_the_page(None) is None

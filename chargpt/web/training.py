@@ -304,7 +304,7 @@ class Trainings:
                                      "budget")}
         return {"training": {
             **shown, "startup": startup_lines(output), "log": lines[-TRAIN_LOG_LINES:],
-            "error": crash_line(status, lines) if rec["state"] == "crashed" else None,
+            "error": for_the_page(crash_line(status, lines)) if rec["state"] == "crashed" else None,
             "samples": read_tail_rows(out_dir / SAMPLES)[-TRAIN_SAMPLES:],
             "progress": progress(read_tail_rows(out_dir / LOSSES), status, rec["budget"], rec["budget_start"]),
             "resumable": not running and (out_dir / STATE).is_file()}}
@@ -417,6 +417,32 @@ def crash_line(status, lines):
     if status is not None and status["error"]:
         return f"error: {status['error']}"
     return next((ln for ln in reversed(lines) if ln.startswith("error:")), None)
+
+
+# chargpt train's flags that the New run view sets, by the names of its fields (chargpt/web/index.html)
+PAGE_FIELDS = {"--data": "Text", "--max-time": "Time budget", "--preset": "Preset", "--n-layer": "Layers",
+               "--n-embd": "Width", "--sample-every": "Sample every", "--out-dir": "Run name"}
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+
+
+def for_the_page(line):
+    """A training's error line as the page should say it: a flag the New run view sets by its field's name, in
+    quotes; one it does not, named as a setting of chargpt train in a terminal (the page cannot set it)."""
+    if line is None:
+        return None
+    others = []
+
+    def field(m):
+        if m[0] in PAGE_FIELDS:
+            return f'"{PAGE_FIELDS[m[0]]}"'
+        others.append(m[0])
+        return m[0]
+    said = FLAG.sub(field, line)
+    if others:
+        named = ", ".join(dict.fromkeys(others))
+        said += f" ({named}: not a setting of this page; train in a terminal with chargpt train to set " \
+                f"{'it' if len(set(others)) == 1 else 'them'})"
+    return said
 
 
 def read_tail(path, size=TAIL_BYTES):
