@@ -100,11 +100,12 @@ PATH_FIELDS = ("config", "data", "out_dir", "cache_dir", "target_data", "labels"
 
 
 def unrooted(fields):
-    """A run's settings (or its lineage) with each file or folder by its last name only: the server's own paths
-    (its home, its user name, its disks) are not sent to a client."""
+    """A run's settings (or its lineage) with each file or folder by its last name only (a checkpoint file with its
+    run's: base/best.safetensors): the server's own paths (its home, its user name, its disks) are not sent."""
     if not isinstance(fields, dict):
         return fields
-    return {k: Path(v).name if k in PATH_FIELDS and isinstance(v, str) and v else v for k, v in fields.items()}
+    return {k: str(Path(*Path(v).parts[-2 if k == "path" else -1:])) if k in PATH_FIELDS and isinstance(v, str) and v
+            else v for k, v in fields.items()}
 
 
 def _mtime(*paths):
