@@ -30,9 +30,10 @@ class Interrupted(ChargptError):
     conventional exit status, `out_dir` the run saved (the CLI says how to resume it) and `distributed` whether it
     ran under torchrun."""
 
-    def __init__(self, message, signum, out_dir=None, distributed=False):
+    def __init__(self, message, signum, out_dir=None, distributed=False, saved=True):
         super().__init__(message)
         self.signum, self.out_dir, self.distributed = signum, out_dir, distributed
+        self.saved = saved  # False: a third signal abandoned the save; the run keeps its last complete one
 
 
 def out_of_memory(e):

@@ -364,3 +364,37 @@ class WeightCasts(TorchDispatchMode):
                 and kwargs.get("dtype") == torch.bfloat16):
             self.count += 1
         return func(*args, **kwargs)
+
+
+# --- a training the playground watches ------------------------------------------------------------------------------
+def fake_training(app, tmp_path):
+    """A child the server takes for its training: it counts the SIGTERMs it gets (one line each in `signals`)."""
+    signals, ready = tmp_path / "signals", tmp_path / "ready"
+    code = (f"import signal, time, pathlib\n"
+            f"def got(*_): open({str(signals)!r}, 'a').write('TERM\\n')\n"
+            f"signal.signal(signal.SIGTERM, got)\n"
+            f"pathlib.Path({str(ready)!r}).touch()\n"
+            f"time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    t = app.state.trainings
+    t.proc, t.record = proc, {"run": "fake", "pid": proc.pid, "out_dir": str(t.root / "fake"),
+                              "output": str(t.home / "logs" / "fake.log"), "command": [], "started": time.time(),
+                              "ended": None, "state": "running", "exit_code": None, "stop_requested": False,
+                              "budget": 60, "budget_start": 0.0}
+    deadline = time.monotonic() + 30
+    while not ready.exists():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.02)
+    return proc, signals
+
+
+def sigterms(signals, at_least=0, settle=0.3):
+    """How many SIGTERMs the fake training got: waited for until at least `at_least` (a busy machine delivers late),
+    then `settle` seconds more for any that should not come."""
+    def count():
+        return signals.read_text().count("TERM") if signals.exists() else 0
+    deadline = time.monotonic() + 30
+    while count() < at_least and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(settle)
+    return count()

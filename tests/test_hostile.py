@@ -101,6 +101,8 @@ def test_a_third_signal_abandons_the_save_and_keeps_the_last_complete_one(tmp_pa
     assert status == 143 and "Traceback" not in stderr, stderr
     # the save was abandoned (or, on a fast disk, had just finished): either way a complete, readable state
     assert "stopped during the save" in stderr or "saved the run" in stderr
+    said = json.loads((run / rundir.STATUS).read_text())  # what the playground reads: not "saved" when it was not
+    assert said["state"] == "stopped" and said["saved"] is ("stopped during the save" not in stderr)
     assert ckpt.read_meta(run / rundir.STATE)[0]["step"] >= 0
     assert not saving_state(run)()  # no temporary file left behind
     assert chargpt.train(log=lambda m: None, data="corpus.txt", out_dir="run", resume=True, max_iters=2,

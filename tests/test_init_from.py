@@ -116,7 +116,7 @@ def test_lineage_is_recorded_and_shown_by_info_and_the_playground(tmp_path, tiny
 
     from chargpt.web.server import create_app
     details = TestClient(create_app(tmp_path, device="cpu"), base_url="http://127.0.0.1").get("/api/runs/ft").json()
-    assert details["init_from"]["path"] == line["path"]
+    assert details["init_from"]["path"] == f"{tiny_run.name}/{rundir.BEST}"  # the run and file: no server path
 
 
 def test_latest_weights_on_request_and_eval_of_the_run_s_own_split(tmp_path, tiny_run, new_text):

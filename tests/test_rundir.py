@@ -257,6 +257,13 @@ def test_temporaries_of_dead_writers_are_removed_and_live_ones_kept(tmp_path, co
     rundir.remove_stale_temps(run)
     assert [p.name for p in run.iterdir()] == [f".latest.safetensors.tmp{alive}"]
 
+    # the names of the sweep's own kind only: a user's file that merely contains ".tmp" is theirs
+    for name in (".notes.tmp.txt", ".backup.tmpl", ".zz.html.tmp_my_draft", f".latest.safetensors.tmp{dead}x",
+                 f".x.tmp{dead}-host.name", ".tmp_draft", ".tmpab12cd.txt", f".x.tmp{'9' * 12}"):
+        (run / name).write_bytes(b"mine")
+    rundir.remove_stale_temps(run)
+    assert len(list(run.iterdir())) == 9
+
     # the corpus cache goes through the same helpers: a dead encoder's temporary is cleaned up
     _, sources = corpus_sources(str(corpus))
     key, cache = corpus_key(sources, "utf-8", "strict"), tmp_path / "cache"
@@ -264,3 +271,29 @@ def test_temporaries_of_dead_writers_are_removed_and_live_ones_kept(tmp_path, co
     (cache / f".{key}.json.tmp{dead}").write_text("{", encoding="utf-8")
     encode_corpus(str(corpus), cache_dir=cache)
     assert sorted(p.name for p in cache.iterdir()) == [f"{key}.bin", f"{key}.json"]
+
+
+USERS_FILES = (".notes.tmp.txt", ".backup.tmpl", ".zz.html.tmp_my_draft")  # hidden, with ".tmp" in the name
+
+
+def test_resume_sweeps_a_killed_saves_temporaries_and_keeps_a_users_files(tmp_path, corpus):
+    quiet_train(out_dir="run", max_iters=2)
+    run, dead = tmp_path / "run", dead_pid()
+    for name in USERS_FILES:
+        (run / name).write_text("my own notes", encoding="utf-8")
+    stale = run / f".{STATE}.tmp{dead}-{rundir.host_tag()}"
+    stale.write_bytes(b"half a save")
+    quiet_train(out_dir="run", max_iters=4, resume=True)
+    assert not stale.exists()
+    assert all((run / name).read_text(encoding="utf-8") == "my own notes" for name in USERS_FILES)
+
+
+def test_a_web_export_keeps_a_users_files_beside_it(tmp_path):
+    from chargpt.tools.webpage import write_page
+    for name in USERS_FILES:
+        (tmp_path / name).write_text("my own notes", encoding="utf-8")
+    stale = tmp_path / f".zz.html.tmp{dead_pid()}-{rundir.host_tag()}"
+    stale.write_text("<html>half a page", encoding="utf-8")
+    write_page(tmp_path / "zz.html", "<html>the page</html>", lambda path: None, force=False)
+    assert (tmp_path / "zz.html").read_text(encoding="utf-8") == "<html>the page</html>" and not stale.exists()
+    assert all((tmp_path / name).read_text(encoding="utf-8") == "my own notes" for name in USERS_FILES)

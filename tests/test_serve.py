@@ -147,7 +147,7 @@ def test_a_run_shows_the_samples_it_wrote_while_training(client, served):
 
 def test_an_empty_folder_has_no_runs_yet(tmp_path):
     client = TestClient(serve.create_app(tmp_path, device="cpu"), base_url=HERE)
-    assert client.get("/api/runs").json() == {"folder": str(tmp_path.resolve()), "runs": []}
+    assert client.get("/api/runs").json() == {"folder": tmp_path.name, "runs": []}  # its name: no server path
     assert client.post("/api/generate", json={"run": "tiny"}).status_code == 404
 
 
@@ -520,16 +520,18 @@ def test_a_first_start_makes_the_default_folder_when_the_page_can_train(tmp_path
 
 @pytest.mark.parametrize("host,warned", [("127.0.0.1", False), ("0.0.0.0", True)])
 def test_the_command_prints_its_url_and_warns_off_localhost(served, host, warned):
+    """Off localhost without a key (--no-auth: tests/test_web_security.py has the key it asks for otherwise)."""
     proc = subprocess.Popen([sys.executable, "-m", "chargpt.serve", "--checkpoints", str(served), "--host", host,
-                             "--port", "0", "--device", "cpu"], stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                             "--port", "0", "--device", "cpu", *(["--no-auth"] if warned else [])],
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), "CHARGPT_API_KEY": ""})
     try:
         line = proc.stderr.readline()
         assert line.startswith("chargpt playground: http://127.0.0.1:"), line
         url = line.split()[2]
         if warned:
             warning = proc.stderr.readline()
-            assert warning.startswith("warning: serving on 0.0.0.0: anyone who can reach this machine")
+            assert warning.startswith("warning: serving on 0.0.0.0 with --no-auth: anyone who can reach this machine")
         assert [run["name"] for run in get(url + "/api/runs")["runs"]] == ["tiny"]
         status, refused = post(url + "/api/generate", {"run": "tiny", "temperature": -1})  # the JSON name, not a flag
         assert status == 400 and refused["error"].startswith("temperature must be >= 0"), refused

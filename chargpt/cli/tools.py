@@ -257,12 +257,19 @@ def data_get_cli(name, data_dir):
     click.Option(["--device"], default="auto", show_default=True,
                  help="where models run (and runs started from the page train): auto, cpu, cuda, cuda:N or mps"),
     click.Option(["--data-dir"], help="folder of texts the page may train on, by name [default: ./data if there]"),
-    click.Option(["--training/--no-training"], default=True, help="let the page train runs (New run) [default: on]"),
+    click.Option(["--training/--no-training"], default=None,
+                 help="let the page train runs (New run) [default: on when --host is this machine only, else off]"),
+    click.Option(["--api-key"], envvar="CHARGPT_API_KEY", show_envvar=True,
+                 help="a key every request must send (Authorization: Bearer KEY; OpenAI clients' api_key) [default: "
+                      "none on 127.0.0.1; on any other --host one is made and printed]"),
+    click.Option(["--no-auth"], is_flag=True,
+                 help="serve another --host without a key: anyone who reaches the port can use the page"),
 ])
-def serve_cli(checkpoints, host, port, device, data_dir, training):
+def serve_cli(checkpoints, host, port, device, data_dir, training, api_key, no_auth):
     """A local web playground: write with any run, look inside the model, watch runs train, train new ones."""
     def run():
         from chargpt.web.server import serve  # loads torch and the web extra only when asked for
-        serve(checkpoints, host, port, device, say=_stderr, training=training, data_dir=data_dir)
+        serve(checkpoints, host, port, device, say=_stderr, training=training, data_dir=data_dir,
+              api_key=api_key, auth=not no_auth)
     run_guarded(run)
 

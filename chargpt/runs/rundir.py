@@ -299,25 +299,34 @@ def _file_mode():
     return 0o666 & ~mask
 
 
+# The names remove_stale_temps may delete, whole: NAME.tmp<pid>-<host> (temp_suffix; host as host_tag makes it),
+# NAME.tmp<pid> (written before hosts were added, and by export and plot), and safetensors' own .tmpXXXXXX. A user's
+# file that merely contains ".tmp" (.notes.tmp.txt, .backup.tmpl, .page.html.tmp_draft) is none of them.
+OUR_TEMP = re.compile(r".+\.tmp(?P<pid>[0-9]{1,9})(?:-(?P<host>[A-Za-z0-9-]{1,40}))?")
+SAFETENSORS_TEMP = re.compile(r"\.tmp[A-Za-z0-9]{6}")
+
+
 def remove_stale_temps(directory, patterns=(".*.tmp*", ".tmp??????")):
-    """Delete temporary files left behind by writes whose process was killed (kill -9, power loss): ours end in
-    the writer's pid and host (this machine's files of processes still running are left alone, and other
-    machines' files unless untouched for FOREIGN_TEMP_AGE); those named before hosts were added end in the pid
-    alone and are judged as this machine's; `.tmpXXXXXX` ones are made by safetensors itself, which writes
-    through a temporary file of its own."""
+    """Delete temporary files left behind by writes whose process was killed (kill -9, power loss), and only those:
+    a name of exactly the form ours take (OUR_TEMP: ending in the writer's pid and host) whose writer is gone (this
+    machine's files of processes still running are left alone, and other machines' files unless untouched for
+    FOREIGN_TEMP_AGE; those named before hosts were added end in the pid alone and are judged as this machine's),
+    or a `.tmpXXXXXX` made by safetensors itself, which writes through a temporary file of its own. `patterns`:
+    where to look (globs); any other name they match is a file of someone else's, and kept."""
     here = host_tag()
     for p in (p for pattern in patterns for p in Path(directory).glob(pattern)):
-        if _temp_in_use(p, p.name.rsplit(".tmp", 1)[-1], here):
+        ours = OUR_TEMP.fullmatch(p.name)
+        if ours is None and not SAFETENSORS_TEMP.fullmatch(p.name):
+            continue  # not a name we write
+        if ours is not None and _temp_in_use(p, ours["pid"], ours["host"], here):
             continue
         with contextlib.suppress(OSError):
             p.unlink()
 
 
-def _temp_in_use(path, tail, here):
-    """Whether the temporary file `path`, whose name ends in .tmp<tail>, may still be being written."""
-    pid, _, host = tail.partition("-")
-    if not pid.isdigit():
-        return False  # safetensors' own, or not ours
+def _temp_in_use(path, pid, host, here):
+    """Whether the temporary file `path`, written by process `pid` on machine `host` (None: this one), may still be
+    being written."""
     if host and host != here:  # another machine's: its pid says nothing here
         try:
             return time.time() - path.stat().st_mtime < FOREIGN_TEMP_AGE

@@ -66,7 +66,8 @@ def ending(before=None):
 class RunStatus:
     """RUN/status.json, rewritten atomically: {"state": "training" | "finished" | "stopped" | "failed", "step",
     "elapsed_s" (the run's training clock), "chars_per_step", "max_time", "max_iters", "budget_elapsed_s" (the
-    clock where this session's budget began), "error" (a failed session's one line), "updated"}. The run says how it
+    clock where this session's budget began), "error" (a failed session's one line), "saved" (false: a stopped
+    session whose save a third signal abandoned, so its last steps are lost), "updated"}. The run says how it
     is going and how it ended, so a watcher (the playground) need not read it from the log's text. `state`: the
     run's RunState, whose step and clock close() reads (the last "train" record may be a few steps behind)."""
 
@@ -76,8 +77,8 @@ class RunStatus:
                       "budget_elapsed_s": state.budget_elapsed}
         self.before = sys.exc_info()[1]  # see ending()
 
-    def put(self, how, step, elapsed, error=None):
-        record = {"state": how, "step": step, "elapsed_s": elapsed, **self.fixed, "error": error,
+    def put(self, how, step, elapsed, error=None, saved=True):
+        record = {"state": how, "step": step, "elapsed_s": elapsed, **self.fixed, "error": error, "saved": saved,
                   "updated": time.time()}
         rundir.write_text_atomic(self.path, json.dumps(record))  # the first at the first record: a start that
         self.last = time.perf_counter()                           # fails leaves its new run directory empty
@@ -89,7 +90,7 @@ class RunStatus:
     def close(self):
         how, error = ending(self.before), sys.exc_info()[1]
         self.put(how, self.state.step, self.state.elapsed, str(error).splitlines()[0][:500] if how == "failed" and
-                 str(error) else None)
+                 str(error) else None, saved=getattr(error, "saved", True))
 
 
 class Sinks:

@@ -65,7 +65,8 @@ class Trainer:
                 except Aborted as e:
                     what = "during the save" if e.during == "save" else f"during a {e.during}, without saving"
                     raise Interrupted(f"stopped {what} at step {s.step}; {run.out_dir} keeps the last complete save",
-                                      e.signum, out_dir=run.out_dir, distributed=run.dist.enabled) from None
+                                      e.signum, out_dir=run.out_dir, distributed=run.dist.enabled, saved=False) \
+                        from None
         finally:
             run.sinks.close()
             run.release()

@@ -1,9 +1,31 @@
 // chargpt playground: the client of the server's JSON API (chargpt/web/endpoints/): JSON requests, and a
 // generation read as server-sent events as it arrives.
 
+const KEY = "chargpt-api-key";
+
+function keepKey() {
+  // a server that asks for a key (chargpt serve --api-key, or one it made) prints the page's address with
+  // ?token=KEY: the page keeps the key for this tab and takes it out of the address bar, so that it is not
+  // bookmarked, kept in the history or shown over a shoulder; every request then sends it as a Bearer token
+  const url = new URL(window.location.href);
+  const token = url.searchParams.get("token");
+  if (token === null) return;
+  try { sessionStorage.setItem(KEY, token); } catch (err) { /* storage off: the key lasts until a reload */ }
+  keepKey.key = token;
+  url.searchParams.delete("token");
+  window.history.replaceState(null, "", url.pathname + url.search + url.hash);
+}
+keepKey();
+
+export function withKey(headers = {}) {
+  let key = keepKey.key;
+  try { key = sessionStorage.getItem(KEY) ?? key; } catch (err) { /* as above */ }
+  return key ? {...headers, Authorization: `Bearer ${key}`} : headers;
+}
+
 export async function api(path, body) {
-  const init = body === undefined ? {} : {method: "POST", headers: {"Content-Type": "application/json"},
-                                          body: JSON.stringify(body)};
+  const init = body === undefined ? {headers: withKey()} : {method: "POST", body: JSON.stringify(body),
+                                                           headers: withKey({"Content-Type": "application/json"})};
   const response = await fetch(path, init);
   const data = await response.json().catch(() => ({error: `${response.status} ${response.statusText}`}));
   if (!response.ok) throw Object.assign(new Error(data.error || response.statusText), {data});
@@ -34,7 +56,7 @@ async function* sseEvents(response) {
 
 export async function generate(body, onStart, onText) {
   // -> the `done` event; throws with the server's message when the request is refused
-  const response = await fetch("/api/generate", {method: "POST", headers: {"Content-Type": "application/json"},
+  const response = await fetch("/api/generate", {method: "POST", headers: withKey({"Content-Type": "application/json"}),
                                                  body: JSON.stringify(body)});
   if (!response.ok) {
     const data = await response.json().catch(() => ({error: response.statusText}));

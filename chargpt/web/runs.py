@@ -79,10 +79,10 @@ class Runs:
         if info is None:
             return summary
         samples = self._file(run, SAMPLES)  # read_step_rows reads any of a run's step-keyed JSON lines
-        return {**summary, "model_config": info["model_config"], "train_config": finite(info["train_config"]),
+        return {**summary, "model_config": info["model_config"], "train_config": finite(unrooted(info["train_config"])),
                 "saved_at": info["saved_at"], "vocab_preview": escape("".join(info["vocab_chars"][:VOCAB_PREVIEW])),
                 "vocab_chars": info["vocab_chars"], "closing_prompt": info["closing_prompt"], "files": info["files"],
-                "init_from": finite(info.get("init_from")),  # the run it started from (--init-from), or None
+                "init_from": finite(unrooted(info.get("init_from"))),  # the run it started from, or None
                 "samples": read_step_rows(samples)[-MAX_SAMPLE_ROWS:] if samples else []}
 
     def metrics(self, name):
@@ -94,6 +94,18 @@ class Runs:
         if not path and not losses:
             return [], [], None
         return (read_step_rows(path)[-MAX_METRIC_ROWS:] if path else []), running, _mtime(*filter(None, (path, losses)))
+
+
+PATH_FIELDS = ("config", "data", "out_dir", "cache_dir", "target_data", "labels", "init_from", "path")
+
+
+def unrooted(fields):
+    """A run's settings (or its lineage) with each file or folder by its last name only (a checkpoint file with its
+    run's: base/best.safetensors): the server's own paths (its home, its user name, its disks) are not sent."""
+    if not isinstance(fields, dict):
+        return fields
+    return {k: str(Path(*Path(v).parts[-2 if k == "path" else -1:])) if k in PATH_FIELDS and isinstance(v, str) and v
+            else v for k, v in fields.items()}
 
 
 def _mtime(*paths):

@@ -12,7 +12,10 @@ process of its own: training.py), off with --no-training.
 The server is a thin layer over the library: chargpt.load for models, Generator.stream for text, so a seed
 gives the same text as sample.py. Starlette, uvicorn and pydantic come with the optional `web` extra.
 
-Safe by default: it binds 127.0.0.1 and answers only requests addressed to localhost (no DNS rebinding);
+Safe by default: it binds 127.0.0.1 and answers only requests addressed to localhost (no DNS rebinding); bound to
+any other address it asks every request but the page's own files for a key (--api-key, or one it makes and prints
+as an address to open) and the page does not train unless --training says so; a request that changes something is
+refused when a page on another site sends it (CSRF);
 runs are chosen by name from a fresh listing of the served folder, so no request path reaches the
 filesystem; every request is checked against the limits in chargpt/web/limits.py, with one JSON error
 {"error": ...} and a 4xx status; at most MAX_BUSY generations or analyses run at once (the next gets 429), each in
@@ -26,7 +29,7 @@ Where things are (chargpt/web/):
   runs.py        the runs in the served folder, by name (Runs)
   cache.py       loaded models (Models), novelty indexes, and the count of work in flight (Busy)
   stream.py      a generation in a worker thread, sent as server-sent events (Generation)
-  middleware.py  the Host check and the security headers
+  middleware.py  the Host check, the API key, the cross-site refusal and the security headers
   training.py    trainings started from the page: one child `chargpt train` process at a time (Trainings)
   endpoints/     the API, one module per feature, each with routes(); its header gives each endpoint's fields
 
@@ -53,6 +56,8 @@ routes(), added to endpoints.FEATURES.
 import contextlib
 import ipaddress
 import logging
+import os
+import secrets
 import socket
 import sys
 import threading
@@ -80,28 +85,35 @@ except ImportError as e:
 
 
 def create_app(checkpoints, device="auto", hosts=LOOPBACK_NAMES, max_busy=MAX_BUSY, max_models=MAX_MODELS,
-               training=True, data_dir=None, train_args=()):
+               training=True, data_dir=None, train_args=(), api_key=None, training_off=None):
     """The Starlette app serving the runs under `checkpoints`. hosts: the Host names it answers (None: any).
     training: whether the page may train runs (on `device`), on texts uploaded or named from data_dir; train_args:
-    `chargpt train` flags every one of them gets (("--threads", "2") leaves cores to the server)."""
+    `chargpt train` flags every one of them gets (("--threads", "2") leaves cores to the server); training_off: why
+    it may not, when that is not --no-training. api_key: the key every request but the page's files must send as
+    `Authorization: Bearer KEY` (None: none asked for). Requests that change something are refused from pages on
+    other sites either way."""
     need_web()
     from chargpt.web import endpoints  # the modules below import the web extra: loaded once need_web() found it
     from chargpt.web.body import RequestError
     from chargpt.web.cache import Busy, Models, NoveltyIndexes
-    from chargpt.web.middleware import HostCheck, SecurityHeaders
+    from chargpt.web.middleware import ApiKey, HostCheck, SameOrigin, SecurityHeaders
     from chargpt.web.runs import Runs
     from chargpt.web.training import Trainings
 
-    middleware = [Middleware(SecurityHeaders)]
+    middleware = [Middleware(SecurityHeaders)]  # the first is the outermost: its headers go on every refusal too
     if hosts:
         middleware.append(Middleware(HostCheck, hosts=hosts))
+    middleware.append(Middleware(SameOrigin))
+    if api_key is not None:
+        middleware.append(Middleware(ApiKey, key=api_key))
     app = Starlette(routes=endpoints.routes(), middleware=middleware,
                     exception_handlers={RequestError: refused, ChargptError: unusable, HTTPException: http_error})
     app.state.runs, app.state.models, app.state.busy = Runs(checkpoints), Models(device, max_models), Busy(max_busy)
     app.state.jobs = {}  # id -> Generation in flight
     app.state.novelty = NoveltyIndexes()
     app.state.closing = False  # set by stop_all when the server is asked to stop
-    app.state.trainings = Trainings(checkpoints, data_dir, device, training, train_args)  # they outlive the server
+    app.state.trainings = Trainings(checkpoints, data_dir, device, training, train_args,  # they outlive the server
+                                    off_because=training_off)
 
     def finished(job):
         app.state.jobs.pop(job.id, None)
@@ -221,15 +233,36 @@ def running(app, host="127.0.0.1", port=0, timeout=30):
 
 
 DEFAULT_CHECKPOINTS = "checkpoints"  # serve's --checkpoints default, and train's default parent folder
+KEY_ENV = "CHARGPT_API_KEY"  # serve's --api-key, from the environment (kept out of the process list and history)
+MAX_KEY_CHARS = 256
 
 
-def serve(checkpoints=DEFAULT_CHECKPOINTS, host="127.0.0.1", port=8000, device="auto", say=None, training=True,
-          data_dir=None):
-    """Run the playground until Ctrl-C. data_dir: the texts the page may train on (None: ./data if there)."""
+def api_key_for(given, local, auth=True, environ=os.environ):
+    """The key the server asks for -> (key or None, whether it was made here). Given (--api-key, else KEY_ENV): that
+    one, on any bind; none given: none on loopback (only this machine reaches it), a fresh random one on any other
+    bind, unless auth is off (--no-auth)."""
+    key = given if given is not None else environ.get(KEY_ENV) or None
+    if key is not None and not auth:
+        raise ChargptError("--no-auth and an API key (--api-key or $CHARGPT_API_KEY) contradict each other; leave one "
+                           "out")
+    if key is not None:
+        if not 0 < len(key) <= MAX_KEY_CHARS or not all("!" <= c <= "~" for c in key):
+            raise ChargptError(f"the API key must be 1 to {MAX_KEY_CHARS} printable ASCII characters without spaces "
+                               f"(it travels in an HTTP header); choose another --api-key")
+        return key, False
+    if local or not auth:
+        return None, False
+    return secrets.token_urlsafe(24), True
+
+
+def serve(checkpoints=DEFAULT_CHECKPOINTS, host="127.0.0.1", port=8000, device="auto", say=None, training=None,
+          data_dir=None, api_key=None, auth=True):
+    """Run the playground until Ctrl-C. data_dir: the texts the page may train on (None: ./data if there).
+    training: whether the page may train (None: only when bound to loopback). api_key / auth: see api_key_for."""
     say = say or (lambda line: print(line, file=sys.stderr))
     need_web()
     if not Path(checkpoints).is_dir():
-        if not (training and str(checkpoints) == DEFAULT_CHECKPOINTS):  # a folder named by hand: a typo, most likely
+        if not (training is not False and str(checkpoints) == DEFAULT_CHECKPOINTS):  # named by hand: a typo, likely
             raise ChargptError(f"no checkpoints folder {checkpoints}; train a run first with python train.py, or pass "
                                f"--checkpoints DIR")
         Path(checkpoints).mkdir(parents=True, exist_ok=True)  # a first start: the page's New run view trains into it
@@ -241,11 +274,28 @@ def serve(checkpoints=DEFAULT_CHECKPOINTS, host="127.0.0.1", port=8000, device="
     pick_device(device)  # an impossible --device fails now, not on the first request
     sock = bind(host, port)
     local = is_loopback(sock)
-    app = create_app(checkpoints, device, hosts=allowed_hosts(host, sock) if local else None, training=training,
-                     data_dir=data_dir)
-    say(f"chargpt playground: {url_of(sock)}  (runs from {Path(checkpoints).resolve()}; Ctrl-C stops)")
-    if not local:
-        say(f"warning: serving on {host}: anyone who can reach this machine on port {sock.getsockname()[1]} can "
-            f"use the playground, read your runs' configs and spend its compute; use --host 127.0.0.1 to keep it "
-            f"private")
+    try:
+        key, made = api_key_for(api_key, local, auth)
+    except ChargptError:
+        sock.close()
+        raise
+    off = None if training is not None or local else (
+        f"training from the page is off on this server because it listens on {host}, beyond this machine (a training "
+        f"uses all of its cores); whoever started the server can allow it with chargpt serve --training")
+    app = create_app(checkpoints, device, hosts=allowed_hosts(host, sock) if local else None,
+                     training=training if training is not None else local, data_dir=data_dir, api_key=key,
+                     training_off=off)
+    url = url_of(sock)
+    say(f"chargpt playground: {url}  (runs from {Path(checkpoints).resolve()}; Ctrl-C stops)")
+    if made:  # shown once, as Jupyter shows its token: the address carries it into the page, which keeps it
+        say(f"this server asks every request for a key, made for this session: open {url}/?token={key} (OpenAI "
+            f"clients: api_key={key}; set --api-key or ${KEY_ENV} to choose your own)")
+    elif key is not None:
+        say(f"this server asks every request for its API key: open {url}/?token=KEY (OpenAI clients: api_key=KEY)")
+    if not local and key is None:
+        say(f"warning: serving on {host} with --no-auth: anyone who can reach this machine on port "
+            f"{sock.getsockname()[1]} can use the playground, read your runs' configs and spend its compute; use "
+            f"--host 127.0.0.1 to keep it private, or leave --no-auth out")
+    if off:
+        say("training from the page is off (the server listens beyond this machine); --training allows it")
     _server(app).run(sockets=[sock])

@@ -4,12 +4,12 @@
 // the start-up chose, the loss curves (the Runs view's chart: runs.js), speed, time left, the samples as they are
 // written and the last lines; Stop (it saves), Resume, and Write with the run once it has a checkpoint.
 import {$, el, state, status} from "./common.js";
-import {api} from "./api.js";
+import {api, withKey} from "./api.js";
 import {drawChart, fetchMetrics} from "./runs.js";
 
 const POLL_MS = 1500;
 let main;  // main.js: loadRuns(), selectRun(name), showView(view)
-let shown = false, timer = null, pollId = 0, last = null, limits = {max_upload_bytes: 0};
+let shown = false, timer = null, pollId = 0, last = null, limits = {max_upload_bytes: 0}, off = false;
 
 const listed = (name) => state.runs.some((r) => r.name === name);
 const live = (t) => Boolean(t && (t.state === "running" || t.state === "stopping"));
@@ -47,7 +47,7 @@ async function upload() {
   status("train-status", `uploading ${file.name}…`);
   try {
     const response = await fetch(`/api/train/upload?name=${encodeURIComponent(file.name)}`,
-      {method: "POST", headers: {"Content-Type": "application/octet-stream"}, body: file});
+      {method: "POST", headers: withKey({"Content-Type": "application/octet-stream"}), body: file});
     const data = await response.json().catch(() => ({error: `${response.status} ${response.statusText}`}));
     if (!response.ok) throw new Error(data.error);
     await loadCorpora(`upload:${data.corpus}`);
@@ -79,6 +79,7 @@ async function act(path, body, doing) {
     const data = await api(path, body);
     status("train-status", "");
     await render(data.training);
+    if (data.message) status("train-status", data.message);  // a second Stop: it is already stopping
   } catch (err) {
     status("train-status", err.message, true);
   }
@@ -100,7 +101,7 @@ async function writeWith() {
 export function showTrain(visible) {
   shown = visible;
   clearTimeout(timer);
-  if (visible && document.querySelector(".tab[data-view=train]").hidden === false) poll();
+  if (visible && !off && document.querySelector(".tab[data-view=train]").hidden === false) poll();
 }
 
 async function poll() {
@@ -120,7 +121,7 @@ function facts(t) {
   if (p.chars_per_s) parts.push(`${Math.round(p.chars_per_s).toLocaleString("en")} characters/s`);
   if (live(t) && typeof p.left_s === "number") parts.push(`${duration(p.left_s)} left of ${duration(t.budget)}`);
   const words = {running: "training", stopping: "stopping: saving the run", finished: "finished",
-                 stopped: "stopped and saved", crashed: `stopped with an error (exit code ${t.exit_code ?? "unknown"})`};
+                 stopped: "stopped and saved", abandoned: "stopped without its last save", crashed: `stopped with an error (exit code ${t.exit_code ?? "unknown"})`};
   return [el("span", {class: `train-state ${t.state}`, text: words[t.state] || t.state}), ` · ${parts.join(" · ")}`];
 }
 
@@ -138,6 +139,10 @@ function said(t) {
   if (t.state === "crashed") return [t.error || t.log[t.log.length - 1] || "it ended without a word", true];
   if (t.state === "finished") return [`${t.run} is trained: Write with it, or Resume to train it for longer`, false];
   if (t.state === "stopped") return [`${t.run} is saved where it stopped: Resume trains it on`, false];
+  if (t.state === "abandoned") {
+    return [`${t.run} stopped before its save was written: the steps since its last complete save are lost; ` +
+            "Resume trains it on from that save", true];
+  }
   return ["", false];
 }
 
@@ -187,7 +192,15 @@ export async function initTrain(mainView) {
   try {
     data = await api("/api/train");
   } catch (err) {
-    return;  // 403: this server does not train from the page (chargpt serve --no-training): no New run tab
+    // 403: this server does not train from the page. Under --no-training there is no New run tab; off by default
+    // (a server reached over the network) the tab says so, and what allows it
+    if (err.data && err.data.shown) {
+      off = true;
+      document.querySelector(".tab[data-view=train]").hidden = false;
+      for (const id of ["train-start", "train-stop", "train-resume", "train-write", "train-file"]) $(id).disabled = true;
+      status("train-status", err.message, true);
+    }
+    return;
   }
   limits = data;
   $("train-preset").replaceChildren(el("option", {value: "", text: "default (auto on a CPU: sized for the budget)"}),

@@ -18,6 +18,7 @@ path, and a file whose real path leaves its folder (a symlink out of it) is not 
 """
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -59,12 +60,13 @@ BUSY = "a training is already running ({run}); one at a time, because a training
 class Trainings:
     """The trainings started from the page: at most one running, the last one's record, the texts to train on."""
 
-    def __init__(self, checkpoints, data_dir=None, device="auto", enabled=True, train_args=()):
+    def __init__(self, checkpoints, data_dir=None, device="auto", enabled=True, train_args=(), off_because=None):
         self.root = Path(checkpoints).resolve()
         self.train_args = tuple(train_args)  # the server's own flags for every training (e.g. --threads)
         self.home = self.root / HOME
         self.data_dir = Path(data_dir).resolve() if data_dir is not None else None
         self.device, self.enabled = device, enabled
+        self.off_because = off_because  # why the page may not train, when that is not --no-training
         self.lock = threading.Lock()
         self.proc = None  # the Popen of a training this server started (None for one found on start-up)
         self.record = self._read_record() if enabled else None
@@ -86,8 +88,9 @@ class Trainings:
 
     def texts(self, folder):
         """{name: path} of the texts directly in folder: regular files, not hidden (a download in progress is
-        .NAME.part) and not the folder's own README (data/README.md says what to put there), whose real path is
-        inside folder."""
+        .NAME.part), not the folder's own README (data/README.md says what to put there), named in printable
+        characters only (a name with a newline or a terminal's escape sequence would garble the lines that show it),
+        whose real path is inside folder."""
         if folder is None or not folder.is_dir():
             return {}
         found = {}
@@ -95,14 +98,15 @@ class Trainings:
             for p in sorted(folder.iterdir()):
                 if len(found) >= MAX_CORPORA_LISTED:
                     break
-                if not p.name.startswith(".") and p.stem.upper() != "README" and p.is_file() and inside(p, folder):
+                if not p.name.startswith(".") and p.stem.upper() != "README" and p.name.isprintable() \
+                        and p.is_file() and inside(p, folder):
                     found[p.name] = p
         return found
 
     def corpora(self):
         """What a training can read: the built-in corpus, the data folder's texts, the uploaded ones."""
         data, uploads = self.texts(self.data_dir), self.texts(self.home / UPLOADS)
-        return {"builtin": DEFAULT_CORPUS_NAME, "data_dir": str(self.data_dir) if self.data_dir else None,
+        return {"builtin": DEFAULT_CORPUS_NAME, "data_dir": self.data_dir.name if self.data_dir else None,
                 "data": [{"name": n, "bytes": size_of(p)} for n, p in data.items()],
                 "uploads": [{"name": n, "bytes": size_of(p)} for n, p in uploads.items()]}
 
@@ -140,6 +144,10 @@ class Trainings:
         except UnicodeDecodeError as e:
             raise RequestError(400, f"the file is not UTF-8 text (byte {e.start:,} is not UTF-8); save it as UTF-8 "
                                     f"(most editors offer it under Save as) and upload it again") from None
+        if b"\0" in data:  # training refuses a text with one (a binary file, or UTF-16): said now, not at its start
+            raise RequestError(400, f"the file holds a NUL byte (at byte {data.index(0):,}), which no text has and "
+                                    f"training refuses; it is likely not a text file, or saved as UTF-16: save it "
+                                    f"as UTF-8 text and upload it again")
         stem = text_name(filename)
         with self.lock:
             folder = self._folder(UPLOADS)
@@ -152,7 +160,12 @@ class Trainings:
                 if name in kept and path.read_bytes() == data:
                     return name
                 if not path.exists() and not path.is_symlink():
-                    write_atomic(path, lambda tmp: tmp.write_bytes(data))
+                    try:  # whole or not at all: a write cut short (a full disk) leaves nothing
+                        write_atomic(path, lambda tmp: tmp.write_bytes(data))
+                    except OSError as e:
+                        raise RequestError(disk_status(e), f"cannot keep the upload as {name} ({e.strerror}); "
+                                                           f"free disk space on the server and upload it again") \
+                            from None
                     return name
         raise RequestError(409, f"{stem}.txt to {stem}-999.txt all exist; rename the file")
 
@@ -184,11 +197,16 @@ class Trainings:
         return self.status()
 
     def stop(self):
-        """SIGTERM to the training's process group (Ctrl-Break on Windows): it saves and ends, as Ctrl-C does."""
+        """SIGTERM to the training's process group (Ctrl-Break on Windows): it saves and ends, as Ctrl-C does. One
+        per training: a second signal would only repeat the first, and a third abandons the save, so a second Stop
+        (a double click, another tab) sends none and says the training is already stopping."""
         with self.lock:
             rec = self._refresh()
             if rec is None or rec["state"] not in ("running", "stopping"):
                 raise RequestError(409, "no training is running; start one, or resume a run")
+            if rec["stop_requested"]:
+                return {**self._status_of(dict(rec)), "message": f"{rec['run']} is already stopping: it is saving, "
+                                                                 f"and ends when the save is written"}
             with contextlib.suppress(ProcessLookupError):  # it ended just now: the next status says how
                 stop_group(rec["pid"])
             rec.update(stop_requested=True, state="stopping")
@@ -201,18 +219,37 @@ class Trainings:
             raise RequestError(409, BUSY.format(run=rec["run"]))
 
     def _launch(self, out_dir, args, budget, budget_start):
+        """Start the training and record it (training.json). A child the record cannot be written for (a full disk)
+        is ended at once: a restarted server finds a training only by its record, so none may run without one."""
         output = self._folder(LOGS) / f"{out_dir.name}.log"
         argv = [sys.executable, "-m", "chargpt", "train", *args, "--device", self.device, *self.train_args, "--verbose"]
         try:
-            with open(output, "wb") as f:
-                self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
-                                             cwd=self.home, env=child_env(), **NEW_GROUP)
+            f = open(output, "wb")
         except OSError as e:
-            raise RequestError(500, f"cannot start {argv[0]} ({e.strerror})") from None
-        self.record = {"run": out_dir.name, "pid": self.proc.pid, "out_dir": str(out_dir), "output": str(output),
+            raise RequestError(disk_status(e), f"cannot start the training: cannot write its log {LOGS}/{output.name} "
+                                               f"({e.strerror}); free disk space on the server and start it again") \
+                from None
+        try:
+            with f:
+                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
+                                        cwd=self.home, env=child_env(), **NEW_GROUP)
+        except OSError as e:
+            raise RequestError(500, f"cannot start {Path(argv[0]).name} ({e.strerror})") from None
+        before, self.proc = self.record, proc
+        self.record = {"run": out_dir.name, "pid": proc.pid, "out_dir": str(out_dir), "output": str(output),
                        "command": argv[1:], "started": time.time(), "ended": None, "state": "running",
                        "exit_code": None, "stop_requested": False, "budget": budget, "budget_start": budget_start}
-        self._save_record()
+        try:
+            self._save_record()
+        except OSError as e:
+            proc.kill()  # still importing: nothing of the run is written yet
+            proc.wait()
+            self.record, self.proc = before, None
+            with contextlib.suppress(OSError):
+                output.unlink()
+            raise RequestError(disk_status(e), f"cannot start the training: cannot record it in {RECORD} "
+                                               f"({e.strerror}); free disk space on the server and start it again") \
+                from None
 
     # --- watching ---------------------------------------------------------------------------------------------
     def _refresh(self):
@@ -229,8 +266,10 @@ class Trainings:
             return rec
         else:
             code = None  # a training found on start-up has ended: its output says how
-        rec.update(exit_code=code, ended=time.time(), state=how_it_ended(code, rec["stop_requested"],
-                                                                        run_status(rec["out_dir"])))
+        said = run_status(rec["out_dir"])
+        if said is not None and said["updated"] < rec["started"]:  # an earlier session's: says nothing of this one
+            said = None
+        rec.update(exit_code=code, ended=time.time(), state=how_it_ended(code, rec["stop_requested"], said))
         self._save_record()
         return rec
 
@@ -253,6 +292,9 @@ class Trainings:
         with self.lock:
             rec = self._refresh()
             rec = dict(rec) if rec is not None else None
+        return self._status_of(rec)
+
+    def _status_of(self, rec):
         if rec is None:
             return {"training": None}
         out_dir, output = Path(rec["out_dir"]), Path(rec["output"])
@@ -262,7 +304,7 @@ class Trainings:
                                      "budget")}
         return {"training": {
             **shown, "startup": startup_lines(output), "log": lines[-TRAIN_LOG_LINES:],
-            "error": crash_line(status, lines) if rec["state"] == "crashed" else None,
+            "error": for_the_page(crash_line(status, lines)) if rec["state"] == "crashed" else None,
             "samples": read_tail_rows(out_dir / SAMPLES)[-TRAIN_SAMPLES:],
             "progress": progress(read_tail_rows(out_dir / LOSSES), status, rec["budget"], rec["budget_start"]),
             "resumable": not running and (out_dir / STATE).is_file()}}
@@ -284,12 +326,17 @@ class Trainings:
         return rec if ok else None
 
 
-STATES = ("running", "stopping", "finished", "stopped", "crashed")
+STATES = ("running", "stopping", "finished", "stopped", "abandoned", "crashed")  # how_it_ended's and the two live
 RECORD_KEYS = {"run", "pid", "out_dir", "output", "started", "ended", "state", "exit_code", "stop_requested", "budget",
                "budget_start"}
 
 
 # --- pure helpers ---------------------------------------------------------------------------------------------
+def disk_status(e):
+    """The HTTP status of a write that failed: 507 Insufficient Storage for a full disk or quota, else 500."""
+    return 507 if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)) else 500
+
+
 def inside(path, folder):
     real = Path(path).resolve()
     return real != Path(folder).resolve() and real.is_relative_to(Path(folder).resolve())
@@ -312,7 +359,8 @@ def size_of(path):
 def run_name(name):
     """A run name from the page -> one folder name every system accepts, never hidden (.playground is the
     server's), at most MAX_NAME_CHARS characters."""
-    name = portable_name(str(name)[:MAX_NAME_CHARS]).lstrip(" .")
+    name = "".join(c if c.isprintable() else "_" for c in str(name)[:MAX_NAME_CHARS])  # no escapes, no newlines
+    name = portable_name(name).lstrip(" .")
     return portable_name(name or "run", fallback="run")
 
 
@@ -328,15 +376,23 @@ def as_flags(options):
 
 
 def how_it_ended(code, stop_requested, status):
-    """finished, stopped (saved by a signal) or crashed, from the exit code; without one (the training ended while
-    no server watched it), from what the run said of its session's end (status.json: run_status). A run that says
-    it is still training has been killed (stopped, if a stop was asked for); so has one that never trained a step."""
-    if code is not None:
-        return "finished" if code == 0 else "stopped" if code in STOP_CODES else "crashed"
+    """finished, stopped (saved by a signal), abandoned (stopped without its save: the run keeps its last complete
+    one) or crashed, from the exit code and what the run said of its session's end (status.json: run_status); without
+    a code (the training ended while no server watched it), from that alone. A run that still says it is training
+    was killed before it could save: abandoned if a stop was asked for (or a signal ended it), else crashed; one that
+    never trained a step and was stopped lost nothing."""
     said = (status or {}).get("state")
+    if code is not None and code not in STOP_CODES:
+        return "finished" if code == 0 else "crashed"
+    if said == "stopped" and status.get("saved") is False:  # a third signal abandoned the save
+        return "abandoned"
+    if said == "training" and (code is not None or stop_requested):
+        return "abandoned"
+    if code is not None:
+        return "stopped"
     if said in ("finished", "stopped"):
         return said
-    return "stopped" if stop_requested and said != "failed" else "crashed"
+    return "stopped" if stop_requested and said is None else "crashed"
 
 
 def run_status(out_dir):
@@ -347,7 +403,7 @@ def run_status(out_dir):
             rec = json.loads(f.read(TAIL_BYTES).decode("utf-8"))
     except (OSError, ValueError):
         return None
-    numbers = ("elapsed_s", "chars_per_step", "budget_elapsed_s")
+    numbers = ("elapsed_s", "chars_per_step", "budget_elapsed_s", "updated")
     ok = isinstance(rec, dict) and rec.get("state") in ("training", "finished", "stopped", "failed") \
         and isinstance(rec.get("step"), int) and not isinstance(rec["step"], bool) \
         and all(isinstance(rec.get(k), (int, float)) and not isinstance(rec[k], bool) for k in numbers) \
@@ -361,6 +417,32 @@ def crash_line(status, lines):
     if status is not None and status["error"]:
         return f"error: {status['error']}"
     return next((ln for ln in reversed(lines) if ln.startswith("error:")), None)
+
+
+# chargpt train's flags that the New run view sets, by the names of its fields (chargpt/web/index.html)
+PAGE_FIELDS = {"--data": "Text", "--max-time": "Time budget", "--preset": "Preset", "--n-layer": "Layers",
+               "--n-embd": "Width", "--sample-every": "Sample every", "--out-dir": "Run name"}
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+
+
+def for_the_page(line):
+    """A training's error line as the page should say it: a flag the New run view sets by its field's name, in
+    quotes; one it does not, named as a setting of chargpt train in a terminal (the page cannot set it)."""
+    if line is None:
+        return None
+    others = []
+
+    def field(m):
+        if m[0] in PAGE_FIELDS:
+            return f'"{PAGE_FIELDS[m[0]]}"'
+        others.append(m[0])
+        return m[0]
+    said = FLAG.sub(field, line)
+    if others:
+        named = ", ".join(dict.fromkeys(others))
+        said += f" ({named}: not a setting of this page; train in a terminal with chargpt train to set " \
+                f"{'it' if len(set(others)) == 1 else 'them'})"
+    return said
 
 
 def read_tail(path, size=TAIL_BYTES):

@@ -27,11 +27,13 @@ characters (each prompt once, as seen after `unknown`).
 OpenAI's fields this server does not support are 400s naming them, unless absent or at OpenAI's default: logprobs
 (any value but null), echo, suffix, logit_bias (but {}), frequency_penalty and presence_penalty
 (but 0: OpenAI's are additive penalties by count, not sample.py's --repetition-penalty, so they are not mapped to
-it); so is a prompt of token ids. The Authorization header is accepted and ignored. Errors have OpenAI's shape,
-{"error": {message, type, param, code}}, with the playground's statuses and limits (chargpt/web/limits.py), so the
-openai client raises its typed errors (BadRequestError, NotFoundError, RateLimitError, ...).
+it); so is a prompt of token ids. The Authorization header carries the server's key where it asks for one
+(chargpt serve --api-key: middleware.ApiKey, a 401 in OpenAI's shape), and is ignored otherwise. Errors have
+OpenAI's shape, {"error": {message, type, param, code}}, with the playground's statuses and limits
+(chargpt/web/limits.py), so the openai client raises its typed errors (BadRequestError, NotFoundError, ...).
 """
 
+import asyncio
 import json
 import time
 from typing import Annotated, Literal
@@ -175,12 +177,12 @@ async def completions(request):
         usage = bool((req.stream_options or {}).get("include_usage"))
         return StreamingResponse(reply.chunks(usage), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
-    return JSONResponse(await reply.whole())
+    return JSONResponse(await reply.whole(request))
 
 
 class Reply:
-    """One completion's choices as the Generation writes them, sent whole or as OpenAI's stream chunks. A
-    non-streamed reply is written to its end even if its client leaves (it is bounded by max_tokens)."""
+    """One completion's choices as the Generation writes them, sent whole or as OpenAI's stream chunks. A client
+    that leaves cancels its generation either way, so abandoned requests do not hold the server's slots."""
 
     def __init__(self, job, model, max_tokens, count):
         self.job, self.max_tokens, self.texts = job, max_tokens, [""] * count
@@ -213,9 +215,17 @@ class Reply:
             return RequestError(503, "the server is shutting down")
         return None
 
-    async def whole(self):
-        async for pieces, _ in self.job.updates():
-            self.add(pieces)
+    async def whole(self, request):
+        async def watch():  # the body is read: the next message is the client's leaving (or the reply's end)
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            self.job.cancel.set()
+        watcher = asyncio.create_task(watch())
+        try:
+            async for pieces, _ in self.job.updates():
+                self.add(pieces)
+        finally:
+            watcher.cancel()
         failed = self.failure(self.job.result)
         if failed:
             raise failed
@@ -281,6 +291,8 @@ async def model(request):
 
 async def elsewhere(request):
     rest = request.path_params["rest"]
+    if rest.startswith("models/") and request.method in ("GET", "HEAD"):  # a model id with a '/': no run has one
+        await run_in_threadpool(checkpoint, request.app.state, rest.removeprefix("models/"))  # a 404 naming the runs
     if rest in ("completions", "models") or rest.startswith("models/"):
         raise RequestError(405, f"{request.method} /v1/{rest[:80]} is not allowed: use "
                                 f"{'POST' if rest == 'completions' else 'GET'}")

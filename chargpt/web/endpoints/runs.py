@@ -15,7 +15,8 @@ from starlette.routing import Route
 
 async def list_runs(request):
     runs = request.app.state.runs
-    return JSONResponse({"folder": str(runs.root), "runs": await run_in_threadpool(runs.summaries)})
+    # the folder by its name alone: where the server keeps its files is not a client's business
+    return JSONResponse({"folder": runs.root.name, "runs": await run_in_threadpool(runs.summaries)})
 
 
 async def run_details(request):

@@ -12,8 +12,9 @@
   POST /api/train/stop           SIGTERM: it saves and ends, as Ctrl-C does
   POST /api/train/resume         {run, max_time}: --resume, with the rest of its budget or max_time seconds more
 One training at a time (a second start is a 409: a training uses all the cores). Under chargpt serve --no-training
-each answers 403. The upload's content type is not one a page from another site may send without a CORS preflight,
-which this server never grants, so no other site can make the browser upload here (the JSON ones, likewise).
+each answers 403, and so does a server that listens beyond this machine unless chargpt serve --training allows it
+(its 403 has "shown": true, and the page shows the reason). A page on another site cannot make a browser send any
+of the POSTs: middleware.SameOrigin refuses them, whatever their content type.
 """
 
 from typing import Literal
@@ -57,6 +58,9 @@ class ResumeRequest(Request):
 
 def trainings(request):
     t = request.app.state.trainings
+    if not t.enabled and t.off_because:  # the page shows this one in its New run view
+        raise RequestError(403, f"{t.off_because}; or train in a terminal with chargpt train --data FILE",
+                           shown=True)
     if not t.enabled:
         raise RequestError(403, "training from the page is off on this server (chargpt serve --no-training); "
                                 "train in a terminal with chargpt train --data FILE")
