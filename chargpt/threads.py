@@ -20,6 +20,7 @@ bf16, tested), only how fast.
 
 import threading
 import time
+from contextlib import contextmanager
 from statistics import mean
 
 import torch
@@ -65,13 +66,14 @@ class ThreadTuner:
     """The thread count of one repeated step: fixed (--threads N) or measured (auto, see above). Build it with
     ThreadTuner.of(value); keep it for the next iteration of the same kind of step (what it found holds on)."""
 
-    def __init__(self, counts, clock=time.perf_counter, set_threads=torch.set_num_threads):
-        self.counts, self.clock, self.set_threads = list(counts), clock, set_threads
+    def __init__(self, counts, clock=time.perf_counter, set_threads=torch.set_num_threads,
+                 get_threads=torch.get_num_threads):
+        self.counts, self.clock, self.set_threads, self.get_threads = list(counts), clock, set_threads, get_threads
         self.fixed = len(self.counts) == 1
         self.best = self.counts[-1]  # before any measurement: the most (torch's own default)
         self.measured = {}  # count -> seconds a step, when last tried
         self.retry_s, self.since_try = RETRY_S, 0.0  # seconds of steps since the last try, and when to try again
-        self.trying, self.recent, self.untimed = None, [], set()
+        self.trying, self.recent, self.untimed, self.cancel = None, [], set(), False
         self.lock = threading.Lock()  # a server decodes several requests at once, each in its own thread
 
     @classmethod
@@ -82,25 +84,42 @@ class ThreadTuner:
     def run(self, steps):
         """Iterate `steps`, timing each next() at the count this tuner sets; torch's thread count is restored when
         the iteration ends (a program's own setting is its own)."""
-        before = now = torch.get_num_threads()
+        before = self.get_threads()
         steps = iter(steps)
         try:
             while True:
-                with self.lock:
-                    count = self._next_count()
-                if count != now:
-                    self.set_threads(count)
-                    now = count
-                t0 = self.clock()
-                try:
-                    out = next(steps)
-                except StopIteration:
-                    return
-                with self.lock:
-                    self._timed(count, self.clock() - t0)
+                with self.step():
+                    try:
+                        out = next(steps)
+                    except StopIteration:
+                        self.cancel = True
+                        return
                 yield out
         finally:
             self.set_threads(before)
+
+    @contextmanager
+    def step(self):
+        """One step, timed at the count this tuner sets (torch's count stays at it after)."""
+        with self.lock:
+            count = self._next_count()
+        if count != self.get_threads():
+            self.set_threads(count)
+        self.cancel = False
+        t0 = self.clock()
+        yield
+        if not self.cancel:
+            with self.lock:
+                self._timed(count, self.clock() - t0)
+
+    def settle(self, step):
+        """Call step() until every count has been tried -> the count it runs fastest at (torch's count is left at
+        it): for a probe that measures at the count the run will get."""
+        while not self.measured:
+            with self.step():
+                step()
+        self.set_threads(self.best)
+        return self.best
 
     def _next_count(self):
         if self.fixed:

@@ -30,7 +30,8 @@ class Machine:
 
 
 def tuner(machine, counts=(1, 2)):
-    return ThreadTuner(counts, clock=machine.clock, set_threads=machine.set_threads)
+    return ThreadTuner(counts, clock=machine.clock, set_threads=machine.set_threads,
+                       get_threads=lambda: machine.threads)
 
 
 def test_it_keeps_the_count_that_runs_fastest_and_spends_few_steps_finding_it():
@@ -67,7 +68,7 @@ def test_when_the_steps_slow_down_it_tries_again_and_moves():
 def test_a_fixed_count_is_never_changed_and_torchs_own_count_comes_back():
     m = Machine(lambda threads, i: 0.001)
     t = ThreadTuner.of(2, cpus=4)
-    t.set_threads, t.clock = m.set_threads, m.clock
+    t.set_threads, t.clock, t.get_threads = m.set_threads, m.clock, lambda: m.threads
     list(t.run(m.steps(50)))
     assert set(m.ran) == {2} and t.choice() == "2 (threads)"
     before = torch.get_num_threads()

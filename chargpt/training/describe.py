@@ -27,7 +27,7 @@ def start_lines(run):
     lines = [f"corpus: {corpus.name} — {task.describe_corpus(corpus)}, {run.distinct:,} distinct"
              + (" (built-in default: the Python help topics from pydoc_data; pass --data FILE for your own text)"
                 if cfg.data is None else f" ({cfg.data})"),
-             f"device: {run.device}, {run.dtype_reason}" + (f", {run.threads} threads" if run.threads else "")
+             f"device: {run.device}, {run.dtype_reason}" + (f", threads {run.tuner.choice()}" if run.tuner else "")
              + (f", {dist.world_size} processes" if dist.enabled else "") + f"; {run.wrapped.compile_reason}",
              describe_numerics(run.dtype, cfg.optimizer, copies=run.wrapped.copies is not None),
              *run.settings.describe(), *run.sizing_lines]

@@ -439,7 +439,7 @@ class Probe:
     tests."""
 
     def __init__(self, vocab_size, cfg, device, dtype, clock=None, make_step=None, others_use=None,
-                 head=("full", 0, None)):
+                 head=("full", 0, None), threads=None):
         self.vocab_size, self.cfg, self.device, self.dtype, self.times = vocab_size, cfg, device, dtype, {}
         # the run's output layer: (--softmax, --shortlist, the text's character counts for an adaptive one, whose
         # step depends on which characters the batch holds: the probe's batch is then drawn from those counts)
@@ -450,6 +450,9 @@ class Probe:
         # waited out before the first measurement, and start-up says so with quiet_note
         self.others_use, self.quiet_note, self.waited = others_use, None, False
         self.last = None  # ((rung, dropout), step) of the rung timed last
+        # the run's threads.ThreadTuner (--threads auto): the first rung's steps find the thread count the run trains
+        # at, before any rung is timed (beside a busy process, 2 threads ran a 2 x 64 step 8-19x slower than 1)
+        self.threads = threads
 
     def __call__(self, rung, dropout=0.0):
         if (rung, dropout) not in self.times:
@@ -460,6 +463,9 @@ class Probe:
                                                       self.others_use)
             self.last = None  # the last rung's model freed before the next is built: one model at a time
             self.last = (rung, dropout), self.make_step(rung, dropout)  # kept for closer()
+            if self.threads is not None and not self.threads.fixed and not self.threads.measured:
+                with torch.random.fork_rng(devices=[]):
+                    self.threads.settle(self.last[1])
             self._time(rung, dropout, self.last[1])
         return self.times[rung, dropout]
 

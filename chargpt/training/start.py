@@ -43,6 +43,7 @@ from chargpt.runtime import (
     pick_dtype,
     stream_seed,
 )
+from chargpt.threads import ThreadTuner
 from chargpt.training import init_from, sizing, trackers
 from chargpt.training.budget import Budget
 from chargpt.training.budget import fit as fit_budget
@@ -131,7 +132,8 @@ class Run:
     device: torch.device
     dtype: torch.dtype
     dtype_reason: str
-    threads: int | None
+    threads: int | None  # a CPU's torch threads at the start
+    tuner: object  # threads.ThreadTuner: the threads of each training step (a CPU), or None
     out_dir: Path
     cfg: TrainConfig
     mcfg: ModelConfig
@@ -221,6 +223,10 @@ def _build(settings, given, dist, device, log, claimed, extra_sinks, logfile):
     dtype, dtype_reason = pick_dtype(cfg.dtype, device)
     enable_fast_math(device)
     threads = configure_threads(cfg.threads, dist.local_world_size) if device.type == "cpu" else None
+    # --threads auto (none given, one process on this machine): the count measured fastest, by the probe's first
+    # steps and again as the run trains (chargpt/threads.py); else the count given or the machine's share
+    tuner = None if threads is None else ThreadTuner.of(
+        "auto" if cfg.threads is None and dist.local_world_size == 1 else threads)
     try:
         corpus = encode(task, cfg, origin.model_kw["block_size"], dist, log)
     except NoTab as e:
@@ -235,7 +241,8 @@ def _build(settings, given, dist, device, log, claimed, extra_sinks, logfile):
     sizing_lines, step_s = [], None
     if sizes:
         model_kw, cfg, sizing_lines, step_s = auto_size(chosen, model_kw, cfg, task, corpus, device, dtype, dist,
-                                                        counts)
+                                                        counts, tuner)
+    threads = tuner.best if tuner is not None and tuner.measured else threads
     if origin.meta is not None and origin.meta["vocab"] != corpus.vocab:
         raise ConfigError(f"--resume: the corpus's vocabulary ({len(corpus.vocab)} characters) differs from "
                           f"the checkpoint's ({len(origin.meta['vocab'])}); resume with the same --data")
@@ -281,7 +288,7 @@ def _build(settings, given, dist, device, log, claimed, extra_sinks, logfile):
     novelty = NoveltyScorer(corpus, cfg.val_fraction, getattr(task, "split", None), log)
     samples = Samples(model, corpus.vocab, device, cfg.sample_prompt, cfg.sample_chars, cfg.seed, novelty, sinks, log)
     run = Run(settings=settings, origin=origin, dist=dist, device=device, dtype=dtype, dtype_reason=dtype_reason,
-              threads=threads, out_dir=out_dir, cfg=cfg, mcfg=mcfg, state=state, task=task, corpus=corpus,
+              threads=threads, tuner=tuner, out_dir=out_dir, cfg=cfg, mcfg=mcfg, state=state, task=task, corpus=corpus,
               distinct=distinct, sizing_lines=sizing_lines, batches=batches, chars_per_step=chars_per_step,
               model=model, optimizer=optimizer, scaler=scaler, data_gen=data_gen, wrapped=wrapped,
               bytes_per_char=per_byte(corpus, batches), budget=budget, validator=validator, checkpointer=checkpointer,
@@ -361,7 +368,7 @@ def adaptive_softmax(origin, corpus):
     return {**model_kw, "shortlist": model_kw.get("shortlist") or shortlist_for(counts)}, counts
 
 
-def auto_size(given, model_kw, cfg, task, corpus, device, dtype, dist, counts=None):
+def auto_size(given, model_kw, cfg, task, corpus, device, dtype, dist, counts=None, threads=None):
     """--preset auto: the model for this corpus, budget and machine (chargpt/training/sizing.py), decided on rank 0 (its
     speed measured there) for every rank; `given`: the settings a person chose, which it leaves as they are -> (model
     fields, TrainConfig, start-up lines, the probe's seconds a step of the model that trains, or None where a size
@@ -372,7 +379,8 @@ def auto_size(given, model_kw, cfg, task, corpus, device, dtype, dist, counts=No
     decided = ""
     if dist.is_main:
         probe = sizing.Probe(len(corpus.vocab), cfg, device, dtype, head=(model_kw.get("softmax", "full"),
-                                                                         model_kw.get("shortlist", 0), counts))
+                                                                         model_kw.get("shortlist", 0), counts),
+                             threads=threads)
         # the same command on the same machine keeps its last model where the probe's speed is near a threshold
         memory = corpus.cache_dir / sizing.MEMORY_FILE
         budget = None if cfg.max_time is None else float(cfg.max_time)  # 150 and 150.0: the same command

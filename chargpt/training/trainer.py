@@ -86,12 +86,13 @@ class Trainer:
                 reason = finished(cfg, s)  # --patience: this evaluation may end the run
             if reason:
                 return reason, signum
-            with self._phase("2 forward and backward"):  # accumulated over micro-batches
-                loss = self._forward_backward()
-            with self._phase("3 agree"):  # across ranks: loss finite? stop? clock?
-                bad_step, signum = self._agree(loss, lr)
-            with self._phase("4 optimizer step"):  # or drop a non-finite step
-                self._step(bad_step, lr)
+            with self._threads():  # a CPU's step at the thread count measured fastest (chargpt/threads.py)
+                with self._phase("2 forward and backward"):  # accumulated over micro-batches
+                    loss = self._forward_backward()
+                with self._phase("3 agree"):  # across ranks: loss finite? stop? clock?
+                    bad_step, signum = self._agree(loss, lr)
+                with self._phase("4 optimizer step"):  # or drop a non-finite step
+                    self._step(bad_step, lr)
             with self._phase("5 progress"):
                 left = training_seconds(cfg, s) - (s.elapsed - s.budget_elapsed) if cfg.max_time else None
                 record = self.progress.step(s.step, loss, lr, s.elapsed, self.last_val, left)
@@ -103,6 +104,9 @@ class Trainer:
                 self.profiler.step()
             if signum:
                 return "signal", signum
+
+    def _threads(self):
+        return self.run.tuner.step() if self.run.tuner is not None else nullcontext()
 
     def _phase(self, name):
         """A labelled span for torch.profiler (`python -m chargpt.bench profile` sets self.profiler); else nothing."""
