@@ -29,7 +29,7 @@ from chargpt.training.budget import EVAL_SHARE, MIN_EVALS, EvalFit, Pace, fit_ev
 from chargpt.training.describe import brief_lines, start_lines
 from chargpt.training.overfit import RISEN_EVALS, OverfitWatch, overfitting
 from chargpt.training.progress import Progress
-from chargpt.training.schedules import WARMUP_SHARE, decay_warning, lr_at, warmup_steps
+from chargpt.training.schedules import WARMUP_SHARE, decay_warning, finished, lr_at, warmup_steps
 from chargpt.training.start import start_run
 from chargpt.training.state import RunState
 from chargpt.training.trainer import Trainer
@@ -379,3 +379,33 @@ def test_the_batches_a_budget_fitted_are_the_runs_until_eval_iters_is_chosen(tmp
     assert resumed_state(meta, cfg, {"eval_iters": 20}, tmp_path)[0].eval_iters is None
     validator = Validator(cfg, RunState(eval_iters=7), None, None, None, None, "cpu", None, None)
     assert validator.iters == 7 and Validator(cfg, RunState(), None, None, None, None, "cpu", None, None).iters == 20
+
+
+# --- --max-time is wall time ---------------------------------------------------------------------------------------
+def test_training_gets_what_start_up_and_the_end_leave_of_the_wall_budget_and_at_least_half():
+    from chargpt.training.schedules import MIN_TRAINING_SHARE, training_seconds
+    cfg = TrainConfig(max_time=100.0)
+    assert training_seconds(cfg, RunState(overhead_s=20.0)) == 80.0
+    assert training_seconds(cfg, RunState(overhead_s=70.0)) == MIN_TRAINING_SHARE * 100.0
+    assert finished(cfg, RunState(elapsed=80.0, overhead_s=20.0)) == "max_time"
+    assert finished(cfg, RunState(elapsed=79.0, overhead_s=20.0)) is None
+
+
+def test_a_session_that_begins_its_budget_counts_its_start_up_and_its_end():
+    import time
+
+    from chargpt.training.budget import Overhead
+    dist = SimpleNamespace(enabled=False)
+    fresh = RunState()
+    Overhead(fresh, time.perf_counter() - 3.0, end_s=1.5, dist=dist).update(2.0)  # 3 s of start-up, 2 s a save
+    assert 6.5 <= fresh.overhead_s < 6.5 + 1.0
+    going_on = RunState(elapsed=50.0, budget_elapsed=10.0, overhead_s=4.0)  # --resume within the same budget
+    Overhead(going_on, time.perf_counter() - 3.0, end_s=1.5, dist=dist).update(2.0)
+    assert going_on.overhead_s == 4.0  # its first session's, as saved
+
+
+def test_a_new_budget_on_resume_forgets_the_last_ones_overhead(tmp_path, corpus):
+    from chargpt.training.state import resumed_state
+    saved = {"run_state": {"step": 10, "elapsed": 40.0, "overhead_s": 9.0}, "train_config": TrainConfig(max_time=50.0)}
+    s, notes = resumed_state(saved, TrainConfig(max_time=100.0), {"max_time": 100.0}, tmp_path)
+    assert s.overhead_s == 0.0 and notes

@@ -275,3 +275,33 @@ def test_what_auto_picked_is_remembered_per_command_within_bounds(tmp_path):
     assert sizing.recall(path, key) is None  # a torn file is no memory, not an error
     sizing.remember(path, key, plan)
     assert sizing.recall(path, key) == (plan.rung, plan.settings["dropout"])
+
+
+# --- a busy start-up: the run starts again sized for the speed it trains at ---------------------------------------
+def test_a_larger_rung_pays_only_where_the_text_and_the_speed_allow():
+    small, above = RUNGS[0], RUNGS[1]
+    fast = sizing.larger_pays(small, 0.001, 150.0, 10_000_000)
+    assert fast and not sizing.larger_pays(small, 10.0, 150.0, 10_000_000)  # too slow: it would not see enough text
+    assert not sizing.larger_pays(small, 0.001, 150.0, int(above.params / sizing.PARAMS_PER_CHAR) - 1)  # too little
+    assert not sizing.larger_pays(RUNGS[-1], 0.001, 150.0, 10**9)  # nothing above the top
+
+
+def test_a_run_sized_while_the_machine_was_busy_starts_again_sized_for_the_speed_it_trains_at(tmp_path, monkeypatch):
+    """The probe saw steps 50x slower than training gets (the machine was busy, then not): within the first 15% of
+    the budget the run starts again, sized anew, in its own folder emptied."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(ENGLISH, encoding="utf-8")
+    busy = sizing.Probe._time
+
+    def slow_probe(self, rung, dropout, step, steps=sizing.PROBE_STEPS, before=None):
+        busy(self, rung, dropout, step, steps, before)
+        self.times[rung, dropout] *= 50
+    monkeypatch.setattr(sizing.Probe, "_time", slow_probe)
+    monkeypatch.setattr(sizing, "larger_pays", lambda *a: True)  # the rule's own answer is tested above
+    summary, lines = run_log(data=corpus, out_dir=str(tmp_path / "run"), max_time=12.0)
+    again = [ln for ln in lines if "starting again, sized for it" in ln]
+    assert len(again) == 1 and "faster than the" in again[0]
+    assert sum(ln.startswith("auto: ") for ln in lines) == 2  # sized twice, the second time for good
+    evals = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in evals][0] == 0 and sorted(e["step"] for e in evals) == [e["step"] for e in evals]
+    assert summary["step"] > 0 and len(list((tmp_path / "run").glob("*.safetensors"))) == 3  # one run's files

@@ -28,6 +28,12 @@ PACE_SHARE = 0.05  # the run's speed is judged once this share of the budget has
 PACE_MIN_STEPS = 5  # ...over at least this many steps...
 PACE_MIN_S = 1.0  # ...and seconds (a few ms of jitter is not a speed)
 PACE_FACTOR = 2.0  # a speed this many times the probe's, or its inverse, is said
+# A run sized by --preset auto that trains this many times faster than its probe measured (the machine was busy
+# then), within the first RESIZE_SHARE of its budget, starts again with the model sized for that speed, where the
+# rule picks a larger one at it (sizing.larger_pays): once, in a new run of its own (trainer.train)
+RESIZE_FACTOR = 1.5
+RESIZE_SHARE = 0.15
+RESIZE_WINDOW_S = 0.5  # the speed it judges by: of the steps since the last look, at least this long
 # What the end of a run takes beyond its last evaluation and save (measured at each evaluation), before it is
 # measured: the closing sample at DECODE_FLOPS (2 FLOPs a parameter a character: a 4 x 192 model wrote 750-1,200
 # characters a second on 2 cores, about 1e10), at least DECODE_MIN_S a character, and the curves (matplotlib's
@@ -46,12 +52,13 @@ class Budget:
     eval_fit: "EvalFit | None" = None
 
 
-def fit(cfg, s, step_s, eval_period, chars_per_batch, log, fit_warmup=False, fit_iters=False):
+def fit(cfg, s, step_s, eval_period, chars_per_batch, log, fit_warmup=False, fit_iters=False, larger=None):
     """-> the Budget of a run with settings `cfg` and state `s` (training/start.py), evaluated every eval_period
     seconds (None: by steps) on batches of chars_per_batch characters; step_s: the probe's seconds a step, where the
     model that trains is the one it measured (else None). fit_warmup: a new run (or one started --init-from) whose
     warm-up nobody chose, which with a time budget warms up over a share of it (schedules.py: the share is saved
-    with the run's state); fit_iters: whether evaluation may also take fewer batches (nobody chose them)."""
+    with the run's state); fit_iters: whether evaluation may also take fewer batches (nobody chose them); larger:
+    Pace's (a run --preset auto sized, which may start again sized for the speed it trains at)."""
     timed = bool(cfg.max_time) and cfg.lr_schedule != "inverse-sqrt"
     if timed and fit_warmup:
         s.warmup_s = WARMUP_SHARE * cfg.max_time
@@ -64,7 +71,8 @@ def fit(cfg, s, step_s, eval_period, chars_per_batch, log, fit_warmup=False, fit
                                f"{param('warmup_iters')} N for N steps instead")
     warming = timed and s.warmup_s is None and s.budget_lr is None and s.step < warmup_steps(cfg, s)
     if cfg.max_time and (step_s or (warming and not warning)):
-        budget.pace = Pace(cfg.max_time, log, step_s, warmup_steps(cfg, s) if warming and not warning else None)
+        budget.pace = Pace(cfg.max_time, log, step_s, warmup_steps(cfg, s) if warming and not warning else None,
+                           larger)
     if eval_period is not None:
         budget.eval_fit = EvalFit(cfg.max_time, chars_per_batch, log, fit_iters=fit_iters)
     return budget
@@ -121,20 +129,42 @@ def pace_lines(step_s, probe_s, step, left_s, max_iters, budget_s, warmup=None):
     return lines
 
 
+class Resize(Exception):
+    """The run trains so much faster than its probe measured that a larger model pays: start again (Pace)."""
+
+
 class Pace:
     """Once the run has trained a while (PACE_*), its speed against the probe's and its warm-up: said once, by
-    `say`. Progress calls check() with its own clock's numbers (pauses and the session's first step left out)."""
+    `say`. Progress calls check() with its own clock's numbers (pauses and the session's first step left out).
+    larger(step_s, left_s) -> whether the rule would pick a larger model at step_s seconds a step for left_s
+    seconds (None: the run cannot start again): then, within RESIZE_SHARE of the budget, it raises Resize."""
 
-    def __init__(self, budget_s, say, step_s=None, warmup=None):
+    def __init__(self, budget_s, say, step_s=None, warmup=None, larger=None):
         self.budget_s, self.say, self.step_s, self.warmup, self.waiting = budget_s, say, step_s, warmup, True
+        self.larger, self.said, self.mark = larger, False, None
 
     def check(self, step, steps, trained_s, left_s, max_iters):
         """After step `step`: `steps` steps took `trained_s` seconds of training; left_s: the budget's time left."""
         if steps < PACE_MIN_STEPS or trained_s < max(PACE_SHARE * self.budget_s, PACE_MIN_S):
             return
-        self.waiting = False
-        for line in pace_lines(trained_s / steps, self.step_s, step, left_s, max_iters, self.budget_s, self.warmup):
-            self.say(line)
+        if not self.said:
+            self.said = True
+            for line in pace_lines(trained_s / steps, self.step_s, step, left_s, max_iters, self.budget_s,
+                                   self.warmup):
+                self.say(line)
+        if self.larger is None or not self.step_s or trained_s > RESIZE_SHARE * self.budget_s:
+            self.waiting = False
+            return
+        # the speed since the last look, not since the start: a busy spell that ended shows at once
+        mark, self.mark = self.mark, (steps, trained_s) if self.mark is None or (
+            steps - self.mark[0] >= PACE_MIN_STEPS and trained_s - self.mark[1] >= RESIZE_WINDOW_S) else self.mark
+        if mark is None or self.mark is mark:
+            return
+        step_s = (trained_s - mark[1]) / (steps - mark[0])
+        if step_s * RESIZE_FACTOR <= self.step_s and self.larger(step_s, left_s):
+            raise Resize(f"note: training takes {step_s * 1e3:,.0f} ms a step, {self.step_s / step_s:.1f}x faster "
+                         f"than the {self.step_s * 1e3:,.0f} ms the probe measured at start-up (the machine was busy "
+                         f"then), and a larger model pays at this speed: starting again, sized for it")
 
 
 # --- evaluation's share ------------------------------------------------------------------------------------------

@@ -236,6 +236,20 @@ def choose(budget_s, step_seconds, train_chars, world_size=1, grad_accum=1, clos
     return plan
 
 
+def larger_pays(rung, step_s, budget_s, train_chars, world_size=1, grad_accum=1):
+    """Whether the rule would pick the rung above `rung` where `rung` trains at step_s seconds a step for budget_s
+    seconds (the larger one's step guessed from the FLOPs of the two, as choose() guesses): a run that trains much
+    faster than its probe measured starts again sized for that speed (budget.Pace) only where it would pay."""
+    i = RUNGS.index(rung) if rung in RUNGS else len(RUNGS)
+    if i + 1 >= len(RUNGS):
+        return False
+    above = RUNGS[i + 1]
+    if above.params > PARAMS_PER_CHAR * train_chars:
+        return False
+    guess = step_s * above.flops() / rung.flops()
+    return budget_s / guess * above.chars_per_step * world_size * grad_accum >= TOKENS_PER_PARAM * above.params
+
+
 def step_budget_plan(train_chars, max_iters, world_size=1, grad_accum=1):
     """A run given steps, not time: the cpu preset's model (nothing to size by) -> Plan, with the warning if those
     steps read the corpus so often that the model will memorise it."""

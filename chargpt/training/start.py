@@ -174,9 +174,10 @@ def hardware(device, dtype, threads, cfg):
     return dict(zip(HARDWARE, (str(device), str(dtype).removeprefix("torch."), threads, cfg.compile, cfg.attention)))
 
 
-def start_run(overrides, log=print, sinks=()) -> Run:
+def start_run(overrides, log=print, sinks=(), resizable=False) -> Run:
     """The keyword arguments of chargpt.train (the flags, with underscores) -> a Run ready to train; `sinks`:
-    loggers beside the run's own files (training/sinks.py). Settings are checked before any work."""
+    loggers beside the run's own files (training/sinks.py). Settings are checked before any work. resizable: the
+    run may start again, sized for the speed it trains at, if that is far from the probe's (budget.Pace)."""
     model_kw, train_kw = split_overrides(overrides)  # unknown names and wrong types fail before any work
     # before torch's optimizers import dynamo, which points the variable at the temporary folder when it is unset
     share_compile_cache()
@@ -197,14 +198,14 @@ def start_run(overrides, log=print, sinks=()) -> Run:
             logfile.line(message)
 
     try:
-        return _build(settings, given, dist, device, say, claimed, sinks, logfile)
+        return _build(settings, given, dist, device, say, claimed, sinks, logfile, resizable)
     except BaseException:
         if claimed:
             claimed[0].release()  # a failed start leaves no lock and no empty run directory behind
         raise
 
 
-def _build(settings, given, dist, device, log, claimed, extra_sinks, logfile):
+def _build(settings, given, dist, device, log, claimed, extra_sinks, logfile, resizable=False):
     out_dir = claim_run_dir(given, dist, claimed)
     logfile.out_dir = out_dir
     origin = origin_of(given, settings, device.type, out_dir)
@@ -238,10 +239,10 @@ def _build(settings, given, dist, device, log, claimed, extra_sinks, logfile):
     distinct = len(corpus.vocab)
     corpus = origin.in_run_vocab(corpus, log)
     model_kw, counts = adaptive_softmax(origin, corpus)
-    sizing_lines, step_s = [], None
+    sizing_lines, step_s, rung = [], None, None
     if sizes:
-        model_kw, cfg, sizing_lines, step_s = auto_size(chosen, model_kw, cfg, task, corpus, device, dtype, dist,
-                                                        counts, tuner)
+        model_kw, cfg, sizing_lines, step_s, rung = auto_size(chosen, model_kw, cfg, task, corpus, device, dtype,
+                                                              dist, counts, tuner)
     threads = tuner.best if tuner is not None and tuner.measured else threads
     if origin.meta is not None and origin.meta["vocab"] != corpus.vocab:
         raise ConfigError(f"--resume: the corpus's vocabulary ({len(corpus.vocab)} characters) differs from "
@@ -266,9 +267,14 @@ def _build(settings, given, dist, device, log, claimed, extra_sinks, logfile):
     wrapped = wrap(model, optimizer, cfg, device, dtype, dist)
     period = eval_period(cfg, "eval_interval" in chosen)  # None: by steps alone
     fresh = origin.meta is None  # a new run fits what the user did not choose
+    larger = None  # a run sized here, in a folder of its own, may start again sized for the speed it trains at
+    if resizable and rung is not None and step_s and not dist.enabled and not cfg.log_to and claimed and \
+            out_dir in claimed[0].created:
+        train_chars = int(corpus.length * (1 - cfg.val_fraction))
+        larger = lambda step, left: sizing.larger_pays(rung, step, left, train_chars, 1, cfg.grad_accum)  # noqa: E731
     budget = fit_budget(cfg, state, step_s, period, chars_per_step / cfg.grad_accum, log,
                         fit_warmup=fresh and "warmup_iters" not in chosen,
-                        fit_iters=fresh and "eval_iters" not in chosen)
+                        fit_iters=fresh and "eval_iters" not in chosen, larger=larger)
     validator = Validator(cfg, state, period, eval_steps(cfg, period, state.budget_step), model, batches, device,
                           dtype, dist, budget.eval_fit,
                           passes=pass_steps(period, int(corpus.length * (1 - cfg.val_fraction)), chars_per_step))
@@ -372,9 +378,10 @@ def auto_size(given, model_kw, cfg, task, corpus, device, dtype, dist, counts=No
     """--preset auto: the model for this corpus, budget and machine (chargpt/training/sizing.py), decided on rank 0 (its
     speed measured there) for every rank; `given`: the settings a person chose, which it leaves as they are -> (model
     fields, TrainConfig, start-up lines, the probe's seconds a step of the model that trains, or None where a size
-    setting of the user's changed it)."""
+    setting of the user's changed it, and the sizing.Rung chosen)."""
     if task.name != "text":
-        return model_kw, cfg, ["auto: sentence pairs keep the cpu preset's model (sizing is fitted to text)"], None
+        return model_kw, cfg, ["auto: sentence pairs keep the cpu preset's model (sizing is fitted to text)"], None, \
+            None
     train_chars = int(corpus.length * (1 - cfg.val_fraction))
     decided = ""
     if dist.is_main:
@@ -399,10 +406,13 @@ def auto_size(given, model_kw, cfg, task, corpus, device, dtype, dist, counts=No
             if note:
                 lines.append(f"note: {note}")
         step_s = plan.step_s if not [name for name, _ in kept if name != "max_iters"] else None  # its model's
-        decided = json.dumps({"model": model_kw, "train": train_kw, "lines": lines, "step_s": step_s})
+        r = plan.rung
+        decided = json.dumps({"model": model_kw, "train": train_kw, "lines": lines, "step_s": step_s,
+                              "rung": [r.n_layer, r.n_embd, r.block_size, r.batch_size]})
     decided = json.loads(broadcast_str(decided, dist))
     # the sizes are the rule's (sizing.py), whole numbers it chose within their ranges: nothing to check again
-    return decided["model"], replace(cfg, **decided["train"]), decided["lines"], decided["step_s"]
+    return (decided["model"], replace(cfg, **decided["train"]), decided["lines"], decided["step_s"],
+            sizing.Rung(*decided["rung"]))
 
 
 def file_setting(settings, name):

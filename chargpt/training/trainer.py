@@ -13,6 +13,7 @@ decisions to stop (the budget, --patience, a signal) are taken together.
 """
 
 import math
+import shutil
 import time
 from contextlib import nullcontext
 
@@ -21,7 +22,7 @@ from tqdm import tqdm
 
 from chargpt.errors import ChargptError, Interrupted
 from chargpt.runtime import autocast
-from chargpt.training.budget import Overhead, end_seconds
+from chargpt.training.budget import Overhead, Resize, end_seconds
 from chargpt.training.describe import brief_lines, start_lines
 from chargpt.training.interrupt import Aborted, SignalFlag, StopRequested
 from chargpt.training.progress import Progress
@@ -277,18 +278,26 @@ def train(log=tqdm.write, sinks=(), started=None, **overrides):
     default: now) to the saved run and its closing sample. -> summary dict."""
     run, threads, started = None, torch.get_num_threads(), started or time.perf_counter()
     try:
-        run = start_run(overrides, log=log, sinks=sinks)
-        try:
-            full = start_lines(run)
-            for line in full:
-                run.log(line, show=run.cfg.verbose)  # all of them in train.log
-            if not run.cfg.verbose and run.dist.is_main:
-                for line in brief_lines(run, full):
-                    log(line)
-        except BaseException:
-            run.release()
-            raise
-        summary = Trainer(run, started).train()
+        for attempt in range(2):
+            # a run --preset auto sized while the machine was busy may start again once, sized for the speed it
+            # then trains at (budget.Pace): in the folder it made, emptied (start.py allows it only there)
+            run = start_run(overrides, log=log, sinks=sinks, resizable=attempt == 0 and not sinks)
+            try:
+                full = start_lines(run)
+                for line in full:
+                    run.log(line, show=run.cfg.verbose)  # all of them in train.log
+                if not run.cfg.verbose and run.dist.is_main:
+                    for line in brief_lines(run, full):
+                        log(line)
+            except BaseException:
+                run.release()
+                raise
+            try:
+                summary = Trainer(run, started).train()
+                break
+            except Resize as e:
+                log(str(e))
+                shutil.rmtree(run.out_dir, ignore_errors=True)
         early = f" (stopped early: no improvement in {run.cfg.patience} evaluations)" if summary["stopped_early"] \
             else ""
         run.log(f"done: {summary['step']} steps{early} in {summary['elapsed_s']:.0f} s "
