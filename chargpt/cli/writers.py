@@ -153,6 +153,8 @@ def score_line(sample, i, n, best_of=None):
     line = where + f"mean log-prob {sample.logprob:.3f} nats/char"
     if sample.removed is not None:
         line += f"; the constraints removed {sample.removed:.3f} nats/char"
+    if sample.ended:
+        line += f"; ended early: {sample.ended}"
     if sample.dropped:
         line += f" ({DROPPED.get(sample.dropped, sample.dropped)}: ranked last)"
     return line

@@ -127,8 +127,19 @@ class Generator:
     def prompt_text(self, prompt, unknown="error"):
         """The prompt as the model will see it after the unknown-character policy: 'error' raises naming
         each unknown character and its position, 'skip' drops them, 'replace' maps them to the first of
-        U+FFFD, '?' or a space that the vocabulary has (else its first character)."""
+        U+FFFD, '?' or a space that the vocabulary has (else its first character). A run with labels refuses its
+        label characters in a prompt (a label there would be read as a change of style mid-text), as a translator
+        refuses its pair markers."""
+        reserved = set(self.reserved())
+        forged = next((c for c in prompt if c in reserved), None) if reserved else None
+        if forged is not None:
+            raise ChargptError(f"the prompt holds U+{ord(forged):04X}, a private-use character this run reserves for "
+                               f"its labels; remove it (a label is chosen with {param('label')})")
         return self.vocab.decode(self.vocab.encode(prompt, unknown=unknown))
+
+    def reserved(self):
+        """The characters a sample never writes and a prompt never holds: a labelled run's label characters."""
+        return "".join(self.labels.chars()) if self.labels else ""
 
     def unknown_warning(self, prompt, unknown):
         """One line for stderr saying what 'skip' or 'replace' did to the prompt, or '' if nothing."""
@@ -170,7 +181,7 @@ class Generator:
             pieces = self._stream_pairs(prompt_seen, settings, options.num_samples, generator, options.use_cache)
             return Decoding(pieces, rows=options.num_samples)
         context = prompt_seen or self.form_start(settings.form, generator) or self.start_text()
-        rules = constraints.plan(settings, self.vocab, context, score=score)
+        rules = constraints.plan(settings, self.vocab, context, score=score, reserved=self.reserved())
         if rules and rules.program and rules.program.need[0] > settings.max_new_tokens:
             self.log(f"note: the form needs at least {rules.program.need[0]} characters; "
                      f"{param('max_new_tokens', settings.max_new_tokens)} cuts it short")
@@ -238,9 +249,11 @@ class Generator:
             return None
 
     def _chosen(self, steps, steer):
-        """Each step's ids -> [(sample index, character)], and (index, None) for a sample whose form ended."""
+        """Each step's ids -> [(sample index, character)], and (index, None) for a sample whose form ended or that
+        ended before this character (steer.stuck_now)."""
         for nxt in steps:
-            chosen = [(i, self.vocab.chars[c]) for i, c in enumerate(nxt.tolist())]
+            stuck = set(steer.stuck_now) if steer is not None else ()  # ended before this character: not written
+            chosen = [(i, None if i in stuck else self.vocab.chars[c]) for i, c in enumerate(nxt.tolist())]
             yield chosen + [(i, None) for i in steer.ended_now] if steer is not None else chosen
 
     def samples(self, prompt="", options=None, *, copies=None, **overrides):
@@ -325,7 +338,8 @@ class Decoding:
             if self.rows:
                 texts[i] += piece
             yield i, piece
-        self.samples = constraints.samples_of(texts, *(self.steer.scores() if self.steer else (None, None)))
+        self.samples = constraints.samples_of(texts, *(self.steer.scores() if self.steer else (None, None)),
+                                              ended=self.steer.ended if self.steer else None)
 
     def _ranked(self, pieces):
         for _ in self._kept(pieces):
