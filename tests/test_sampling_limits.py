@@ -9,7 +9,7 @@ import random
 
 import pytest
 import torch
-from helpers import TINY_RUN_KW, assert_one_line_error, invoke, random_model
+from helpers import TINY_RUN_KW, VOCAB, assert_one_line_error, invoke, random_model, train_pairs, write_cipher
 
 import chargpt
 from chargpt.cli import sample_cli
@@ -17,6 +17,7 @@ from chargpt.config import SampleSettings
 from chargpt.data.labels import NULL
 from chargpt.data.tokenizer import Vocab
 from chargpt.errors import ChargptError, ConfigError
+from chargpt.model.inside import look_inside
 from chargpt.sampling.constraints import Sample
 from chargpt.sampling.decode import sample_next
 from chargpt.sampling.engine import Generator
@@ -164,3 +165,24 @@ def test_an_empty_constraint_string_is_an_error_not_off(name, label_run):
     with pytest.raises(ConfigError, match=rf"^{name} is empty; give it .*, or leave it out$"):
         SampleSettings(**{name: ""})
     assert_one_line_error(sample(label_run, f"--{name}", ""), rf"--{name} is empty")
+
+
+# --- labels where a run has none, and in what the model is said to expect ------------------------------------------
+def test_a_label_on_a_translator_is_an_error_not_ignored(tmp_path):
+    gen = Generator(random_model(), VOCAB, "cpu", meta={"task": "pairs"})
+    with pytest.raises(ConfigError, match=r"this model translates .* has no labels; drop label$"):
+        gen.generate("abc", label="a", max_new_tokens=5)
+    write_cipher(tmp_path / "pairs.tsv", n=200)
+    train_pairs(tmp_path / "pairs.tsv", tmp_path / "run", steps=2, cache_dir=tmp_path / "cache", eval_pairs=5)
+    assert_one_line_error(sample(tmp_path / "run", "--prompt", "abc", "--label", "a"), r"has no labels; drop --label$")
+
+
+def test_look_inside_never_expects_a_label_character():
+    """The characters a labelled run is said to expect next are text: its labels (NULL, "no label", included) are
+    never written, so they are never listed, however likely the model finds them."""
+    gen = labelled_gen()
+    with torch.no_grad():
+        gen.model.lm_head.weight[LABEL_VOCAB.stoi[NULL]] += 100.0  # NULL: by far the most likely after anything
+    view = look_inside(gen, "abc xyz", top=len(LABEL_VOCAB))
+    listed = {c for row in view.expected for c, _ in row}
+    assert listed and not listed & {NULL, A, B} and len(view.expected[1]) == len(LABEL_VOCAB) - 3

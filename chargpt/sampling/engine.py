@@ -178,6 +178,9 @@ class Generator:
                 raise ConfigError("this model translates (it was trained on sentence pairs); forms, acrostics, banned "
                                   "and allowed characters, min-p, the repetition controls and best-of are for text "
                                   "models")
+            if settings.label:  # (guidance needs a label: SampleSettings)
+                raise ConfigError(f"this model translates (it was trained on sentence pairs) and has no labels; drop "
+                                  f"{param('label')}")
             pieces = self._stream_pairs(prompt_seen, settings, options.num_samples, generator, options.use_cache)
             return Decoding(pieces, rows=options.num_samples)
         context = prompt_seen or self.form_start(settings.form, generator) or self.start_text()
