@@ -1,13 +1,18 @@
 """Which file is which label (--labels folders|files|MANIFEST.tsv, chargpt/data/labels.py): a manifest that is not
 UTF-8 is a one-line error, one that starts with a byte-order mark reads as the text it is, and a label whose files
-are all left out of the corpus (not text) is an error naming the file, not a label that silently vanishes."""
+are all left out of the corpus (not text) is an error naming the file, not a label that silently vanishes; and the
+per-label validation stops when a signal asks, as the rest of an evaluation does."""
 
 import pytest
+import torch
 from helpers import TINY_FLAGS, assert_one_line_error, invoke
 
 from chargpt.cli import train_cli
+from chargpt.data import labels
 from chargpt.data.labels import label_sources
 from chargpt.errors import DataError
+from chargpt.training.interrupt import StopRequested
+from chargpt.training.tasks import Text
 
 
 @pytest.fixture
@@ -56,3 +61,33 @@ def test_a_binary_file_beside_a_labels_text_files_is_still_left_out(authors):
     (authors / "b" / "cover.png").write_bytes(b"\x89PNG\x00\x00")
     _, sources, labels = label_sources(authors, "folders")
     assert [s.name for s in sources] == ["a/one.txt", "b/one.txt"] and labels == ["a", "b"]
+
+
+def test_a_stop_during_the_per_label_validation_abandons_it():
+    """A signal during an evaluation is said to abandon it; with 10,000 labels the per-label losses are most of it,
+    so their loop checks the flag before every batch too, through the task the trainer calls."""
+    class Batches:  # 50 labels of random windows
+        names = [f"l{k}" for k in range(50)]
+
+        def get(self, split, gen, label):
+            x = torch.randint(8, (2, 4), generator=gen)
+            return x, x
+
+    model = torch.nn.Linear(1, 1)
+    model.forward = lambda x, targets: (None, torch.tensor(1.0))
+    read = []
+
+    def check_stop():
+        if len(read) == 3:
+            raise StopRequested
+        read.append(1)
+
+    with pytest.raises(StopRequested):
+        labels.label_losses(model, Batches(), 2, torch.float32, check_stop=check_stop)
+    assert len(read) == 3 and model.training  # stopped at the fourth batch of 100, the model's mode restored
+    read.clear()
+    task = type("Labelled", (), {"labels": object(), "spans": dict.fromkeys(Batches.names), "eval_iters": 100,
+                                 "label_batches": Batches()})()
+    with pytest.raises(StopRequested):
+        Text.scores(task, model, None, torch.float32, print, check_stop)
+    assert len(read) == 3

@@ -300,8 +300,9 @@ class LabelBatches:
 
 
 @torch.no_grad()
-def label_losses(model, batches, iters, dtype, seed=0):
-    """{label: mean validation loss over `iters` batches of its own windows}, the same windows at every call."""
+def label_losses(model, batches, iters, dtype, seed=0, check_stop=None):
+    """{label: mean validation loss over `iters` batches of its own windows}, the same windows at every call.
+    check_stop() is called before each batch (it raises to abandon the evaluation, as estimate_loss's does)."""
     was = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -311,6 +312,8 @@ def label_losses(model, batches, iters, dtype, seed=0):
             gen = torch.Generator().manual_seed(seed + k)
             total = 0.0
             for _ in range(iters):
+                if check_stop is not None:
+                    check_stop()
                 x, y = batches.get("val", gen, label=k)
                 with autocast(device, dtype):
                     total += float(model(x, targets=y)[1])
