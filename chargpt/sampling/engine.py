@@ -23,7 +23,7 @@ import torch
 
 from chargpt.config.flags import param
 from chargpt.data.corpus import share_compile_cache
-from chargpt.data.items import corpus_items, is_items_run, sample_items
+from chargpt.data.items import acrostic_items, check_item_options, corpus_items, is_items_run, sample_items
 from chargpt.data.labels import LabelSet
 from chargpt.data.pairs import END, SEP
 from chargpt.data.tokenizer import describe_chars
@@ -230,15 +230,22 @@ class Generator:
                  *(stoi[c] for c in self.labels.chars())], (settings.guidance or 1.0) != 1.0)
 
     def items(self, n=1, prompt="", options=None, *, new_only=False, known=None, **overrides):
-        """A run trained with --items: n items (each cut at its first newline), each starting with `prompt`, from
-        the start of an item (a newline) -> chargpt.data.items.ItemSamples. known: the list's items (known_items()), to
+        """A run trained with --items: n items (each cut at its first newline), each starting with `prompt` (one
+        line), or under an acrostic with its k-th character, from the start of an item (a newline) ->
+        chargpt.data.items.ItemSamples. known: the list's items (known_items()), to
         count copies of and, with new_only, to leave out; options and overrides: stream()'s (num_samples aside: n
         says how many)."""
         options = sample_options(options, **overrides)
+        check_item_options(options.settings, prompt)
         each = options.replace(stop=(*options.settings.stop, "\n"))
 
-        def generate(count, round_seed):
-            return [prompt + t for t in self.generate("\n" + prompt, each.replace(num_samples=count, seed=round_seed))]
+        def generate(count, round_seed, opts=each):
+            return [prompt + t for t in self.generate("\n" + prompt, opts.replace(num_samples=count, seed=round_seed))]
+        if options.settings.acrostic:  # item k starts with the acrostic's k-th character (cycling)
+            def letter_items(letter, count, seed):
+                return sample_items(lambda c, s: generate(c, s, each.replace(acrostic=letter)), count, seed, known,
+                                    new_only)
+            return acrostic_items(letter_items, n, options.settings.acrostic, options.seed)
         return sample_items(generate, n, options.seed, known, new_only)
 
     def known_items(self, data=None, run="the run"):
