@@ -513,6 +513,8 @@ def tracker_names(value):
 
 def check_trackers(value):
     for name in tracker_names(value):
+        if name == "none":  # alone it is no tracker (tracker_names); beside trackers it contradicts them
+            raise ConfigError(f"{param('log_to')}: none (no tracker) cannot be combined with trackers; give it alone")
         if name not in TRACKERS:
             close = difflib.get_close_matches(name, TRACKERS, n=1)
             raise ConfigError(f"{param('log_to')}: no tracker named {name!r}" + (f" (did you mean {close[0]}?)"
