@@ -186,3 +186,16 @@ def test_look_inside_never_expects_a_label_character():
     view = look_inside(gen, "abc xyz", top=len(LABEL_VOCAB))
     listed = {c for row in view.expected for c, _ in row}
     assert listed and not listed & {NULL, A, B} and len(view.expected[1]) == len(LABEL_VOCAB) - 3
+
+
+def test_best_of_out_of_memory_says_to_lower_best_of(label_run, monkeypatch):
+    """best-of decodes its N samples together, so --best-of, not --num-samples, is what to lower."""
+    from chargpt.model import transformer
+
+    def fail(self, *a, **kw):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 2000000000 bytes.")
+    monkeypatch.setattr(transformer.KVCache, "__init__", fail)
+    result = sample(label_run, "--best-of", 4, "--compile", "off")
+    assert_one_line_error(result, r"^error: out of memory \(2.0 GB requested\); lower --best-of \(its samples decode "
+                                  r"together, each with its own cache\)$")
+    assert "Exception ignored" not in result.output

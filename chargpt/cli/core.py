@@ -9,6 +9,7 @@ from click.core import ParameterSource
 
 from chargpt import textio
 from chargpt.cli.common import (
+    BEST_OF_MEMORY_HINT,
     CHECKPOINT,
     CONTEXT,
     DEVICE,
@@ -158,7 +159,7 @@ def sample_cli(checkpoint_path, prompt, prompt_file, num_samples, seed, unknown,
             return write_items(gen, text, options, target, new_only, novelty_data, path)
         write_samples(gen, text, options, target, copies)
 
-    run_guarded(main, SAMPLE_MEMORY_HINT)
+    run_guarded(main, BEST_OF_MEMORY_HINT if flags.get("best_of") else SAMPLE_MEMORY_HINT)  # what sets the rows
 
 
 def bench_cli():
