@@ -158,6 +158,8 @@ def test_auto_sizes_with_the_adaptive_head(tmp_path, alphabet_corpus):
     (["--softmax", "adaptive", "--label-smoothing", "0.1"], r"--label-smoothing needs --softmax full"),
     (["--shortlist", "10"], r"--shortlist 10 needs --softmax adaptive"),
     (["--softmax", "adaptive", "--shortlist", "5000"], r"--shortlist must be at least 0 and below"),
+    (["--softmax", "adaptive", "--shortlist", "-3"], r"--shortlist must be 0 or more \(got -3\); 0 picks it from the "
+                                                     r"text$"),  # not the 1,114,112 code points of before the corpus
 ])
 def test_what_cannot_go_with_it_is_one_line(tmp_path, alphabet_corpus, args, pattern):
     result = CliRunner().invoke(train_cli, [*TINY_FLAGS, "--max-iters", "2", "--data", str(alphabet_corpus),
@@ -173,9 +175,14 @@ def test_the_gpt2_export_and_init_from_refuse_it_by_name(tmp_path, alphabet_corp
     cfg = load_model(tmp_path / "run")[0].config
     with pytest.raises(ConfigError, match=r"softmax\W+adaptive\W+cannot be exported as GPT-2"):
         export.check_exportable(cfg)
-    result = CliRunner().invoke(train_cli, [*TINY_FLAGS, "--max-iters", "2", "--data", str(alphabet_corpus),
-                                            "--out-dir", str(tmp_path / "more"), "--init-from", str(tmp_path / "run")])
-    assert_one_line_error(result, r"--init-from cannot carry --softmax adaptive")
+    advice = (r"was trained with --softmax adaptive, which a new run cannot start from yet \(its clusters follow "
+              r"that run's text\); train from scratch \(drop --init-from\), or start from a run trained with "
+              r"--softmax full$")
+    for extra in ([], ["--softmax", "full"], ["--softmax", "adaptive"]):  # one advice, whatever --softmax says
+        result = CliRunner().invoke(train_cli, [*TINY_FLAGS, "--max-iters", "2", "--data", str(alphabet_corpus),
+                                                "--out-dir", str(tmp_path / "more"), "--init-from",
+                                                str(tmp_path / "run"), *extra])
+        assert_one_line_error(result, advice)
 
 
 class FixedProbe:

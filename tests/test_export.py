@@ -473,3 +473,13 @@ def test_other_commands_do_not_import_transformers():
            "set(sys.modules)))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr
+
+
+def test_force_into_a_folder_that_is_no_export_names_only_what_it_lacks(tmp_path):
+    """A folder with a config.json of its own is refused by what it lacks (not "it lacks config.json")."""
+    target = tmp_path / "busy"
+    target.mkdir()
+    (target / "config.json").write_text("{}")
+    with pytest.raises(ChargptError, match=r"is not an earlier export \(it lacks model.safetensors, tokenizer.json\), "
+                                           r"and --force replaces only an export's files; choose a new folder$"):
+        export_module.check_target(target, tmp_path / "run.safetensors", force=True)

@@ -179,7 +179,7 @@ def test_acrostic_lines_are_the_verses_of_a_couplet_line_or_the_pattern_lines():
     (dict(allow="É"), r"allow: none of its characters"),
     (dict(ban="\n abcdefghijklmnopqrstuvwxyz"), r"leave no character"),
     (dict(best_of=2, num_samples=3), r"best_of \(2\) must be at least num_samples \(3\)"),
-    (dict(min_p=1.5), r"min_p must be in \[0, 1\]"), (dict(repetition_penalty=0.0), r"must be > 0"),
+    (dict(min_p=1.5), r"min_p must be in \[0, 1\]"), (dict(repetition_penalty=0.0), r"must be from 0.01 to 100"),
     (dict(no_repeat_ngram=-1), r"must be >= 0"), (dict(best_of=0), r"best_of must be >= 1"),
 ], ids=str)
 def test_what_the_vocabulary_or_settings_cannot_satisfy_is_one_line_before_decoding(kw, message, monkeypatch):

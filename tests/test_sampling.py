@@ -382,7 +382,7 @@ def test_min_p_keeps_what_transformers_min_p_keeps():
 def test_without_a_constraint_nothing_changes_in_the_decode_loop():
     """No rule and no scoring asked for: no Steer at all (the loop does what it did before constraints existed);
     each control's off value counts as not given. The text is the plain loop's."""
-    off = dict(ban="", allow="", form="", acrostic="", repetition_penalty=1.0, no_repeat_ngram=0, min_p=0.0)
+    off = dict(ban="", repetition_penalty=1.0, no_repeat_ngram=0, min_p=0.0)  # an empty --allow is an error
     assert plan(SampleSettings(), VOCAB, "\n") is None and plan(SampleSettings(**off), VOCAB, "\n") is None
     gen, model = Generator(random_model(), VOCAB, "cpu"), random_model()
     kw = dict(max_new_tokens=2 * MODEL_BLOCK, temperature=1.0, top_k=6, num_samples=2, seed=4)

@@ -197,6 +197,13 @@ def test_an_unknown_tracker_is_a_one_line_error_naming_the_ones_there_are(tmp_pa
     assert not (tmp_path / "run").exists()
 
 
+def test_none_beside_trackers_is_an_error_saying_it_cannot_be_combined(tmp_path, corpus):
+    r = invoke(train_cli, ["--data", corpus, "--out-dir", tmp_path / "run", "--log-to", "none,tensorboard",
+                           *TINY_FLAGS])
+    assert_one_line_error(r, r"--log-to: none \(no tracker\) cannot be combined with trackers; give it alone$")
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_tracker_that_cannot_start_is_a_one_line_error_and_leaves_no_run_directory(tmp_path, monkeypatch,
                                                                                       corpus):
     need("mlflow")

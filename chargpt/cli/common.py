@@ -22,6 +22,7 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 110}
 TRAIN_MEMORY_HINT = "lower --batch-size (--grad-accum keeps the global batch), --block-size or the model size " \
                     "(--n-embd, --n-layer)"
 SAMPLE_MEMORY_HINT = "lower --num-samples (the samples decode together, each with its own cache)"
+BEST_OF_MEMORY_HINT = "lower --best-of (its samples decode together, each with its own cache)"
 _NOT_GIVEN = object()
 
 

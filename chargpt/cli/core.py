@@ -9,6 +9,7 @@ from click.core import ParameterSource
 
 from chargpt import textio
 from chargpt.cli.common import (
+    BEST_OF_MEMORY_HINT,
     CHECKPOINT,
     CONTEXT,
     DEVICE,
@@ -122,7 +123,7 @@ def sample_cli(checkpoint_path, prompt, prompt_file, num_samples, seed, unknown,
     sample when there are several); everything else goes to stderr. Under a constraint (--form, --ban, ...) or
     --best-of, each sample's scores follow on stderr (in --json, its `score`)."""
     def main():
-        from chargpt.cli.writers import Target, write_items, write_samples
+        from chargpt.cli.writers import Target, check_items, write_items, write_samples
         from chargpt.runs.rundir import latest_run
         from chargpt.sampling.engine import load
         from chargpt.sampling.forms import shape_lines
@@ -143,6 +144,8 @@ def sample_cli(checkpoint_path, prompt, prompt_file, num_samples, seed, unknown,
         runner, reason = gen.decode_runner(options.settings.max_new_tokens * (best_of or num_samples))
         if compile_mode != "auto" or runner is not None:  # said when it is not the usual
             click.echo(reason, err=True)
+        if (gen.items_run or new_only) and not interactive:  # a list: refused before best-of's index is built
+            check_items(gen, text, options)
         check_options(novelty, None if best_of else min_span, None if best_of else novelty_data, interactive)
         # the index loads before any sample is written, so that a missing corpus fails first
         scorer = sample_scorer(gen.meta, str(path), min_span, novelty_data, log=_stderr) if novelty else None
@@ -161,7 +164,7 @@ def sample_cli(checkpoint_path, prompt, prompt_file, num_samples, seed, unknown,
             return write_items(gen, text, options, target, new_only, novelty_data, path)
         write_samples(gen, text, options, target, copies)
 
-    run_guarded(main, SAMPLE_MEMORY_HINT)
+    run_guarded(main, BEST_OF_MEMORY_HINT if flags.get("best_of") else SAMPLE_MEMORY_HINT)  # what sets the rows
 
 
 def bench_cli():

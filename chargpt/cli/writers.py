@@ -13,8 +13,8 @@ import click
 
 from chargpt import textio
 from chargpt.config.flags import param
-from chargpt.data.items import MAX_TRIES
-from chargpt.errors import ConfigError, DataError
+from chargpt.data.items import MAX_TRIES, check_item_options
+from chargpt.errors import ChargptError, ConfigError, DataError
 from chargpt.sampling.constraints import given
 from chargpt.tools.novelty.samples import sample_records, scored_line
 
@@ -153,9 +153,19 @@ def score_line(sample, i, n, best_of=None):
     line = where + f"mean log-prob {sample.logprob:.3f} nats/char"
     if sample.removed is not None:
         line += f"; the constraints removed {sample.removed:.3f} nats/char"
+    if sample.ended:
+        line += f"; ended early: {sample.ended}"
     if sample.dropped:
         line += f" ({DROPPED.get(sample.dropped, sample.dropped)}: ranked last)"
     return line
+
+
+def check_items(gen, prompt, options):
+    """What sample.py cannot ask of a list (or --new-only of a run that is none), refused before any work (best-of's
+    copy check builds an index first)."""
+    if not gen.items_run:
+        raise ConfigError(f"{param('new_only')} is for a run trained with {param('items')} (a list); drop it")
+    check_item_options(options.settings, prompt)
 
 
 def write_items(gen, prompt, options, target, new_only=False, data=None, run="the run"):
@@ -163,10 +173,7 @@ def write_items(gen, prompt, options, target, new_only=False, data=None, run="th
     says how many are exact copies of an item of the list (found as chargpt.tools.novelty finds a run's text: `data` if
     it moved), or that the list is gone and nothing was counted; with new_only, copies are left out."""
     n = options.num_samples
-    if not gen.items_run:
-        raise ConfigError(f"{param('new_only')} is for a run trained with {param('items')} (a list); drop it")
-    if options.settings.best_of:
-        raise ConfigError(f"{param('best_of')} ranks text samples; a list's items take {param('new_only')} instead")
+    check_items(gen, prompt, options)
     known = gen.known_items(data, str(run))
     if new_only and known is None:
         raise DataError(f"{param('new_only')} needs the list the run trained on to leave copies out; pass "
@@ -178,6 +185,10 @@ def write_items(gen, prompt, options, target, new_only=False, data=None, run="th
                       if new_only else ""))
     if got.empty:
         target.say(f"{got.empty} empty item(s) (a newline at once) were written again")
+    if not got.items:  # nothing to write is a failure, not a success with no output
+        why = f"every one copied the list ({param('new_only')})" if got.dropped else "every one was empty"
+        raise ChargptError(f"no item in {got.tries} tries (at most {MAX_TRIES} per item): {why}; try another "
+                           f"{param('seed')} or a higher {param('temperature')}")
     if len(got.items) < n:
         target.say(f"only {len(got.items)} of {n} items after {got.tries} tries (at most {MAX_TRIES} per item)")
     lines = [json.dumps({"item": t, "copy": known is not None and t in known}, ensure_ascii=False)

@@ -43,6 +43,9 @@ FORMAT_VERSION = 1  # bump when the checkpoint layout changes incompatibly
 MAX_INT = 2**63 - 1  # torch's sizes and indices are signed 64-bit
 MAX_LAYERS = 10_000  # blocks a side: a safetensors header (100 MB at most) names each tensor, with 2 moments each
 MAX_SEED = MAX_INT  # torch seeds are unsigned 64-bit; this leaves room for the per-stream offsets added to the seed
+# Where sampling's float32 arithmetic stays finite: past 100 a temperature is all but uniform, a repetition penalty
+# all but a ban, and a guidance scale all but the labelled logits' argmax; further, logits overflow to inf and NaN
+SAMPLE_SCALE = 100.0
 OPTIMIZERS = ("adamw", "muon")
 LR_SCHEDULES = ("cosine", "wsd", "inverse-sqrt")
 SAVE_STATES = ("eval", "end")
@@ -420,6 +423,8 @@ class SampleSettings:
         check_numbers(self)
         if not self.temperature >= 0:
             raise ConfigError(f"{param('temperature')} must be >= 0 (0 means greedy), got {self.temperature}")
+        if self.temperature > SAMPLE_SCALE:
+            raise ConfigError(f"{param('temperature')} must be at most {SAMPLE_SCALE:g}, got {self.temperature}")
         if self.top_k is not None and self.top_k < 0:
             raise ConfigError(f"{param('top_k')} must be >= 0 (0 disables it), got {self.top_k}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
@@ -430,15 +435,21 @@ class SampleSettings:
             raise ConfigError(f"{param('stop')} needs a non-empty string")
         if self.min_p is not None and not 0 <= self.min_p <= 1:
             raise ConfigError(f"{param('min_p')} must be in [0, 1] (0 disables it), got {self.min_p}")
-        if self.repetition_penalty is not None and not self.repetition_penalty > 0:
-            raise ConfigError(f"{param('repetition_penalty')} must be > 0 (1 disables it; above 1 repeats less), got "
-                              f"{self.repetition_penalty}")
+        if self.repetition_penalty is not None and not 1 / SAMPLE_SCALE <= self.repetition_penalty <= SAMPLE_SCALE:
+            raise ConfigError(f"{param('repetition_penalty')} must be from {1 / SAMPLE_SCALE:g} to {SAMPLE_SCALE:g} (1 "
+                              f"disables it; above 1 repeats less), got {self.repetition_penalty}")
         if self.no_repeat_ngram is not None and self.no_repeat_ngram < 0:
             raise ConfigError(f"{param('no_repeat_ngram')} must be >= 0 (0 disables it), got {self.no_repeat_ngram}")
-        if self.guidance is not None and not (self.guidance >= 1 and (self.label or self.guidance == 1)):
-            raise ConfigError(f"{param('guidance')} must be >= 1 and steers towards a --label (got {self.guidance})")
+        guided = self.guidance is not None and (self.label or self.guidance == 1)
+        if self.guidance is not None and not (guided and 1 <= self.guidance <= SAMPLE_SCALE):
+            raise ConfigError(f"{param('guidance')} must be >= 1 (at most {SAMPLE_SCALE:g}) and steers towards a "
+                              f"--label (got {self.guidance})")
         if self.best_of is not None and self.best_of < 1:
             raise ConfigError(f"{param('best_of')} must be >= 1, got {self.best_of}")
+        for name, what in (("allow", "the characters to write"), ("form", "a pattern or a form's name"),
+                           ("acrostic", "the characters that start the lines")):
+            if getattr(self, name) == "":  # empty is not "off": --allow "" would allow nothing
+                raise ConfigError(f"{param(name)} is empty; give it {what}, or leave it out")
         if self.form:
             from chargpt.sampling.forms import parse
             parse(self.form)  # the pattern's own syntax; what the vocabulary allows is checked at decoding
@@ -502,6 +513,8 @@ def tracker_names(value):
 
 def check_trackers(value):
     for name in tracker_names(value):
+        if name == "none":  # alone it is no tracker (tracker_names); beside trackers it contradicts them
+            raise ConfigError(f"{param('log_to')}: none (no tracker) cannot be combined with trackers; give it alone")
         if name not in TRACKERS:
             close = difflib.get_close_matches(name, TRACKERS, n=1)
             raise ConfigError(f"{param('log_to')}: no tracker named {name!r}" + (f" (did you mean {close[0]}?)"

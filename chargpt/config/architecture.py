@@ -17,7 +17,9 @@ def check_shortlist(cfg):
     """--softmax adaptive against the vocabulary: what only the corpus's characters decide."""
     if cfg.vocab_size < 2:
         raise ConfigError("--softmax adaptive needs a corpus of at least 2 distinct characters")
-    if not 0 <= cfg.shortlist < cfg.vocab_size:
+    if cfg.shortlist < 0:  # said alone: before the corpus is read, the vocabulary is every code point
+        raise ConfigError(f"--shortlist must be 0 or more (got {cfg.shortlist:,}); 0 picks it from the text")
+    if not cfg.shortlist < cfg.vocab_size:
         raise ConfigError(f"--shortlist must be at least 0 and below the vocabulary's {cfg.vocab_size:,} "
                           f"characters (got {cfg.shortlist:,}); 0 picks it from the text")
 

@@ -321,6 +321,13 @@ class Initialised:
     task_from_base: bool = False  # --task pairs came from a pairs base, not from the user
 
 
+def adaptive_base(base_name):
+    """The one advice for --init-from a run trained with --softmax adaptive, which no setting makes possible yet."""
+    return ConfigError(f"{param('init_from')}: {base_name} was trained with {param('softmax', 'adaptive')}, which a "
+                       f"new run cannot start from yet (its clusters follow that run's text); train from scratch "
+                       f"(drop {param('init_from')}), or start from a run trained with {param('softmax', 'full')}")
+
+
 def init_settings(meta, settings: Settings, device_type, base_name):
     """The base run's checkpoint metadata (checkpoint.read_meta) + the settings given now -> Initialised.
 
@@ -330,6 +337,8 @@ def init_settings(meta, settings: Settings, device_type, base_name):
     <- flags), the preset by default the base's, --task by default the base's: a fresh optimizer, schedule and
     budget, in a new run directory."""
     base = meta["model_config"]
+    if base.softmax == "adaptive":  # first: no flag makes it work, so no other advice may come before this one
+        raise adaptive_base(base_name)
     base_preset = getattr(run_settings(meta), "preset", None)
     preset = base_preset if base_preset in PRESETS else None
     settings.pick_preset(device_type, fallback=(preset, f"the base run {base_name}") if preset else None)

@@ -80,7 +80,7 @@ BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codec
         (codecs.BOM_UTF16_BE, "utf-16"))  # UTF-32 LE begins as UTF-16 LE does: it is looked for first
 
 
-def _looks_binary(path, encoding):
+def looks_binary(path, encoding):
     """-> (offset of the first NUL byte, the encoding the file looks written in, or None), or None for text."""
     if encoding.lower().replace("-", "").replace("_", "").startswith(("utf16", "utf32")):
         return None  # NUL bytes are normal there
@@ -120,7 +120,7 @@ def corpus_sources(data, encoding="utf-8", name="data", dirs=True):
                         f"{kinds}")
     if path.is_file():
         _check_readable(path)
-        found = _looks_binary(path, encoding)
+        found = looks_binary(path, encoding)
         if found is not None:
             pos, wide = found
             fix = f"it looks like {wide.upper()} text: pass {param('encoding', wide)}" if wide else \
@@ -135,7 +135,7 @@ def corpus_sources(data, encoding="utf-8", name="data", dirs=True):
                         f"{flag} with a {kinds}")
     files = sorted(p for p in path.rglob("*") if p.is_file() and not any(
         part.startswith(".") for part in p.relative_to(path).parts))
-    texts = [p for p in files if os.access(p, os.R_OK) and _looks_binary(p, encoding) is None]
+    texts = [p for p in files if os.access(p, os.R_OK) and looks_binary(p, encoding) is None]
     if not texts:
         raise DataError(f"directory {data} has no readable text files ({len(files)} files, none text); "
                         f"put .txt files in it or pass {flag} with a file")

@@ -21,6 +21,7 @@ evaluation records the validation loss of each label (val_loss_by_label in metri
 labels by --label-sampling: proportional (to the label's characters) or balanced (each label equally often).
 """
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +29,7 @@ import numpy as np
 import torch
 
 from chargpt.config.flags import param
-from chargpt.data.corpus import Source, Split, corpus_sources, iter_text, make_split
+from chargpt.data.corpus import Source, Split, corpus_sources, iter_text, looks_binary, make_split
 from chargpt.data.tokenizer import codepoints
 from chargpt.errors import ChargptError, ConfigError, DataError
 from chargpt.runtime import autocast
@@ -157,6 +158,7 @@ def label_sources(data, how, encoding="utf-8"):
             labels = [Path(s.name).parts[0] for s in sources]
         else:
             labels = [Path(s.name).stem or Path(s.name).name for s in sources]
+        _check_dropped(data, how, set(labels), encoding)
     else:
         name, sources, labels = _manifest(data, how)
     for label in set(labels):
@@ -169,6 +171,27 @@ def label_sources(data, how, encoding="utf-8"):
     return name, [s for s, _ in pairs], [label for _, label in pairs]
 
 
+def _label_of(rel, how):
+    """A file's label under --labels folders (its top folder; None for a file beside them) or files (its name)."""
+    if how == "folders":
+        return rel.parts[0] if len(rel.parts) > 1 else None
+    return rel.stem or rel.name
+
+
+def _check_dropped(data, how, kept, encoding):
+    """A folder's corpus leaves out files that are not text (a NUL byte); a label all of whose files were left out
+    would vanish from the run unsaid, so it is an error naming the file."""
+    root = Path(data).expanduser()
+    for file in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = file.relative_to(root)
+        label = _label_of(rel, how)
+        if label is None or label in kept or any(part.startswith(".") for part in rel.parts):
+            continue
+        found = looks_binary(file, encoding) if os.access(file, os.R_OK) else None
+        why = f"has a NUL byte at offset {found[0]}, so it is not text" if found else "is not readable"
+        raise DataError(f"{param('labels', how)}: label {label!r} has no text file ({rel} {why}); fix or remove it")
+
+
 def _manifest(data, path):
     """A manifest of file<TAB>label lines (paths relative to it; blank lines and # comments skipped)."""
     manifest = Path(path).expanduser()
@@ -177,8 +200,12 @@ def _manifest(data, path):
                           f"{param('labels', 'folders')}, {param('labels', 'files')} or a TSV of file<TAB>label lines")
     if manifest.stat().st_size > MAX_MANIFEST_BYTES:
         raise DataError(f"{path} is larger than {MAX_MANIFEST_BYTES:,} bytes; a manifest lists files, one a line")
+    try:  # utf-8-sig: a byte-order mark some editors write would otherwise be part of the first file's name
+        text = manifest.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path} is not UTF-8 text (byte {e.start}); save the manifest as UTF-8") from None
     sources, labels = [], []
-    for n, line in enumerate(manifest.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.startswith("#"):
             continue
         parts = line.split("\t")
@@ -273,8 +300,9 @@ class LabelBatches:
 
 
 @torch.no_grad()
-def label_losses(model, batches, iters, dtype, seed=0):
-    """{label: mean validation loss over `iters` batches of its own windows}, the same windows at every call."""
+def label_losses(model, batches, iters, dtype, seed=0, check_stop=None):
+    """{label: mean validation loss over `iters` batches of its own windows}, the same windows at every call.
+    check_stop() is called before each batch (it raises to abandon the evaluation, as estimate_loss's does)."""
     was = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -284,6 +312,8 @@ def label_losses(model, batches, iters, dtype, seed=0):
             gen = torch.Generator().manual_seed(seed + k)
             total = 0.0
             for _ in range(iters):
+                if check_stop is not None:
+                    check_stop()
                 x, y = batches.get("val", gen, label=k)
                 with autocast(device, dtype):
                     total += float(model(x, targets=y)[1])

@@ -82,7 +82,10 @@ def look_inside(gen, text, top=5, end=None):
     bits = [None] + (-logp[:-1].gather(1, target[:, None])[:, 0] / LN2).tolist()
     for i in unknown:
         bits[i] = None
-    probs, idx = logp.exp().topk(min(top, len(vocab)), dim=-1)  # (N, top)
+    reserved = [vocab.stoi[c] for c in gen.reserved() if c in vocab.stoi]  # a labelled run's labels: never written
+    shown = logp.index_fill(1, torch.tensor(reserved, dtype=torch.long, device=logp.device), float("-inf")) \
+        if reserved else logp
+    probs, idx = shown.exp().topk(min(top, len(vocab) - len(reserved)), dim=-1)  # (N, top)
     expected = [[]] + [[(vocab.chars[j], round(p, 4)) for j, p in zip(row_i, row_p)]
                        for row_i, row_p in zip(idx.tolist(), probs.tolist())]
     attention = attention_maps(gen.model, ids[:end], gen.dtype)

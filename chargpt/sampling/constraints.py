@@ -17,6 +17,7 @@ per character of the text it wrote (the same number a teacher-forced evaluation 
 prints nothing: sample.py's lines and records of the scores are chargpt/cli/writers.py's.
 """
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -93,28 +94,37 @@ class Rules:
 
 def given(settings):
     """Whether SampleSettings ask for a constraint or best-of: a run that reports scores. Each control's off value
-    (penalty 1, n-gram 0, empty strings) counts as not given."""
+    (penalty 1, n-gram 0, an empty --ban) counts as not given (an empty --allow, --form or --acrostic is
+    refused where the settings are made)."""
     s = settings
     return bool(s.ban or s.allow or s.form or s.acrostic or s.repetition_penalty not in (None, 1.0)
                 or s.no_repeat_ngram or s.best_of)
 
 
-def plan(settings, vocab, context, score=False):
+def plan(settings, vocab, context, score=False, reserved=""):
     """SampleSettings + the vocabulary + the text before the sample -> Rules, or None when nothing constrains the
-    sample and no score is wanted (the decode loop then runs exactly as without this module). Every setting the
-    vocabulary cannot satisfy is a one-line ConfigError here, before any decoding."""
+    sample and no score is wanted (the decode loop then runs exactly as without this module). reserved: characters no
+    sample may write (a labelled run's label characters: the decode loop masks them), so none of --allow, --form or
+    --acrostic may ask for one, and what --ban and --allow leave must hold another. Every setting the vocabulary
+    cannot satisfy is a one-line ConfigError here, before any decoding."""
     s = settings
     if not (given(s) or score):
         return None
-    allowed = torch.ones(len(vocab), dtype=torch.bool)
+    for name in ("allow", "form", "acrostic"):
+        clash = next((c for c in getattr(s, name) or "" if c in reserved), None)
+        if clash is not None:
+            raise ConfigError(f"{param(name)} holds U+{ord(clash):04X}, one of this run's label characters, which a "
+                              f"sample never writes; choose a label with {param('label')} instead")
+    allowed = ~_mask(vocab, reserved)
     if s.allow:
-        allowed = _mask(vocab, s.allow)
+        allowed &= _mask(vocab, s.allow)
         if not allowed.any():
             raise ConfigError(f"{param('allow')}: none of its characters is in this model's vocabulary")
     if s.ban:
         allowed &= ~_mask(vocab, s.ban)
     if not allowed.any():
-        raise ConfigError(f"{param('ban')} and {param('allow')} leave no character this model knows")
+        raise ConfigError(f"{param('ban')} and {param('allow')} leave no character this model writes" +
+                          (" (its label characters are never written)" if reserved else ""))
     program = forms.compile_form(s.form, s.acrostic, vocab, allowed, context)
     penalty = s.repetition_penalty if s.repetition_penalty != 1.0 else None
     return Rules(len(vocab), None if allowed.all() else allowed, penalty, s.no_repeat_ngram or None, program)
@@ -131,8 +141,10 @@ def _mask(vocab, chars):
 class Steer:
     """The rules applied to one batch of `rows` samples continuing `context` (a list of ids), for at most `budget`
     characters. logits(logits (B, V)) -> the logits to sample from; chose(ids (B,)) records the choice. ended_now:
-    the rows whose form ended with the last choice. scores() -> (log-probability of each chosen character,
-    probability the constraints removed, in nats; each (steps, B), the latter None without a hard constraint)."""
+    the rows whose form ended with the last choice; stuck_now: the rows that end before this step's choice, which is
+    not written (nothing was left to write: `ended` says why, by row). scores() -> (log-probability of each chosen
+    character, probability the constraints removed, in nats; each (steps, B), the latter None without a hard
+    constraint)."""
 
     def __init__(self, rules, context, rows, budget, device):
         self.rules, self.ended_now = rules, []
@@ -146,8 +158,10 @@ class Steer:
             self.seen[:, torch.tensor(sorted(set(context)), dtype=torch.long, device=device)] = True
         self.hard = rules.allowed is not None or rules.program is not None or rules.ngram is not None
         self.logp, self.removed, self.step_logp = [], [], None
+        self.stuck_now, self.ended = [], {}  # rows that end before this step's character; row -> why it ended early
 
     def logits(self, logits):
+        self.stuck_now = []
         raw = logits.float()
         B, V = raw.shape
         allowed = None
@@ -162,8 +176,14 @@ class Steer:
                 base = allowed if allowed is not None else torch.ones(B, V, dtype=torch.bool, device=raw.device)
                 hard = base.clone()
                 hard[torch.tensor(rows, device=raw.device), torch.tensor(ids, device=raw.device)] = False
-                # a row left with nothing (the form's fixed character was an n-gram's): the form wins
-                allowed = torch.where(hard.any(dim=-1, keepdim=True), hard, base)
+                # a row left with nothing: under a form, its fixed character (or slot) wins over the n-gram rule;
+                # without one the sample ends here, said as such (sampling on would break the rule it was given)
+                left = hard.any(dim=-1, keepdim=True)
+                allowed = torch.where(left, hard, base)
+                if self.walk is None and not bool(left.all()):
+                    self.stuck_now = [r for r in (~left[:, 0]).nonzero()[:, 0].tolist() if r not in self.ended]
+                    self.ended.update(dict.fromkeys(self.stuck_now, f"{param('no_repeat_ngram', self.rules.ngram)} "
+                                                                    f"left nothing to write"))
         self.step_logp = torch.log_softmax(raw, dim=-1)  # (B, V): the model's own distribution
         if allowed is not None:
             self.removed.append(-torch.logsumexp(self.step_logp.masked_fill(~allowed, float("-inf")), dim=-1))
@@ -202,29 +222,34 @@ class Sample:
     row: int = 0
     dropped: str | None = None
     copied: dict | None = None
+    ended: str | None = None
 
     def record(self, best_of=None):
-        """The `score` object of a --json record."""
+        """The `score` object of a --json record (and of the playground's done event): JSON numbers only, a score
+        that is not finite (no allowed character had any probability) is null."""
         out = {"logprob": _round(self.logprob), "chars": len(self.text)}
         if self.removed is not None:
             out["removed"] = _round(self.removed)
+        if self.ended:
+            out["ended"] = self.ended
         if best_of:
             out.update(best_of=best_of, row=self.row, dropped=self.dropped)
         return out
 
 
 def _round(x):
-    return None if x is None else round(x, 4)
+    return None if x is None or not math.isfinite(x) else round(x, 4)
 
 
-def samples_of(texts, logp, removed):
+def samples_of(texts, logp, removed, ended=None):
     """The texts of a batch and its step scores ((steps, B) each, or None) -> Samples; a text's scores are those of
-    its own characters (a stop string or the form's end cut it)."""
+    its own characters (a stop string or the form's end cut it). ended: row -> why it ended early (Steer.ended)."""
     out = []
     for i, t in enumerate(texts):
         n = len(t)
         out.append(Sample(t, logp[:n, i].mean().item() if logp is not None and n else None,
-                          removed[:n, i].mean().item() if removed is not None and n else None, row=i))
+                          removed[:n, i].mean().item() if removed is not None and n else None, row=i,
+                          ended=(ended or {}).get(i)))
     return out
 
 

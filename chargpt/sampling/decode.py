@@ -15,23 +15,26 @@ Constraints (--ban, --form, --repetition-penalty, ...: chargpt/sampling/constrai
 object that changes the logits before each choice and records the choice after it; without one the loop is unchanged.
 """
 
-
 import torch
 
 from chargpt.data.corpus import share_compile_cache
 from chargpt.model.transformer import KVCache
 from chargpt.runtime import autocast
 
+# A temperature below this is greedy, as vLLM's (_SAMPLING_EPS): the draw is already the argmax far above it, and
+# from about 1e-45 down the divisor is 0 in float32 (0 / 0: NaN everywhere, which would pick id 0 every time)
+GREEDY_BELOW = 1e-5
+
 
 def sample_next(logits, generator, temperature=1.0, top_k=None, top_p=None, min_p=None):
-    """logits (B, V) -> next ids (B,). Temperature 0 is argmax; top_k is clamped to V (0 or None: off); top_p
-    keeps the smallest set of most likely characters whose probability reaches top_p (applied after top_k); min_p
-    then drops the characters less likely than min_p times the most likely one (transformers' MinPLogitsWarper;
-    0 or None: off). Characters at -inf (a constraint's mask) are never picked.
+    """logits (B, V) -> next ids (B,). Temperature 0 (or below GREEDY_BELOW) is argmax; top_k is clamped to V (0 or
+    None: off); top_p keeps the smallest set of most likely characters whose probability reaches top_p (applied after
+    top_k; the most likely always stays); min_p then drops the characters less likely than min_p times the most likely
+    one (transformers' MinPLogitsWarper; 0 or None: off). Characters at -inf (a constraint's mask) are never picked.
     Randomness comes only from `generator` (a CPU torch.Generator): one uniform number per row, mapped
     through the cumulative distribution, so the same seed gives the same draws on any device (the text is
     the same wherever the logits are)."""
-    if temperature == 0:
+    if temperature < GREEDY_BELOW:
         return logits.argmax(dim=-1)
     logits = logits.float()
     logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature  # max first: no inf - inf at tiny T
@@ -42,6 +45,7 @@ def sample_next(logits, generator, temperature=1.0, top_k=None, top_p=None, min_
     if top_p is not None and top_p < 1:
         sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
         drop = (sorted_p.cumsum(dim=-1) - sorted_p) >= top_p  # mass before this one already reached top_p
+        drop[:, 0] = False  # the most likely always stays (a top_p that is 0 in float32 would drop every one)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
     if min_p:
         probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)

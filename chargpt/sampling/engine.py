@@ -23,7 +23,7 @@ import torch
 
 from chargpt.config.flags import param
 from chargpt.data.corpus import share_compile_cache
-from chargpt.data.items import corpus_items, is_items_run, sample_items
+from chargpt.data.items import acrostic_items, check_item_options, corpus_items, is_items_run, sample_items
 from chargpt.data.labels import LabelSet
 from chargpt.data.pairs import END, SEP
 from chargpt.data.tokenizer import describe_chars
@@ -131,8 +131,19 @@ class Generator:
     def prompt_text(self, prompt, unknown="error"):
         """The prompt as the model will see it after the unknown-character policy: 'error' raises naming
         each unknown character and its position, 'skip' drops them, 'replace' maps them to the first of
-        U+FFFD, '?' or a space that the vocabulary has (else its first character)."""
+        U+FFFD, '?' or a space that the vocabulary has (else its first character). A run with labels refuses its
+        label characters in a prompt (a label there would be read as a change of style mid-text), as a translator
+        refuses its pair markers."""
+        reserved = set(self.reserved())
+        forged = next((c for c in prompt if c in reserved), None) if reserved else None
+        if forged is not None:
+            raise ChargptError(f"the prompt holds U+{ord(forged):04X}, a private-use character this run reserves for "
+                               f"its labels; remove it (a label is chosen with {param('label')})")
         return self.vocab.decode(self.vocab.encode(prompt, unknown=unknown))
+
+    def reserved(self):
+        """The characters a sample never writes and a prompt never holds: a labelled run's label characters."""
+        return "".join(self.labels.chars()) if self.labels else ""
 
     def unknown_warning(self, prompt, unknown):
         """One line for stderr saying what 'skip' or 'replace' did to the prompt, or '' if nothing."""
@@ -171,10 +182,13 @@ class Generator:
                 raise ConfigError("this model translates (it was trained on sentence pairs); forms, acrostics, banned "
                                   "and allowed characters, min-p, the repetition controls and best-of are for text "
                                   "models")
+            if settings.label:  # (guidance needs a label: SampleSettings)
+                raise ConfigError(f"this model translates (it was trained on sentence pairs) and has no labels; drop "
+                                  f"{param('label')}")
             pieces = self._stream_pairs(prompt_seen, settings, options.num_samples, generator, options.use_cache)
             return Decoding(pieces, rows=options.num_samples)
         context = prompt_seen or self.form_start(settings.form, generator) or self.start_text()
-        rules = constraints.plan(settings, self.vocab, context, score=score)
+        rules = constraints.plan(settings, self.vocab, context, score=score, reserved=self.reserved())
         if rules and rules.program and rules.program.need[0] > settings.max_new_tokens:
             self.log(f"note: the form needs at least {rules.program.need[0]} characters; "
                      f"{param('max_new_tokens', settings.max_new_tokens)} cuts it short")
@@ -223,15 +237,22 @@ class Generator:
                  *(stoi[c] for c in self.labels.chars())], (settings.guidance or 1.0) != 1.0)
 
     def items(self, n=1, prompt="", options=None, *, new_only=False, known=None, **overrides):
-        """A run trained with --items: n items (each cut at its first newline), each starting with `prompt`, from
-        the start of an item (a newline) -> chargpt.data.items.ItemSamples. known: the list's items (known_items()), to
+        """A run trained with --items: n items (each cut at its first newline), each starting with `prompt` (one
+        line), or under an acrostic with its k-th character, from the start of an item (a newline) ->
+        chargpt.data.items.ItemSamples. known: the list's items (known_items()), to
         count copies of and, with new_only, to leave out; options and overrides: stream()'s (num_samples aside: n
         says how many)."""
         options = sample_options(options, **overrides)
+        check_item_options(options.settings, prompt)
         each = options.replace(stop=(*options.settings.stop, "\n"))
 
-        def generate(count, round_seed):
-            return [prompt + t for t in self.generate("\n" + prompt, each.replace(num_samples=count, seed=round_seed))]
+        def generate(count, round_seed, opts=each):
+            return [prompt + t for t in self.generate("\n" + prompt, opts.replace(num_samples=count, seed=round_seed))]
+        if options.settings.acrostic:  # item k starts with the acrostic's k-th character (cycling)
+            def letter_items(letter, count, seed):
+                return sample_items(lambda c, s: generate(c, s, each.replace(acrostic=letter)), count, seed, known,
+                                    new_only)
+            return acrostic_items(letter_items, n, options.settings.acrostic, options.seed)
         return sample_items(generate, n, options.seed, known, new_only)
 
     def known_items(self, data=None, run="the run"):
@@ -245,9 +266,11 @@ class Generator:
             return None
 
     def _chosen(self, steps, steer):
-        """Each step's ids -> [(sample index, character)], and (index, None) for a sample whose form ended."""
+        """Each step's ids -> [(sample index, character)], and (index, None) for a sample whose form ended or that
+        ended before this character (steer.stuck_now)."""
         for nxt in steps:
-            chosen = [(i, self.vocab.chars[c]) for i, c in enumerate(nxt.tolist())]
+            stuck = set(steer.stuck_now) if steer is not None else ()  # ended before this character: not written
+            chosen = [(i, None if i in stuck else self.vocab.chars[c]) for i, c in enumerate(nxt.tolist())]
             yield chosen + [(i, None) for i in steer.ended_now] if steer is not None else chosen
 
     def samples(self, prompt="", options=None, *, copies=None, **overrides):
@@ -333,7 +356,8 @@ class Decoding:
             if self.rows:
                 texts[i] += piece
             yield i, piece
-        self.samples = constraints.samples_of(texts, *(self.steer.scores() if self.steer else (None, None)))
+        self.samples = constraints.samples_of(texts, *(self.steer.scores() if self.steer else (None, None)),
+                                              ended=self.steer.ended if self.steer else None)
 
     def _ranked(self, pieces):
         for _ in self._kept(pieces):

@@ -279,9 +279,10 @@ def _check_target(target, checkpoint, force):
     if Path(checkpoint).resolve().is_relative_to(target.resolve()):
         raise ChargptError(f"--to {target} holds the checkpoint being exported; choose another folder")
     marks = ("config.json", "model.safetensors", "tokenizer.json")  # what every export writes; a config.json alone
-    if any(target.iterdir()) and not all((target / m).is_file() for m in marks):  # is not one
-        raise ChargptError(f"--to {target} is not an earlier export (it lacks {', '.join(marks)}), and --force "
-                           f"replaces only those; choose a new folder")
+    lacks = [m for m in marks if not (target / m).is_file()]  # is not one
+    if any(target.iterdir()) and lacks:
+        raise ChargptError(f"--to {target} is not an earlier export (it lacks {', '.join(lacks)}), and --force "
+                           f"replaces only an export's files; choose a new folder")
     folders = [name for name in FILES if (target / name).is_dir()]
     if folders:
         raise ChargptError(f"--to {target} has a folder {folders[0]}, where the export writes a file; choose "

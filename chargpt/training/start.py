@@ -367,9 +367,8 @@ def adaptive_softmax(origin, corpus):
     model_kw = origin.model_kw
     if model_kw.get("softmax") != "adaptive" or origin.meta is not None:
         return model_kw, None
-    if origin.base is not None:
-        raise ConfigError(f"{param('init_from')} cannot carry {param('softmax', 'adaptive')} yet (its clusters follow "
-                          f"one text's counts); train with {param('softmax', 'full')} to extend a model")
+    if origin.base is not None:  # a full base with --softmax adaptive is a clash settings.init_settings refuses
+        raise ConfigError(f"{param('init_from')} keeps the base's {param('softmax')}; drop {param('softmax')}")
     counts = char_counts(corpus.ids(), len(corpus.vocab))
     return {**model_kw, "shortlist": model_kw.get("shortlist") or shortlist_for(counts)}, counts
 

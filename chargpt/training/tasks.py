@@ -116,11 +116,13 @@ class Text:
         return f"sequences of {mcfg.block_size} chars"
 
     def scores(self, model, corpus, dtype, log, check_stop=None):
-        """A labelled run: the validation loss of each label ({} for other text runs)."""
+        """A labelled run: the validation loss of each label ({} for other text runs); check_stop() is called before
+        each batch (it raises to abandon the evaluation: 10,000 labels are minutes of it)."""
         if self.labels is None:
             return {}
         iters = max(1, self.eval_iters // len(self.spans))
-        return {"val_loss_by_label": labels.label_losses(model, self.label_batches, iters, dtype)}
+        return {"val_loss_by_label": labels.label_losses(model, self.label_batches, iters, dtype,
+                                                         check_stop=check_stop)}
 
     def closing_sample(self, model, corpus, cfg, dtype, device, out_dir):
         """A sample of text as the run ends (a pairs run shows translations instead), from a short real snippet of
