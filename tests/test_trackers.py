@@ -217,6 +217,44 @@ def test_a_tracker_that_cannot_start_is_a_one_line_error_and_leaves_no_run_direc
     assert not out.exists()  # TensorBoard's folder, opened first, went with it
 
 
+def closed_port():
+    import socket
+    with socket.socket() as sock:  # bound, never listening: a connection is refused at once
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_a_tracking_server_that_does_not_answer_is_said_at_once_and_refused_within_seconds(tmp_path, monkeypatch,
+                                                                                         corpus):
+    import time
+    need("mlflow")
+    tracker_env(monkeypatch, tmp_path)
+    url = f"http://127.0.0.1:{closed_port()}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+    said, out, t0 = [], tmp_path / "run", time.perf_counter()
+    with pytest.raises(ConfigError, match=rf"^MLflow: cannot reach {url} \(.+\); start the tracking server"):
+        chargpt.train(data=str(corpus), out_dir=str(out), max_iters=2, log_to="mlflow", log=said.append,
+                      **TINY_RUN_KW)
+    assert time.perf_counter() - t0 < 60  # not MLflow's minutes of retries
+    assert f"MLflow: connecting to {url} (at most 5 s)" in said and not out.exists()
+
+
+def test_a_server_is_reachable_or_says_why_within_its_timeout():
+    import socket
+    import time
+
+    from chargpt.training.trackers import unreachable
+    t0 = time.perf_counter()
+    assert unreachable(f"http://127.0.0.1:{closed_port()}", timeout=2.0)
+    assert unreachable("http://192.0.2.1:9", timeout=0.5)  # a documentation address: nothing answers
+    assert time.perf_counter() - t0 < 10
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        assert unreachable(f"http://127.0.0.1:{server.getsockname()[1]}/api", timeout=2.0) is None
+    assert unreachable("file:///tmp/mlruns") is None and unreachable("databricks") is None
+
+
 def test_a_tracker_failing_mid_run_warns_once_and_training_completes(tmp_path, monkeypatch, corpus):
     need("tensorboard")
     from torch.utils.tensorboard import SummaryWriter

@@ -41,6 +41,9 @@ SKIPPED = ("step", "elapsed_s")  # record keys that are the axis, not a metric
 LN2 = math.log(2)
 MAX_SAMPLE_ROWS = 200  # the W&B samples table keeps the latest this many
 MAX_PARAM_CHARS = 500  # MLflow's limit on a parameter's value in its oldest supported versions
+# A tracker that sends over the network is asked first whether its server answers, within this many seconds: MLflow
+# at a closed local port retried for 253 s in silence, W&B online without a network for 102 s
+REACH_S = 5.0
 
 
 def check(value):
@@ -248,6 +251,44 @@ class TensorBoard(Tracker):
         return f"tensorboard -> {self.dir} (tensorboard --logdir {self.dir})"
 
 
+def unreachable(url, timeout=REACH_S):
+    """Why the server of an http(s) URL cannot be reached (a TCP connection to its host and port, name lookup
+    included, within `timeout` seconds), or None where it answers. Other schemes (file:, a database) -> None."""
+    import socket
+    import threading
+    from urllib.parse import urlsplit
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as e:
+        return f"not a URL ({e})"
+    if parts.scheme not in ("http", "https") or not host:
+        return None
+    outcome = []
+
+    def connect():  # in a thread: a name lookup takes no timeout of its own
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            outcome.append(None)
+        except OSError as e:
+            outcome.append(e.strerror or str(e) or type(e).__name__)
+    worker = threading.Thread(target=connect, name="tracker-reach", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    return outcome[0] if outcome else f"no answer in {timeout:g} s"
+
+
+def reach(label, url, log, fix):
+    """Say what is waited for, then wait at most REACH_S for the server at `url`: a ConfigError naming `fix` if it
+    does not answer."""
+    if not url.startswith(("http://", "https://")):
+        return
+    log(f"{label}: connecting to {url} (at most {REACH_S:g} s)")
+    why = unreachable(url)
+    if why:
+        raise ConfigError(f"{label}: cannot reach {url} ({why}); {fix}")
+
+
 class WandB(Tracker):
     name, label = "wandb", "W&B"
 
@@ -255,6 +296,9 @@ class WandB(Tracker):
         import wandb
         # offline unless the user asked otherwise: no network, no account, no login prompt
         self.mode = os.environ.get("WANDB_MODE") or "offline"
+        if self.mode == "online":
+            reach("W&B", os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai", self.log,
+                  "check the network, or unset WANDB_MODE to log offline")
         if self.mode == "online" and not logged_in(wandb):
             raise ConfigError("W&B: WANDB_MODE=online, but not logged in; run `wandb login` (or set WANDB_API_KEY), "
                               "or unset WANDB_MODE to log offline")
@@ -312,6 +356,8 @@ class MLflow(Tracker):
     def open(self, saved):
         from mlflow.tracking import MlflowClient
         self.uri = os.environ.get("MLFLOW_TRACKING_URI") or (self.out_dir / "mlruns").resolve().as_uri()
+        reach("MLflow", self.uri, self.log, "start the tracking server, or unset MLFLOW_TRACKING_URI to log to the "
+                                            "run's folder")
         if self.uri.startswith("file:"):
             # MLflow 3 keeps its file store behind this switch (its database stores need SQLAlchemy, which
             # mlflow-skinny does not bring); it is set for this process only, and the user's own value wins
