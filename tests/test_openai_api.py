@@ -173,6 +173,9 @@ def test_unsupported_fields_are_named_in_a_400(client, gen):
     # characters the run never saw: named, with the field that skips or replaces them (as sample.py --unknown)
     with pytest.raises(openai.BadRequestError, match=r"never saw: 'J' .* send \"unknown\": \"skip\" or \"replace\""):
         client.completions.create(model="tiny", prompt="JO")
+    with pytest.raises(openai.BadRequestError, match=r"^Error code: 400 .*prompt 1 of the list \(counted from 0\) "
+                                                     r"has 1 character\(s\) this model never saw: 'J'"):
+        client.completions.create(model="tiny", prompt=["O", "JO"])
     skipped = client.completions.create(model="tiny", prompt="JO", max_tokens=8, seed=2, extra_body={"unknown": "skip"})
     assert skipped.choices[0].text == gen.generate("JO", max_new_tokens=8, seed=2, temperature=1.0, unknown="skip")[0]
     assert skipped.usage.prompt_tokens == 1  # the prompt as the run saw it

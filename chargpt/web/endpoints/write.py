@@ -47,7 +47,8 @@ async def start(s, path, req, prompts=None):
     s.busy.take()
     try:
         gen = await run_in_threadpool(s.models.get, path)
-        seen = [prompt_as_seen(gen, p, req.unknown) for p in ([req.prompt] if prompts is None else prompts)]
+        seen = [prompt_as_seen(gen, p, req.unknown, None if prompts is None or len(prompts) == 1 else k)
+                for k, p in enumerate([req.prompt] if prompts is None else prompts)]
         if gen.task == "pairs" and not all(prompt for prompt, _ in seen):
             raise RequestError(400, "this run was trained on sentence pairs: type a sentence for it to translate")
         check_label(gen, req.label)
@@ -158,12 +159,13 @@ class Scored:
             result["copy_check"] = bool(self.copies)
 
 
-def prompt_as_seen(gen, prompt, unknown):
+def prompt_as_seen(gen, prompt, unknown, index=None):
     """The prompt after the unknown-character policy; with 'error', a 400 naming each unknown character and its
-    position (the page marks them)."""
+    position (the page marks them), and which prompt of a list (index, from 0) holds them."""
     found = gen.vocab.unknown(prompt)
     if found and unknown == "error":
-        raise RequestError(400, f"the prompt has {len(found)} character(s) this model never saw: "
+        which = "the prompt" if index is None else f"prompt {index} of the list (counted from 0)"
+        raise RequestError(400, f"{which} has {len(found)} character(s) this model never saw: "
                                 f"{describe_chars(found)}; remove them, or set unknown characters to skip or "
                                 f"replace", unknown_chars=[[i, c] for i, c in found[:100]])
     return gen.prompt_text(prompt, unknown), gen.unknown_warning(prompt, unknown)
