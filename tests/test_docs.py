@@ -281,10 +281,10 @@ def check_command(argv, world, monkeypatch):
             world.made.add(f"{params['data_dir']}/{corpora.CORPORA[name].filename}")
         for flag, value in flag_values(rest, INPUT_FLAGS):
             world.need(value, flag)
-        if names in (["info"], ["plot"]):
+        if names in (["info"], ["plot"], ["report"]):
             for run in (a for a in rest if "/" in a and not a.startswith("-")):
                 world.need(run, "run")
-        if names in (["sample"], ["translate"], ["eval"], ["info"]) and "--checkpoint" not in rest:
+        if names in (["sample"], ["translate"], ["eval"], ["info"], ["report"]) and "--checkpoint" not in rest:
             assert world.runs, f"{world.where}: {where} uses the newest run, but no earlier step trained one"
         for _, value in flag_values(rest, OUTPUT_FLAGS):
             world.made.add(value)

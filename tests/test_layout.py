@@ -17,6 +17,7 @@ MAX_TRAINING_LINES = 400
 LAYERS = [
     # 0: nothing of chargpt's
     ["errors", "platforms", "model.loss", "data.tang", "config.flags", "training.interrupt", "tools.novelty.report",
+     "tools.report.measures", "tools.report.render",
      "web.limits", "web.middleware", "data", "model", "runs", "sampling", "tools"],
     # 1: settings' vocabulary, files and devices
     ["config.architecture", "config", "runs.rundir", "runtime", "textio", "training.schedules", "data.tokenizer",
@@ -29,7 +30,8 @@ LAYERS = [
      "data.labels", "threads"],
     # 3: what uses a model: sampling engine, evaluation, novelty, run information, and training's parts
     ["sampling.engine", "tools.evaluate", "runs.info", "runs.plot", "tools.export", "tools.webpage",
-     "tools.webpage.*", "tools.novelty", "tools.novelty.*", "training", "training.*", "training.tasks"],
+     "tools.webpage.*", "tools.novelty", "tools.novelty.*", "training", "training.*", "training.tasks", "tools.report",
+     "tools.report.*"],
     # 4: the loop
     ["training.trainer"],
     # 5: the surfaces people use

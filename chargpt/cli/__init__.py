@@ -27,6 +27,7 @@ from chargpt.cli.tools import (  # noqa: F401
     info_cli,
     novelty_cli,
     plot_cli,
+    report_cli,
     serve_cli,
     translate_cli,
 )
@@ -48,6 +49,7 @@ def main():
       chargpt novelty "text to check for copying"
       chargpt info
       chargpt plot -o curves.png
+      chargpt report
       chargpt export --to my-model-hf
       chargpt serve
 
@@ -56,6 +58,6 @@ def main():
 
 
 for _name, _command in {"train": train_cli, "sample": sample_cli, "translate": translate_cli, "eval": eval_cli,
-                        "info": info_cli, "novelty": novelty_cli, "plot": plot_cli, "bench": bench_command,
-                        "data": data_cli, "serve": serve_cli, "export": export_cli}.items():
+                        "info": info_cli, "novelty": novelty_cli, "plot": plot_cli, "report": report_cli,
+                        "bench": bench_command, "data": data_cli, "serve": serve_cli, "export": export_cli}.items():
     main.add_command(_command, _name)

@@ -49,20 +49,61 @@ from chargpt.training.interrupt import work_begins
                  "window for every character (slowest) [default: half the context]"),
     click.Option(["--batch-size"], type=int, default=None, help="windows per forward pass [default: up to 64, fewer "
                  "for large vocabularies]"),
+    click.Option(["--against"], default=None, metavar="RUN2|bf16|int8|hf", help="instead of the loss: how far this "
+                 "precision (bf16, int8), the Hugging Face export (hf) or another run of the same alphabet is from "
+                 "the float32 model: KL divergence and top-1 agreement on the run's validation windows"),
     JSON,
 ])
-def eval_cli(checkpoint_path, device, data, target_data, encoding, encoding_errors, stride, batch_size, as_json):
+def eval_cli(checkpoint_path, device, data, target_data, encoding, encoding_errors, stride, batch_size, against,
+             as_json):
     """Loss, bits per character and bits per UTF-8 byte of a checkpoint on any text (every character scored once,
     with a sliding window). Characters the model never saw are counted and reported, not scored. A run trained on
     sentence pairs scores pairs (--data PAIRS.tsv, or --data SOURCES --target-data TARGETS): each target given its
-    source."""
+    source. --against compares the model with a precision, an export or another run instead."""
     def run():
         from chargpt.runs.rundir import latest_run
+        if against is not None:
+            from chargpt.tools.report.compare import evaluate_against, format_against
+            if any(v is not None for v in (data, target_data, stride, batch_size)):
+                raise ChargptError("--against compares on the run's own validation windows; drop --data, "
+                                   "--target-data, --stride and --batch-size")
+            result = evaluate_against(checkpoint_path or latest_run(), against, device=device)
+            click.echo(json.dumps(result, ensure_ascii=False) if as_json else format_against(result))
+            return
         from chargpt.tools.evaluate import evaluate, format_result
         result = evaluate(checkpoint_path or latest_run(), data, encoding=encoding, encoding_errors=encoding_errors,
                           stride=stride, batch_size=batch_size, device=device, target_data=target_data)
         click.echo(json.dumps(result, ensure_ascii=False) if as_json else format_result(result))
     run_guarded(run, "lower --batch-size (windows per forward pass)")
+
+
+@click.command("report", context_settings=CONTEXT, params=[
+    click.Argument(["run"], required=False),
+    click.Option(["--temperatures"], default="0.5,0.8,1.0,1.2", show_default=True,
+                 help="the temperatures samples are written at, comma-separated"),
+    click.Option(["--samples"], type=int, default=4, show_default=True, help="samples at each temperature"),
+    click.Option(["--chars"], type=int, default=500, show_default=True, help="characters a sample"),
+    DEVICE,
+    JSON,
+])
+def report_cli(run, temperatures, samples, chars, device, as_json):
+    """How good is this run? Writes RUN/report.md and RUN/report.html (self-contained, opens offline): the run;
+    its validation text in bits per character and per byte with a standard error, beside zlib, bz2 and xz; samples
+    across temperatures (distinct-n, self-BLEU, copying, repetition) and a suggested temperature; what bf16, int8
+    and the exports cost against float32. RUN: a run directory [default: the most recent run under checkpoints/]."""
+    def make():
+        from chargpt.runs.rundir import latest_run
+        from chargpt.tools.report import build_report, parse_temperatures, write_report
+        folder = run or latest_run(pass_run="name one: chargpt report RUN")
+        report = build_report(folder, parse_temperatures(temperatures), samples, chars, device=device, log=_stderr)
+        md, page = write_report(folder, report)
+        if as_json:
+            report["curve"] = {k: v for k, v in report["curve"].items() if k != "png"}  # the picture is in the page
+            click.echo(json.dumps(report, ensure_ascii=False))
+        else:
+            click.echo(f"{md}\n{page}")
+        _stderr(f"report written in {report['took_s']:.1f} s")
+    run_guarded(make)
 
 
 @click.command("novelty", context_settings=CONTEXT, params=[

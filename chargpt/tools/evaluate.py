@@ -94,9 +94,12 @@ def window_plan(n_targets, block_size, stride):
 
 
 @torch.no_grad()
-def score_ids(model, ids, known=None, stride=None, batch_size=None, dtype=torch.float32, progress=False):
+def score_ids(model, ids, known=None, stride=None, batch_size=None, dtype=torch.float32, progress=False,
+              windows=None):
     """Sum of -log p(character | window before it) over every target of `ids` (1-D ids, memory-mapped is fine;
-    `known`: a boolean mask, False where a character is not scored) -> (total nats, characters scored)."""
+    `known`: a boolean mask, False where a character is not scored) -> (total nats, characters scored). `windows`, a
+    list, gets each window's (nats, characters scored) appended: the pieces a standard error is taken over (they
+    score disjoint targets; asking for them costs a host sync per batch)."""
     model.eval()
     T, V = model.config.block_size, model.config.vocab_size
     stride = stride or default_stride(T)
@@ -119,7 +122,10 @@ def score_ids(model, ids, known=None, stride=None, batch_size=None, dtype=torch.
             nll = F.cross_entropy(logits.float().flatten(0, 1), window[:, 1:].flatten(), reduction="none")
             nll = nll.view(window.size(0), -1)  # (B, L)
             # where, not nll[mask]: boolean indexing makes a tensor of data-dependent size, which waits for the GPU
-            total += torch.where(torch.from_numpy(scored).to(device), nll.double(), 0.0).sum()
+            per_window = torch.where(torch.from_numpy(scored).to(device), nll.double(), 0.0).sum(1)  # (B,)
+            total += per_window.sum()
+            if windows is not None:
+                windows.extend(zip(per_window.tolist(), scored.sum(1).tolist()))
             count += int(scored.sum())
             bar.update(int(new.sum()))
     return total.item(), count  # note: the only host sync
@@ -147,6 +153,13 @@ def encode_text(vocab, data, encoding="utf-8", errors="strict"):
 def validation_split(meta, vocab, block_size):
     """The id arrays of a run's own validation split (one per stretch: --val-split blocks has many, tail one),
     re-read from its corpus (through the encoded-corpus cache), split as the run was. -> (pieces, label)"""
+    ids, split, label = run_split(meta, vocab, block_size)
+    return split.pieces(ids, "val"), label
+
+
+def run_split(meta, vocab, block_size):
+    """A run's corpus, re-read (through the encoded-corpus cache) in the run's vocabulary, and its split as the run
+    made it. -> (the corpus's ids, chargpt.data.corpus.Split, what the validation split is, in words)"""
     cfg = run_settings(meta)
     if not cfg:
         raise DataError("this checkpoint records no training run, so it has no validation split; pass --data FILE")
@@ -159,7 +172,7 @@ def validation_split(meta, vocab, block_size):
                         f"characters differ); pass --data FILE to score a text")
     how, fraction = cfg.val_split, cfg.val_fraction
     split = split_of(corpus.ids(), vocab, fraction, block_size, how)
-    return split.pieces(corpus.ids(), "val"), f"validation split of {corpus.name} ({fraction:g}, {how})"
+    return corpus.ids(), split, f"validation split of {corpus.name} ({fraction:g}, {how})"
 
 
 def evaluate(checkpoint, data=None, *, encoding="utf-8", encoding_errors="strict", stride=None, batch_size=None,
@@ -201,13 +214,7 @@ def evaluate(checkpoint, data=None, *, encoding="utf-8", encoding_errors="strict
     if sum(map(len, pieces)) < 2:
         raise DataError(f"{label} has {sum(map(len, pieces))} character(s); scoring needs at least 2 (each character "
                         f"is predicted from the ones before it)")
-    total = scored = n_bytes = 0
-    lengths = utf8_lengths(vocab)
-    for ids, mask in zip(pieces, known):
-        if len(ids) >= 2:
-            nats, n = score_ids(model, ids, mask, stride, batch_size, torch_dtype, progress)
-            total, scored = total + nats, scored + n
-            n_bytes += utf8_bytes(ids[1:], lengths, None if mask is None else mask[1:])  # the targets scored
+    total, scored, n_bytes = score_pieces(model, vocab, pieces, known, stride, batch_size, torch_dtype, progress)
     if scored == 0:
         raise DataError(f"none of the characters of {label} are in the model's vocabulary ({len(vocab)} "
                         f"characters), so nothing can be scored; evaluate a text in the corpus's alphabet")
@@ -217,6 +224,20 @@ def evaluate(checkpoint, data=None, *, encoding="utf-8", encoding_errors="strict
             "stand_in": vocab.replacement(), "loss": loss, "bpc": loss / math.log(2),
             "bpb": bits_per_byte(total, n_bytes), "bytes": n_bytes, "stride": stride, "block_size": T,
             "device": str(device), "precision": _precision(torch_dtype, quantize)}
+
+
+def score_pieces(model, vocab, pieces, known=None, stride=None, batch_size=None, dtype=torch.float32, progress=False,
+                 windows=None):
+    """score_ids over each stretch of text by itself (no window reaches across two; `known`: a mask per piece, or
+    None) -> (total nats, characters scored, their UTF-8 bytes). `windows`: as score_ids'."""
+    total = scored = n_bytes = 0
+    lengths = utf8_lengths(vocab)
+    for ids, mask in zip(pieces, known or [None] * len(pieces)):
+        if len(ids) >= 2:
+            nats, n = score_ids(model, ids, mask, stride, batch_size, dtype, progress, windows)
+            total, scored = total + nats, scored + n
+            n_bytes += utf8_bytes(ids[1:], lengths, None if mask is None else mask[1:])  # the targets scored
+    return total, scored, n_bytes
 
 
 def _precision(dtype, quantize):

@@ -301,9 +301,10 @@ def quiet(transformers):
             transformers.utils.logging.enable_progress_bar()
 
 
-def write_hf(model, vocab, meta, folder, name):
-    """Fill `folder` with the transformers files of chargpt's decoder `model`."""
-    transformers, tokenizers = require_libraries()
+def hf_model(model, vocab, meta):
+    """chargpt's decoder `model` as the GPT2LMHeadModel an export writes, in memory (what chargpt report measures)."""
+    transformers, _ = require_libraries()
+    check_exportable(model.config)
     task = meta["task"]
     end_id = vocab.stoi.get(END) if task == "pairs" else None
     hf_config = transformers.GPT2Config(**gpt2_config(model, task, end_id))
@@ -312,6 +313,13 @@ def write_hf(model, vocab, meta, folder, name):
     hf = transformers.GPT2LMHeadModel(hf_config)
     hf.load_state_dict(gpt2_tensors(model, want), strict=True)
     hf.generation_config = transformers.GenerationConfig(**generation_settings(model.config, task, end_id))
+    return hf.eval()
+
+
+def write_hf(model, vocab, meta, folder, name):
+    """Fill `folder` with the transformers files of chargpt's decoder `model`."""
+    transformers, tokenizers = require_libraries()
+    hf = hf_model(model, vocab, meta)
     hf.save_pretrained(folder)  # model.safetensors (the default since transformers 4.35), config.json
     try:
         character_tokenizer(vocab, tokenizers, LabelSet.from_meta(meta)).save(str(folder / "tokenizer.json"))
