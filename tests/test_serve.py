@@ -640,3 +640,19 @@ def test_a_client_that_leaves_mid_body_is_no_traceback(served, capfd):
         assert get(url + "/api/status")["busy"] == 0
     err = capfd.readouterr().err
     assert "Traceback" not in err and "ClientDisconnect" not in err
+
+
+def test_a_runs_report_card_is_served_as_a_page_that_loads_nothing(client, served):
+    missing = client.get("/api/runs/tiny/report")
+    assert missing.status_code == 404 and "chargpt report tiny" in missing.json()["error"]
+    assert client.get("/api/runs/tiny").json()["report"] is False
+    page = "<!doctype html><title>tiny</title><p>bits per character</p>"
+    (served / "tiny" / "report.html").write_text(page, encoding="utf-8")
+    try:
+        shown = client.get("/api/runs/tiny/report")
+        assert shown.status_code == 200 and shown.text == page and shown.headers["content-type"].startswith("text/html")
+        assert "default-src 'none'" in shown.headers["content-security-policy"]
+        assert client.get("/api/runs/tiny").json()["report"] is True
+        assert client.get("/api/runs/nosuch/report").status_code == 404
+    finally:
+        (served / "tiny" / "report.html").unlink()

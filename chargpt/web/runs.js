@@ -3,7 +3,7 @@
 // or the share of each run's budget, and one run in full: vocabulary,
 // lineage, a sample, the samples it wrote while training (newest first, in a box of bounded height), its configs.
 import {$, current, el, fmt, params, state, status, svg} from "./common.js";
-import {api, generate} from "./api.js";
+import {api, generate, withKey} from "./api.js";
 
 const LN2 = Math.log(2);
 const UNLIMITED = 1e12;  // max_iters of a run bounded by --max-time alone (config.UNLIMITED)
@@ -378,11 +378,33 @@ export async function showRunDetail() {
   });
   box.replaceChildren(el("h2", {text: `${r.name}`}),
     el("p", {class: "hint", id: "run-saved", text: `saved ${r.saved_at || "?"} · corpus ${r.corpus}`}),
+    reportLink(r),
     vocabSummary(Array.isArray(r.vocab_chars) ? r.vocab_chars : Array.from(r.vocab_preview || ""), r.vocab_size),
     ...lineage(r),
     el("h3", {text: "Sample"}), note, button, el("div", {class: "sample"}, out),
     el("div", {id: "run-samples"}, ...duringTraining(r)),
     el("div", {class: "config"}, table("Model", r.model_config), table("Training", tc), table("Files", files)));
+}
+
+// its report card (chargpt report RUN), opened in a new tab: fetched with the key the page holds, so a served
+// folder that asks for one shows it too
+function reportLink(r) {
+  if (!r.report) return el("p", {class: "hint", text: `no report card yet: chargpt report ${r.name} writes one`});
+  const button = el("button", {type: "button", id: "run-report", text: "Report card"});
+  const said = el("span", {class: "status"});
+  button.addEventListener("click", async () => {
+    const tab = window.open("", "_blank");
+    const response = await fetch(`/api/runs/${encodeURIComponent(r.name)}/report`, {headers: withKey()});
+    if (!response.ok) {
+      if (tab) tab.close();
+      said.textContent = (await response.json().catch(() => ({}))).error || response.statusText;
+      said.classList.add("error");
+      return;
+    }
+    const url = URL.createObjectURL(new Blob([await response.text()], {type: "text/html"}));
+    if (tab) tab.location = url; else window.location.assign(url);
+  });
+  return el("p", {}, button, " ", said);
 }
 
 // the run this one started from (train --init-from RUN), as chargpt info shows it; nothing for a run from scratch

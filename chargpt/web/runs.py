@@ -9,8 +9,11 @@ from chargpt.errors import ChargptError
 from chargpt.runs.info import run_info
 from chargpt.runs.rundir import BEST, LATEST, LOSSES, METRICS, SAMPLES, lock_holder, read_step_rows
 from chargpt.textio import escape
+from chargpt.tools.report import REPORT_HTML
 from chargpt.web.body import RequestError
 from chargpt.web.limits import MAX_METRIC_ROWS, MAX_RUNNING_POINTS, MAX_SAMPLE_ROWS, MAX_VOCAB_SENT, VOCAB_PREVIEW
+
+MAX_REPORT_BYTES = 50 * 2**20  # a report card with its plots inline is well under a megabyte
 
 
 class Runs:
@@ -83,7 +86,21 @@ class Runs:
                 "saved_at": info["saved_at"], "vocab_preview": escape("".join(info["vocab_chars"][:VOCAB_PREVIEW])),
                 "vocab_chars": info["vocab_chars"], "closing_prompt": info["closing_prompt"], "files": info["files"],
                 "init_from": finite(unrooted(info.get("init_from"))),  # the run it started from, or None
+                "report": self._file(run, REPORT_HTML) is not None,  # `chargpt report` wrote its report card
                 "samples": read_step_rows(samples)[-MAX_SAMPLE_ROWS:] if samples else []}
+
+    def report(self, name):
+        """The run's report card (RUN/report.html, which `chargpt report` writes: one self-contained page) -> its
+        bytes, or a 404 that says how to write one."""
+        run = self.find(name)
+        path = self._file(run, REPORT_HTML)
+        if path is None:
+            raise RequestError(404, f"{name} has no report card yet; `chargpt report {name}` in the served folder "
+                                    f"writes one")
+        if path.stat().st_size > MAX_REPORT_BYTES:
+            raise RequestError(413, f"{name}'s report.html is over {MAX_REPORT_BYTES // 2**20} MiB; open it from the "
+                                    f"run's folder")
+        return path.read_bytes()
 
     def metrics(self, name):
         """-> (rows, running-loss rows, mtime of the newer of metrics.jsonl and train_loss.jsonl, or None)."""

@@ -4,12 +4,14 @@
   GET  /api/runs/{name}           one run in full: model and training config, vocabulary, files, its labels
                                   (--labels; null for a run without), and the samples it wrote while training
                                   (samples.jsonl rows: step, prompt, text)
+  GET  /api/runs/{name}/report    its report card (RUN/report.html, `chargpt report`), as a page that may not fetch
+                                  anything or run a script
   GET  /api/runs/{name}/metrics   its metrics.jsonl rows and running training loss (train_loss.jsonl rows,
                                   thinned), ?since=MTIME: only if changed since
 """
 
 from starlette.concurrency import run_in_threadpool
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 
@@ -31,6 +33,14 @@ async def run_metrics(request):
     return JSONResponse({"rows": rows, "running": running, "mtime": repr(mtime) if mtime is not None else None})
 
 
+async def run_report(request):
+    page = await run_in_threadpool(request.app.state.runs.report, request.path_params["name"])
+    # the page is chargpt's own, self-contained: even so it may not load anything or run a script here
+    return Response(page, media_type="text/html; charset=utf-8", headers={
+        "Content-Security-Policy": "default-src 'none'; img-src data:; style-src 'unsafe-inline'"})
+
+
 def routes():
     return [Route("/api/runs", list_runs), Route("/api/runs/{name}", run_details),
+            Route("/api/runs/{name}/report", run_report),
             Route("/api/runs/{name}/metrics", run_metrics)]
