@@ -2,11 +2,12 @@
 names that try to leave the server's folders, uploads too large or not UTF-8, --no-training, and real child
 trainings (`python -m chargpt train`, a tiny model for a few seconds): start, watch, a second start refused, a
 restarted server that finds the training, stop (saved), resume (the same run goes on), a crash reported with its
-lines. Three child processes in all, each paying torch's import."""
+lines, and a folder of texts trained with labels. Four child processes in all, each paying torch's import."""
 
 import contextlib
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -31,8 +32,9 @@ OCTETS = {"content-type": "application/octet-stream"}
 
 @pytest.fixture(scope="module")
 def place(tmp_path_factory):
-    """(outer folder, checkpoints folder, data folder): data holds a text, a hidden one, a folder, and a symlink
-    to a secret beside the served folders."""
+    """(outer folder, checkpoints folder, data folder): data holds a text, a hidden one, an empty folder, a folder
+    of texts by author (authors/a, authors/b), a folder with a link out, one named with an escape sequence, and a
+    symlink to a secret beside the served folders."""
     outer = tmp_path_factory.mktemp("trainplace")
     checkpoints, data = outer / "checkpoints", outer / "data"
     checkpoints.mkdir(), data.mkdir(), (data / "sub").mkdir()
@@ -41,6 +43,12 @@ def place(tmp_path_factory):
     (data / "README.md").write_text("# data/\n\nPut your corpora here.\n", encoding="utf-8")  # as the repo's data/
     (outer / "secret.txt").write_text("the secret, which no request may read\n" * 200, encoding="utf-8")
     (data / "outside.txt").symlink_to(outer / "secret.txt")
+    for label, text in (("a", CORPUS_TEXT), ("b", CORPUS_TEXT.upper())):
+        (data / "authors" / label).mkdir(parents=True)
+        (data / "authors" / label / "1.txt").write_text(text, encoding="utf-8")
+    (data / "leaky").mkdir(), (data / "leaky" / "ok.txt").write_text(CORPUS_TEXT, encoding="utf-8")
+    (data / "leaky" / "secret.txt").symlink_to(outer / "secret.txt")
+    (data / "red\x1b[31m").mkdir(), (data / "red\x1b[31m" / "ok.txt").write_text(CORPUS_TEXT, encoding="utf-8")
     old = os.environ.get("CHARGPT_CACHE_DIR")
     os.environ["CHARGPT_CACHE_DIR"] = str(outer / "cache")  # the children's encoded corpora stay in tmp
     yield outer, checkpoints, data
@@ -85,10 +93,13 @@ def test_names_that_try_to_leave_the_folders_are_refused_and_nothing_outside_is_
     outer, checkpoints, data = place
     before = {k: v for k, v in snapshot(outer).items() if not k.startswith(("checkpoints", "cache"))}
     listed = client.get("/api/corpora").json()
-    assert [c["name"] for c in listed["data"]] == ["corpus.txt"]  # not the link out, the hidden file, the folder,
-    # nor the folder's README
+    # not the link out, the hidden file, the empty folder, the folder with a link out, the one with an escape in its
+    # name, nor the folder's README
+    assert [(c["name"], c["kind"]) for c in listed["data"]] == [("corpus.txt", "file"), ("authors", "folder")]
+    assert listed["data"][1] == {"name": "authors", "kind": "folder", "files": 2, "bytes": 2 * len(CORPUS_TEXT),
+                                 "labels": ["none", "folders", "files"]}  # names only, never a path
     for name in ("../secret.txt", str(outer / "secret.txt"), "outside.txt", "sub", ".hidden.txt", "corpus.txt/..",
-                 "..", "", "corpus.txt\x00"):
+                 "..", "", "corpus.txt\x00", "leaky", "red\x1b[31m", "authors/a", str(data / "authors")):
         message = one_line_error(client.post("/api/train", json={"source": "data", "corpus": name, "max_time": 5}),
                                  404)
         assert "GET /api/corpora lists them" in message
@@ -160,6 +171,57 @@ def test_no_training_answers_403_everywhere_and_writes_nothing(place, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_labels_from_the_page_reach_the_child_and_a_bad_choice_is_one_line(tmp_path, monkeypatch):
+    """The labels choice becomes chargpt train's --labels (a manifest by its path in the folder); a value that is no
+    choice, a choice the folder lacks, and labels on a corpus that is one text are 400s the page shows."""
+    from chargpt.web import training
+    data = tmp_path / "data"
+    for label in ("a", "b"):
+        (data / "authors" / label).mkdir(parents=True)
+        (data / "authors" / label / "1.txt").write_text(CORPUS_TEXT, encoding="utf-8")
+    (data / "flat").mkdir(), (data / "flat" / "x.txt").write_text(CORPUS_TEXT, encoding="utf-8")
+    (data / "flat" / "who.tsv").write_text("x.txt\tx\n", encoding="utf-8")
+    (data / "one.txt").write_text(CORPUS_TEXT, encoding="utf-8")
+    launched = []
+
+    class Recorded(subprocess.Popen):  # the command is kept; the child ends at once, training nothing
+        def __init__(self, argv, *args, **kw):
+            super().__init__([sys.executable, "-c", ""], *args, **kw)
+            launched.append((argv, self))
+    monkeypatch.setattr(training.subprocess, "Popen", Recorded)
+    client = TestClient(serve.create_app(tmp_path / "checkpoints", device="cpu", data_dir=data), base_url=HERE)
+    assert {c["name"]: c.get("labels") for c in client.get("/api/corpora").json()["data"]} == {
+        "one.txt": None, "authors": ["none", "folders", "files"], "flat": ["none", "files", "who.tsv"]}
+
+    def labels_of(corpus, labels):
+        r = client.post("/api/train", json={"source": "data", "corpus": corpus, "max_time": 5, "labels": labels})
+        assert r.status_code == 200, r.text
+        argv, proc = launched[-1]
+        proc.wait()
+        assert argv[argv.index("--data") + 1] == str((data / corpus).resolve())
+        return argv[argv.index("--labels") + 1] if "--labels" in argv else None
+    assert labels_of("authors", "folders") == "folders"
+    assert labels_of("flat", "who.tsv") == str((data / "flat" / "who.tsv").resolve())
+    assert labels_of("authors", "none") is None and labels_of("flat", None) is None  # one text of its files
+    for body, said in (
+            ({"corpus": "authors", "labels": "authors"}, "labels must be none, folders, files or the name of a .tsv "
+                                                         "manifest in the chosen folder"),
+            ({"corpus": "authors", "labels": "../flat/who.tsv"}, "labels must be none, folders, files"),
+            ({"corpus": "authors", "labels": ["folders"]}, "labels must be a string or null"),
+            ({"corpus": "authors", "labels": "who.tsv"}, "labels 'who.tsv' is not a choice for the folder authors; "
+                                                         "its choices: none, folders, files"),
+            ({"corpus": "flat", "labels": "folders"}, "labels 'folders' is not a choice for the folder flat (it has "
+                                                      "texts outside its subfolders"),
+            ({"corpus": "one.txt", "labels": "folders"}, "labels 'folders' need a folder of texts, and one.txt is one "
+                                                         "text; choose a folder from the data folder for Text, or set "
+                                                         "Labels to none"),
+            ({"source": "builtin", "labels": "files"}, "labels 'files' need a folder of texts, and the built-in "
+                                                       "corpus is one text")):
+        r = client.post("/api/train", json={"source": "data", "max_time": 5, **body})
+        assert one_line_error(r, 400).startswith(said), r.text
+    assert len(launched) == 4  # nothing more was started
+
+
 # --- real trainings -------------------------------------------------------------------------------------------
 def test_start_watch_restart_stop_and_resume_one_run(client, place):
     checkpoints = place[1]
@@ -198,7 +260,8 @@ def test_start_watch_restart_stop_and_resume_one_run(client, place):
     assert (t["state"], t["exit_code"]) == ("finished", 0), t["log"]
     assert any(line.startswith(f"resuming {run.resolve()} at step") for line in t["startup"]), t["startup"]
     assert client.get("/api/runs/web run").json()["step"] > stopped_at
-    assert sorted(p.name for p in checkpoints.iterdir()) == [".playground", "web run"]  # the same run went on
+    assert [p.name for p in checkpoints.iterdir() if p.name.startswith("web run")] == ["web run"]  # the same run
+    # went on
     # at once in Write, from its final checkpoint (the model cache keys by the file's mtime)
     events = parse_sse(client.post("/api/generate", json={"run": "web run", "prompt": "To", "max_new_tokens": 5,
                                                           "seed": 1}).text)
@@ -217,6 +280,16 @@ def test_a_crashed_training_is_reported_with_its_last_lines(client, place):
     assert t["error"].endswith("--block-size, --val-fraction, --val-split: not a setting of this page; train in a "
                                "terminal with chargpt train to set them)")  # the page has no such field
     assert not t["resumable"] and not (place[1] / "short").exists()  # a failed start leaves no run directory
+
+
+def test_a_labels_run_trained_from_the_page_lists_its_labels(client, place):
+    r = client.post("/api/train", json={"source": "data", "corpus": "authors", "labels": "folders", "name": "by author",
+                                        "max_time": 2, **TINY})
+    assert r.status_code == 200, r.text
+    t = wait_for(client, ended)
+    assert (t["state"], t["exit_code"]) == ("finished", 0), t["log"]
+    assert any(line.startswith("labels: 2 (a 50.0%, b 50.0% of the characters)") for line in t["startup"]), t["startup"]
+    assert {r["name"]: r["labels"] for r in client.get("/api/runs").json()["runs"]}["by author"] == ["a", "b"]
 
 
 def test_how_a_training_went_is_read_from_what_the_run_wrote(tmp_path):

@@ -38,6 +38,7 @@ from chargpt.model.quantize import inference_model
 from chargpt.model.transformer import CharGPT
 from chargpt.runtime import CPU_BF16_ENV, autocast, cpu_bf16_override, cpu_has_native_bf16, has_native_bf16
 from chargpt.sampling.decode import decode
+from chargpt.training.mfu import flops_per_token
 from chargpt.training.optim import make_optimizer
 
 SHAPES = {  # name: (model config, batch size)
@@ -129,10 +130,9 @@ def matmul_peak(device, dtype, sizes=None, seconds=0.5):
 
 
 def flops_per_step(cfg, batch):
-    """Training FLOPs per step: 6 per parameter per token, plus attention scores (PaLM appendix B)."""
-    n = CharGPT(cfg).num_params() - cfg.block_size * cfg.n_embd  # position embeddings do no matmul work
-    per_token = 6 * n + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
-    return per_token * batch * cfg.block_size
+    """Training FLOPs per step: 6 per multiplying weight per token, plus attention scores (PaLM appendix B), as
+    training's MFU counts them (chargpt/training/mfu.py)."""
+    return flops_per_token(CharGPT(cfg)) * batch * cfg.block_size
 
 
 def time_train_step(cfg, batch, device, dtype, attention="auto", optimizer="flat", compile=False, steps=8,

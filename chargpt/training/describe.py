@@ -1,9 +1,9 @@
 """What a training run says when it starts: pure functions of the Run that start_run built.
 
 start_lines(run), in full, in order: the corpus, the device and numerics, where each setting came from (and what
---preset auto chose), the model, the batch and the run directory, which text validates, the budget and the
-evaluation cadence, then notes (what a --resume or --init-from changed). They always go to the run's train.log,
-and to the terminal with --verbose.
+--preset auto chose), the model, the batch and the run directory, the peak MFU is measured against, which text
+validates, the budget and the evaluation cadence, then notes (what a --resume or --init-from changed). They always go
+to the run's train.log, and to the terminal with --verbose.
 
 brief_lines(run), what the terminal shows by default: the corpus, the model and why it is that size, the budget,
 where the run goes; then every warning and note of the full lines, which are never left out.
@@ -15,6 +15,7 @@ from chargpt.runs.checkpoint import run_settings
 from chargpt.runs.plot import curves_note
 from chargpt.runs.rundir import LOG
 from chargpt.training import init_from
+from chargpt.training.mfu import Utilisation
 from chargpt.training.optim import describe_numerics
 from chargpt.training.schedules import describe_budget, seconds
 from chargpt.training.validate import EVALS_PER_BUDGET, PASSES_PER_EVAL
@@ -39,6 +40,8 @@ def start_lines(run):
     global_batch = cfg.batch_size * cfg.grad_accum * dist.world_size
     lines.append(f"global batch: {cfg.batch_size} x {cfg.grad_accum} accum x {dist.world_size} proc = {global_batch} "
                  f"{task.describe_examples(mcfg)} = {run.chars_per_step:,.0f} chars/step; run dir: {run.out_dir}")
+    if (mfu := Utilisation.of(run)) is not None:  # the peak MFU is against, and how it was found (a CPU: measured)
+        lines.append(mfu.line())
     if dist.is_main:  # which text validates (and what only it holds): a pass over the corpus, once
         known = origin.base.vocab.stoi if origin.base is not None else ()  # what the base run already learned
         lines += task.describe_split(corpus, cfg, known)

@@ -5,7 +5,8 @@ and the time left do not drop each time the run looks at itself. The bar shows o
 draws it; its own clock and rate, which would count the pauses, are not shown).
 
 The running training loss is the mean of the losses of the last LOG_EVERY steps, summed on the device (no host
-sync) and read once per LOG_EVERY steps; each read is a record for the run's sinks (train_loss.jsonl, loggers).
+sync) and read once per LOG_EVERY steps; each read is a record for the run's sinks (train_loss.jsonl, loggers), with
+the model FLOPs utilisation of the speed since the last one (mfu: training/mfu.py), also on the bar.
 """
 
 import math
@@ -15,6 +16,7 @@ import time
 from tqdm import tqdm
 
 from chargpt.config import UNLIMITED
+from chargpt.training.mfu import Utilisation
 
 LOG_EVERY = 10  # steps between progress updates (each reads the loss: a host sync on a GPU)
 KNOWN_TOTAL = "{l_bar}{bar}| {n_fmt}/{total_fmt} steps{postfix}"
@@ -49,11 +51,16 @@ def time_left(seconds):
     return f"{seconds / 86400:,.0f}d" if seconds < 1e9 else "years"
 
 
+def percent(share):
+    """0.4213 -> '42.1%'; a small share keeps two significant digits (0.00031 -> '0.031%'), never '0.0%'."""
+    return f"{share:.1%}" if share >= 0.01 else f"{share * 100:.2g}%"
+
+
 class Progress:
     """The clocks of a session that starts at `step` with `elapsed` training seconds behind it (a resumed run),
     and its progress bar (shown where `show`). chars_per_step converts steps to characters."""
 
-    def __init__(self, step, elapsed, max_iters, chars_per_step, show=True, pace=None):
+    def __init__(self, step, elapsed, max_iters, chars_per_step, show=True, pace=None, mfu=None):
         known = max_iters < UNLIMITED
         self.bar = tqdm(total=max_iters if known else None, initial=step, disable=not show, dynamic_ncols=True,
                         leave=False, bar_format=KNOWN_TOTAL if known else UNKNOWN_TOTAL,
@@ -65,13 +72,14 @@ class Progress:
         self.running = RunningLoss()
         self.first_step_s = None  # wall time of this session's first step: torch.compile compiles during it
         self.pace = pace  # training/budget.Pace: the speed trained at, against the probe's, said once
+        self.mfu = mfu  # training/mfu.Utilisation: characters per second -> model FLOPs utilisation (None: no formula)
 
     @classmethod
     def of(cls, run):
         """The progress of a session of `run` (training/start.Run)."""
         s = run.state
         return cls(s.step, s.elapsed, run.cfg.max_iters, run.chars_per_step, show=run.dist.is_main,
-                   pace=run.budget.pace)
+                   pace=run.budget.pace, mfu=Utilisation.of(run))
 
     def clock(self):
         """The run's training clock now: seconds over all its sessions (evaluations included)."""
@@ -103,15 +111,18 @@ class Progress:
             self.window = (now, self.pauses, step)
             if left_s is None and self.max_iters < UNLIMITED and speed > 0:
                 left_s = (self.max_iters - step) / speed
+            chars_per_s = speed * self.chars_per_step
+            mfu = self.mfu(chars_per_s) if self.mfu is not None else None
             shown = {"loss": f"{value:.4f}" if value is not None else "nan",
-                     "val": f"{last_val:.4f}" if last_val else "-", "lr": f"{lr:.2e}",
-                     "chars/s": f"{speed * self.chars_per_step:,.0f}"}
+                     "val": f"{last_val:.4f}" if last_val else "-", "lr": f"{lr:.2e}", "chars/s": f"{chars_per_s:,.0f}",
+                     **({"mfu": percent(mfu)} if mfu is not None else {})}
             if left_s is not None:
                 shown["left"] = time_left(left_s)
             self.bar.set_postfix(shown, refresh=False)
             if value is not None:
                 record = {"step": step, "train_loss": round(value, 6), "lr": lr, "elapsed_s": round(elapsed, 2),
-                          "chars_per_s": round(speed * self.chars_per_step, 1)}  # evaluations and saves left out
+                          "chars_per_s": round(chars_per_s, 1),  # evaluations and saves left out
+                          **({"mfu": float(f"{mfu:.4g}")} if mfu is not None else {})}
         self.bar.update(1)
         return record
 
@@ -119,6 +130,10 @@ class Progress:
         """Characters per second of training over this session (its pauses left out)."""
         seconds = time.perf_counter() - self.session_start - self.pauses
         return (step - self.session_step) * self.chars_per_step / max(seconds, 1e-9)
+
+    def session_mfu(self, step):
+        """The model FLOPs utilisation of this session's training speed (None: no formula for the model)."""
+        return self.mfu(self.session_speed(step)) if self.mfu is not None else None
 
     def close(self):
         self.bar.close()  # the bar is cleared (leave=False), so an error line after it starts clean

@@ -31,3 +31,5 @@ MAX_NAME_CHARS = 80  # a run or text name
 MAX_CORPORA_LISTED = 1_000  # texts listed from one folder
 TRAIN_LOG_LINES = 40  # a training's last output lines sent
 TRAIN_SAMPLES = 5  # the newest samples a training wrote that are sent
+MAX_FOLDER_FILES = 5_000  # files in a folder corpus the page offers (a larger one trains with chargpt train)
+MAX_LISTING_FILES = 20_000  # files and folders looked at to list the data folder's folders of texts

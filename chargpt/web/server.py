@@ -31,6 +31,7 @@ Where things are (chargpt/web/):
   stream.py      a generation in a worker thread, sent as server-sent events (Generation)
   middleware.py  the Host check, the API key, the cross-site refusal and the security headers
   training.py    trainings started from the page: one child `chargpt train` process at a time (Trainings)
+  corpora.py     the texts and folders of texts a training from the page may read, listed by name
   endpoints/     the API, one module per feature, each with routes(); its header gives each endpoint's fields
 
 The API (JSON in, JSON out; generation as server-sent events), by the endpoints module that serves it:

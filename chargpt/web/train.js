@@ -1,6 +1,6 @@
 // chargpt playground, New run: train a run from the page (the API of chargpt/web/endpoints/train.py). Choose a text
-// (a file from this computer, uploaded as it is; one from the server's data folder; or the built-in corpus), a time
-// budget, optionally a preset or a size; Start. While it trains, polled every POLL_MS while the view is shown: what
+// (a file from this computer, uploaded as it is; a file or a folder of texts from the server's data folder, a folder
+// with its labels choice; or the built-in corpus), a time budget, optionally a preset or a size; Start. While it trains, polled every POLL_MS while the view is shown: what
 // the start-up chose, the loss curves (the Runs view's chart: runs.js), speed, time left, the samples as they are
 // written and the last lines; Stop (it saves), Resume, and Write with the run once it has a checkpoint.
 import {$, el, state, status} from "./common.js";
@@ -24,16 +24,32 @@ function duration(s) {
   return s < 120 ? `${s} s` : `${Math.floor(s / 60)} min` + (s % 60 ? ` ${s % 60} s` : "");
 }
 
+let labelChoices = {};  // "data:FOLDER" -> the labels choices the server listed for that folder of texts
+const LABEL_WORDS = {none: "none: one text", folders: "by subfolder (folders)", files: "by file (files)"};
+
 async function loadCorpora(pick) {
-  // the texts by name (never by path): the built-in corpus, the data folder's, the uploaded ones
+  // the texts by name (never by path): the built-in corpus, the data folder's texts and folders of texts, the
+  // uploaded ones
   const c = await api("/api/corpora");
-  const option = (source, f, where) => el("option", {value: `${source}:${f.name}`,
-                                                      text: `${f.name} (${where}, ${megabytes(f.bytes)})`});
+  const option = (source, f, where) => el("option", {value: `${source}:${f.name}`, text: f.kind === "folder"
+    ? `${f.name}/ (${where}, a folder of ${f.files} texts, ${megabytes(f.bytes)})`
+    : `${f.name} (${where}, ${megabytes(f.bytes)})`});
   const options = [el("option", {value: "builtin:", text: `built-in: ${c.builtin} (Python's help topics)`}),
     ...c.uploads.map((f) => option("upload", f, "uploaded")), ...c.data.map((f) => option("data", f, "data folder"))];
+  labelChoices = Object.fromEntries(c.data.filter((f) => f.kind === "folder").map((f) => [`data:${f.name}`, f.labels]));
   const keep = pick || $("train-corpus").value;
   $("train-corpus").replaceChildren(...options);
   if (options.some((o) => o.value === keep)) $("train-corpus").value = keep;
+  showLabels();
+}
+
+function showLabels() {
+  // a folder of texts offers its own labels choices (a manifest: one of its .tsv files); a single text offers them
+  // all, and the server says why a single text cannot have labels
+  const choices = labelChoices[$("train-corpus").value] || ["none", "folders", "files"], keep = $("train-labels").value;
+  $("train-labels").replaceChildren(...choices.map((c) => el("option", {value: c,
+    text: LABEL_WORDS[c] || `from the manifest ${c}`})));
+  $("train-labels").value = choices.includes(keep) ? keep : "none";
 }
 
 async function upload() {
@@ -69,6 +85,7 @@ async function start() {
   const source = choice.slice(0, cut), body = {source, max_time: number("train-time"),
     preset: $("train-preset").value || undefined, n_layer: number("train-layers"), n_embd: number("train-width"),
     sample_every: number("train-sample-every"), name: $("train-name").value.trim() || undefined};
+  if ($("train-labels").value !== "none") body.labels = $("train-labels").value;
   if (source !== "builtin") body.corpus = choice.slice(cut + 1);
   await act("/api/train", body, "starting");
 }
@@ -188,6 +205,7 @@ export async function initTrain(mainView) {
   $("train-resume").addEventListener("click", resume);
   $("train-write").addEventListener("click", writeWith);
   $("train-file").addEventListener("change", upload);
+  $("train-corpus").addEventListener("change", showLabels);
   let data;
   try {
     data = await api("/api/train");

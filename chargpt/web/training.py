@@ -37,8 +37,8 @@ from chargpt.platforms import WINDOWS, pid_alive, portable_name
 from chargpt.runs.checkpoint import read_meta, run_settings
 from chargpt.runs.rundir import LOSSES, SAMPLES, STATE, STATUS, lock_holder, write_atomic, write_text_atomic
 from chargpt.web.body import RequestError
+from chargpt.web.corpora import inside, size_of, text_folders, texts
 from chargpt.web.limits import (
-    MAX_CORPORA_LISTED,
     MAX_NAME_CHARS,
     MAX_UPLOAD_FOLDER_BYTES,
     TRAIN_LOG_LINES,
@@ -87,42 +87,34 @@ class Trainings:
         return folder
 
     def texts(self, folder):
-        """{name: path} of the texts directly in folder: regular files, not hidden (a download in progress is
-        .NAME.part), not the folder's own README (data/README.md says what to put there), named in printable
-        characters only (a name with a newline or a terminal's escape sequence would garble the lines that show it),
-        whose real path is inside folder."""
-        if folder is None or not folder.is_dir():
-            return {}
-        found = {}
-        with contextlib.suppress(OSError):
-            for p in sorted(folder.iterdir()):
-                if len(found) >= MAX_CORPORA_LISTED:
-                    break
-                if not p.name.startswith(".") and p.stem.upper() != "README" and p.name.isprintable() \
-                        and p.is_file() and inside(p, folder):
-                    found[p.name] = p
-        return found
+        return texts(folder)
 
     def corpora(self):
-        """What a training can read: the built-in corpus, the data folder's texts, the uploaded ones."""
+        """What a training can read: the built-in corpus, the data folder's texts and folders of texts (with their
+        labels choices), the uploaded ones."""
         data, uploads = self.texts(self.data_dir), self.texts(self.home / UPLOADS)
         return {"builtin": DEFAULT_CORPUS_NAME, "data_dir": self.data_dir.name if self.data_dir else None,
-                "data": [{"name": n, "bytes": size_of(p)} for n, p in data.items()],
-                "uploads": [{"name": n, "bytes": size_of(p)} for n, p in uploads.items()]}
+                "data": [{"name": n, "kind": "file", "bytes": size_of(p)} for n, p in data.items()]
+                + [f.summary() for f in text_folders(self.data_dir).values()],
+                "uploads": [{"name": n, "kind": "file", "bytes": size_of(p)} for n, p in uploads.items()]}
 
-    def corpus_path(self, source, name):
-        """A corpus chosen by name -> its path (None: the built-in one), or a 404 saying where the names are."""
+    def corpus_path(self, source, name, labels=None):
+        """A corpus chosen by name, and a labels choice -> (its path (None: the built-in one), chargpt train's
+        --labels value or None); a 404 saying where the names are, or a 400 for labels the corpus cannot have."""
         if source == "builtin":
-            return None
+            return None, no_labels(labels, "the built-in corpus is one text")
         if source == "data" and self.data_dir is None:
             raise RequestError(404, "this server has no data folder; start it with chargpt serve --data-dir DIR, or "
                                     "upload the text")
         folder = self.data_dir if source == "data" else self.home / UPLOADS
         path = self.texts(folder).get(name) if isinstance(name, str) else None
-        if path is None:
+        if path is not None:
+            return path, no_labels(labels, f"{name} is one text")
+        found = text_folders(self.data_dir).get(name) if source == "data" and isinstance(name, str) else None
+        if found is None:
             raise RequestError(404, f"no text named {str(name)[:80]!r} in the {source} folder; GET /api/corpora "
                                     f"lists them")
-        return path
+        return found.path, found.labels_flag(labels)
 
     def _new_run_dir(self, name):
         """A run directory that does not exist yet: NAME, else NAME-2, NAME-3 ... (a new run never joins an old
@@ -170,14 +162,15 @@ class Trainings:
         raise RequestError(409, f"{stem}.txt to {stem}-999.txt all exist; rename the file")
 
     # --- starting, stopping, resuming -------------------------------------------------------------------------
-    def start(self, source, corpus, name, max_time, options):
-        """A new run on a corpus chosen by name, for max_time seconds; options: more train flags (preset, size)."""
+    def start(self, source, corpus, name, max_time, options, labels=None):
+        """A new run on a corpus chosen by name, for max_time seconds; options: more train flags (preset, size);
+        labels: a folder corpus's labels choice (none, folders, files or one of its manifests)."""
         with self.lock:
             self._refuse_if_running()
-            data = self.corpus_path(source, corpus)
+            data, labels = self.corpus_path(source, corpus, labels)
             out_dir = self._new_run_dir(run_name(name or (Path(corpus).stem if data else DEFAULT_CORPUS_NAME)))
             args = [*(["--data", str(data)] if data else []), "--out-dir", str(out_dir), "--max-time", str(max_time),
-                    *as_flags(options)]
+                    *as_flags({**options, "labels": labels})]
             self._launch(out_dir, args, budget=max_time, budget_start=0.0)
         return self.status()
 
@@ -337,11 +330,6 @@ def disk_status(e):
     return 507 if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)) else 500
 
 
-def inside(path, folder):
-    real = Path(path).resolve()
-    return real != Path(folder).resolve() and real.is_relative_to(Path(folder).resolve())
-
-
 def modified(path):
     try:
         return Path(path).stat().st_mtime
@@ -349,11 +337,12 @@ def modified(path):
         return 0.0
 
 
-def size_of(path):
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
+def no_labels(labels, what):
+    """None, or the one-line 400 for labels asked of a corpus that is one text."""
+    if labels in (None, "none"):
+        return None
+    raise RequestError(400, f"labels {labels!r} need a folder of texts, and {what}; choose a folder from the data "
+                            f"folder for Text, or set Labels to none")
 
 
 def run_name(name):
@@ -421,7 +410,7 @@ def crash_line(status, lines):
 
 # chargpt train's flags that the New run view sets, by the names of its fields (chargpt/web/index.html)
 PAGE_FIELDS = {"--data": "Text", "--max-time": "Time budget", "--preset": "Preset", "--n-layer": "Layers",
-               "--n-embd": "Width", "--sample-every": "Sample every", "--out-dir": "Run name"}
+               "--n-embd": "Width", "--sample-every": "Sample every", "--out-dir": "Run name", "--labels": "Labels"}
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 
 

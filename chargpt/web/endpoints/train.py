@@ -1,11 +1,13 @@
 """The New run view's API: train a run from the page, watch it, stop and resume it (chargpt/web/training.py).
 
   GET  /api/corpora              the texts a training can read, by name: the built-in corpus, the server's data
-                                 folder (chargpt serve --data-dir), the uploaded ones
+                                 folder's texts and folders of texts (chargpt serve --data-dir; a folder with its
+                                 labels choices), the uploaded ones
   POST /api/train/upload?name=F  the file's bytes as the body (Content-Type: application/octet-stream), at most
                                  MAX_UPLOAD_BYTES, strict UTF-8 -> {corpus: its name among the uploads}
   POST /api/train                {source: builtin|data|upload, corpus, name, max_time, preset, n_layer, n_head,
-                                 n_embd, block_size, batch_size, sample_every} -> the status below
+                                 n_embd, block_size, batch_size, sample_every, labels} -> the status below
+                                 (labels: none|folders|files|MANIFEST.tsv, for a folder: chargpt train --labels)
   GET  /api/train                {training: the one running or last finished (run, pid, state running|stopping|
                                  finished|stopped|crashed, exit_code, startup, log, error, samples, progress, resumable)
                                  or null, presets, limits}
@@ -19,12 +21,13 @@ of the POSTs: middleware.SameOrigin refuses them, whatever their content type.
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from chargpt.web.body import RequestError, read_capped, read_json
+from chargpt.web.corpora import LABELS, MANIFEST_SUFFIX, shown
 from chargpt.web.limits import MAX_NAME_CHARS, MAX_TRAIN_SECONDS, MAX_UPLOAD_BYTES
 from chargpt.web.schemas import Request
 from chargpt.web.training import TEXT_PRESETS
@@ -45,6 +48,18 @@ class TrainRequest(Request):
     block_size: int | None = Field(None, ge=1, le=MAX_SIZE)
     batch_size: int | None = Field(None, ge=1, le=MAX_SIZE)
     sample_every: int | None = Field(None, ge=1, le=MAX_SIZE)  # a sample every N steps, shown as it is written
+    # a folder corpus's labels (chargpt train --labels): none, folders, files, or a manifest's name among the folder's
+    # files; which of them the chosen folder has is checked against its listing (corpora.TextFolder.labels_flag)
+    labels: str | None = Field(None, max_length=MAX_NAME_CHARS * 2)
+
+    @model_validator(mode="after")
+    def _labels_is_a_choice(self):
+        if self.labels is not None and self.labels not in LABELS and not (
+                shown(self.labels) and self.labels.endswith(MANIFEST_SUFFIX) and "/" not in self.labels
+                and "\\" not in self.labels):
+            raise ValueError(f"labels must be {', '.join(LABELS)} or the name of a {MANIFEST_SUFFIX} manifest in the "
+                             f"chosen folder (GET /api/corpora lists them), got {self.labels!r:.60}")
+        return self
 
     def options(self):
         return {k: getattr(self, k) for k in ("preset", "n_layer", "n_head", "n_embd", "block_size", "batch_size",
@@ -86,7 +101,7 @@ async def start(request):
     t = trainings(request)
     req = TrainRequest.parse(await read_json(request))
     return JSONResponse(await run_in_threadpool(t.start, req.source, req.corpus, req.name, req.max_time,
-                                                req.options()))
+                                                req.options(), req.labels))
 
 
 async def status(request):
