@@ -203,6 +203,9 @@ def test_labels_from_the_page_reach_the_child_and_a_bad_choice_is_one_line(tmp_p
     assert labels_of("authors", "folders") == "folders"
     assert labels_of("flat", "who.tsv") == str((data / "flat" / "who.tsv").resolve())
     assert labels_of("authors", "none") is None and labels_of("flat", None) is None  # one text of its files
+    (data / "flat" / "out.tsv").write_text("x.txt\tx\n../one.txt\ty\n", encoding="utf-8")  # reaches past the folder
+    r = client.post("/api/train", json={"source": "data", "corpus": "flat", "max_time": 5, "labels": "out.tsv"})
+    assert r.status_code == 400 and "out.tsv line 2 names '../one.txt', which is outside the folder flat" in r.text
     for body, said in (
             ({"corpus": "authors", "labels": "authors"}, "labels must be none, folders, files or the name of a .tsv "
                                                          "manifest in the chosen folder"),

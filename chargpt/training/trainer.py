@@ -260,7 +260,8 @@ class Trainer:
         return {"out_dir": str(run.out_dir), "step": s.step, "best_val_loss": s.best_val, "val_loss": self.last_val,
                 "elapsed_s": elapsed, "eval_fraction": min(1.0, s.eval_time / max(elapsed, 1e-9)),
                 "stopped_by": reason, "stopped_early": reason == "patience", "chars_per_step": run.chars_per_step,
-                "chars_per_s": speed, "first_step_s": self.progress.first_step_s, "compiled": run.wrapped.compiled,
+                "chars_per_s": speed, "mfu": self.progress.session_mfu(s.step),
+                "first_step_s": self.progress.first_step_s, "compiled": run.wrapped.compiled,
                 "task": run.task.name, **self.last_scores}
 
 
@@ -301,8 +302,9 @@ def train(log=tqdm.write, sinks=(), started=None, **overrides):
         early = f" (stopped early: no improvement in {run.cfg.patience} evaluations)" if summary["stopped_early"] \
             else ""
         run.log(f"done: {summary['step']} steps{early} in {summary['elapsed_s']:.0f} s "
-                f"({summary['eval_fraction']:.0%} of it evaluating), best val loss {summary['best_val_loss']:.4f}; "
-                f"run saved in {run.out_dir}")
+                f"({summary['eval_fraction']:.0%} of it evaluating"
+                + (f", MFU {summary['mfu']:.1%}" if summary.get("mfu") is not None else "")
+                + f"), best val loss {summary['best_val_loss']:.4f}; run saved in {run.out_dir}")
         if run.cfg.sample_chars and run.dist.is_main:
             run.log(closing_sample(run))
         return summary

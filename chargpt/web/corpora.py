@@ -16,6 +16,7 @@ from chargpt.web.limits import MAX_CORPORA_LISTED, MAX_FOLDER_FILES, MAX_LISTING
 
 LABELS = ("none", "folders", "files")  # the labels choices every folder has (a manifest: one of its .tsv files)
 MANIFEST_SUFFIX = ".tsv"
+MAX_MANIFEST_READ = 2**20  # bytes of a manifest checked (chargpt/data/labels.py refuses a larger one)
 
 
 def inside(path, folder):
@@ -74,7 +75,25 @@ class TextFolder:
             why = " (it has texts outside its subfolders: each subfolder is a label)" if labels == "folders" else ""
             raise RequestError(400, f"labels {labels!r} is not a choice for the folder {self.path.name}{why}; its "
                                     f"choices: {', '.join(self.labels)} (GET /api/corpora lists them)")
-        return labels if labels in LABELS else str(self.path / labels)  # a manifest: the child runs elsewhere
+        if labels in LABELS:
+            return labels
+        self.check_manifest(self.path / labels)
+        return str(self.path / labels)  # a manifest by its full path: the child runs elsewhere
+
+    def check_manifest(self, manifest, most=MAX_MANIFEST_READ):
+        """A manifest the page chose may list only files inside its folder (chargpt train reads any path a person's
+        own manifest names; one the page starts must not reach past the folder it was given): else a 400."""
+        try:
+            with open(manifest, "rb") as f:
+                text = f.read(most).decode("utf-8-sig", errors="replace")
+        except OSError as e:
+            raise RequestError(400, f"cannot read {manifest.name} ({e.strerror})") from None
+        for n, line in enumerate(text.splitlines(), 1):
+            name = line.split("\t", 1)[0]
+            if name.strip() and not line.startswith("#") and not inside(self.path / name, self.path):
+                raise RequestError(400, f"{manifest.name} line {n} names {name[:60]!r}, which is outside the folder "
+                                        f"{self.path.name}; a manifest the page trains with lists the folder's own "
+                                        f"files")
 
 
 def text_folders(data_dir, budget=MAX_LISTING_FILES):
