@@ -16,7 +16,8 @@ MAX_TRAINING_LINES = 400
 # below; within a layer, without circles. A new module is added here, at the lowest layer its imports allow.
 LAYERS = [
     # 0: nothing of chargpt's
-    ["errors", "platforms", "model.loss", "data.tang", "config.flags", "training.interrupt", "tools.novelty.report",
+    ["errors", "platforms", "config.presets", "model.loss", "data.tang", "config.flags", "training.interrupt",
+     "tools.novelty.report",
      "tools.report.measures", "tools.report.render",
      "web.limits", "web.middleware", "data", "model", "runs", "sampling", "tools"],
     # 1: settings' vocabulary, files and devices
