@@ -189,7 +189,7 @@ class FixedProbe:
     """sizing.Probe's stand-in: every rung a fixed speed in proportion to its work; keeps the head it was given."""
     made = []
 
-    def __init__(self, vocab_size, cfg, device, dtype, head=("full", 0, None)):
+    def __init__(self, vocab_size, cfg, device, dtype, head=("full", 0, None), threads=None):
         self.head, self.quiet_note = head, None
         FixedProbe.made.append(self)
 
@@ -202,10 +202,12 @@ class FixedProbe:
         return None
 
 
-@pytest.mark.parametrize("given,want", [({}, "full"), ({"softmax": "adaptive"}, "adaptive")])
+@pytest.mark.parametrize("given,want", [({}, "adaptive"), ({"softmax": "adaptive"}, "adaptive"),
+                                       ({"softmax": "full"}, "full"), ({"max_time": 600}, "full")])
 def test_auto_sizes_the_output_layer_the_run_trains(tmp_path, monkeypatch, given, want):
-    """On a large alphabet auto keeps the full layer (the adaptive one lost at 600 s on the Tang poems); a given
-    --softmax adaptive is what the probe times, on a batch drawn from the text's counts."""
+    """On a large alphabet with a short budget, --softmax auto (the CPU default) takes the adaptive layer, and with a
+    long one the full layer (the adaptive one lost at 600 s on the Tang poems); the layer chosen or given is what the
+    probe times, the adaptive one on a batch drawn from the text's counts."""
     from chargpt.training import sizing
     from chargpt.training.trainer import start_run
     rng = random.Random(0)
@@ -214,10 +216,21 @@ def test_auto_sizes_the_output_layer_the_run_trains(tmp_path, monkeypatch, given
     (tmp_path / "big.txt").write_text(text, encoding="utf-8")
     monkeypatch.setattr(sizing, "Probe", FixedProbe)
     FixedProbe.made.clear()
-    run = start_run(dict(data=str(tmp_path / "big.txt"), out_dir=str(tmp_path / "run"), max_time=60, threads=1,
-                         dtype="float32", **given), log=lambda msg: None)
+    said = []
+    run = start_run({"data": str(tmp_path / "big.txt"), "out_dir": str(tmp_path / "run"), "max_time": 60,
+                     "threads": 1, "dtype": "float32", **given}, log=said.append)
     run.release()
     softmax, shortlist, counts = FixedProbe.made[0].head
     assert run.mcfg.softmax == softmax == want and (counts is not None) == (want == "adaptive")
+    assert ("softmax" in given) == (not any(line.startswith("softmax: ") for line in run.sizing_lines))
     if want == "adaptive":
         assert shortlist == run.mcfg.shortlist and run.model.lm_head.frequency.sum() == len(text)
+
+
+def test_auto_takes_the_adaptive_layer_only_where_it_measured_better():
+    from chargpt.training.sizing import ADAPTIVE_MAX_S, ADAPTIVE_MIN_CHARS, pick_softmax
+    assert pick_softmax(9728, 150.0, "cpu")[0] == "adaptive"
+    assert pick_softmax(ADAPTIVE_MIN_CHARS - 1, 150.0, "cpu")[0] == "full"  # a small alphabet: little to save
+    assert pick_softmax(9728, ADAPTIVE_MAX_S + 1, "cpu")[0] == "full"  # a long budget: the full layer wins
+    assert pick_softmax(9728, None, "cpu")[0] == "full" and pick_softmax(9728, 150.0, "cuda")[0] == "full"
+    assert pick_softmax(9728, 150.0, "cpu", ["--labels"]) == ("full", "--labels")

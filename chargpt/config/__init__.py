@@ -91,9 +91,11 @@ class ModelConfig:
                            "(norm(x + f(x)), the 2017 paper; needs warmup)", choices=NORMS)
     activation: str = opt("gelu", "feed-forward activation: gelu (GPT) or relu (the 2017 paper)",
                           choices=ACTIVATIONS)
-    softmax: str = opt("full", "output layer: full (one score per character) or adaptive (the most used characters "
+    softmax: str = opt("full", "output layer: full (one score per character), adaptive (the most used characters "
                                "scored in full, the rare ones in smaller clusters: a faster step over thousands of "
-                               "characters; docs/training.md)", choices=SOFTMAXES)
+                               "characters; docs/training.md) or auto: adaptive for a new run over a large alphabet "
+                               "on a CPU with a short budget, where it measured better, else full",
+                       choices=SOFTMAXES)
     shortlist: int = opt(0, "characters --softmax adaptive scores in full [default: 0, the most used ones that "
                             "cover 80% of the training text]")
     cpu_defaults: ClassVar[dict] = CPU_DEFAULTS

@@ -8,7 +8,7 @@ ARCHS = ("decoder", "encoder-decoder")
 POS_EMBS = ("learned", "sinusoidal")
 NORMS = ("pre", "post")
 ACTIVATIONS = ("gelu", "relu")
-SOFTMAXES = ("full", "adaptive")
+SOFTMAXES = ("full", "adaptive", "auto")  # auto: a setting only, which a run resolves at start (training/start.py)
 # ModelConfig fields added after format 1 was released: a checkpoint without them gets the defaults (the GPT).
 ARCH_FIELDS = ("arch", "n_enc_layer", "pos_emb", "emb_scale", "norm", "activation", "softmax", "shortlist")
 

@@ -238,11 +238,12 @@ def _build(settings, given, dist, device, log, claimed, extra_sinks, logfile, re
                                      f"lines, or start a text run from a text run") from None
     distinct = len(corpus.vocab)
     corpus = origin.in_run_vocab(corpus, log)
-    model_kw, counts = adaptive_softmax(origin, corpus)
+    model_kw, counts, softmax_line = adaptive_softmax(origin, corpus, cfg, task, device)
     sizing_lines, step_s, rung = [], None, None
     if sizes:
         model_kw, cfg, sizing_lines, step_s, rung = auto_size(chosen, model_kw, cfg, task, corpus, device, dtype,
                                                               dist, counts, tuner)
+    sizing_lines = [*sizing_lines, softmax_line] if softmax_line else sizing_lines
     threads = tuner.best if tuner is not None and tuner.measured else threads
     if origin.meta is not None and origin.meta["vocab"] != corpus.vocab:
         raise ConfigError(f"--resume: the corpus's vocabulary ({len(corpus.vocab)} characters) differs from "
@@ -360,17 +361,28 @@ def encode(task, cfg, block_size, dist, log):
     return corpus
 
 
-def adaptive_softmax(origin, corpus):
-    """--softmax adaptive on a new run: the corpus's character counts, and the shortlist they give unless one is
-    set -> (model fields, counts or None). A resumed run keeps its own (stored with its weights). Not a default:
-    on the Tang poems it won at 150 s and lost at 600 s (docs/training.md)."""
-    model_kw = origin.model_kw
+def adaptive_softmax(origin, corpus, cfg, task, device):
+    """--softmax auto resolved (sizing.pick_softmax), and --softmax adaptive on a new run: the corpus's character
+    counts, and the shortlist they give unless one is set -> (model fields, counts or None, the start-up line of
+    auto's choice or None). A resumed run keeps its own (stored with its weights)."""
+    model_kw, line = origin.model_kw, None
+    if model_kw.get("softmax") == "auto":
+        against = [why for why, on in (
+            ("a resumed run keeps its output layer", origin.meta is not None),
+            (f"{param('init_from')} keeps the base's", origin.base is not None),
+            ("sentence pairs", task.name != "text"), (f"{param('labels')}", bool(cfg.labels)),
+            (f"{param('label_smoothing')}", bool(cfg.label_smoothing))) if on]
+        choice, why = sizing.pick_softmax(len(corpus.vocab), cfg.max_time, device.type, against)
+        model_kw = {**model_kw, "softmax": choice}
+        if choice == "adaptive":
+            model_kw["tie_weights"] = False  # as ModelConfig does for an adaptive layer given by name
+        line = f"softmax: {choice} ({param('softmax', 'auto')}: {why}; {param('softmax')} full or adaptive to choose)"
     if model_kw.get("softmax") != "adaptive" or origin.meta is not None:
-        return model_kw, None
+        return model_kw, None, line
     if origin.base is not None:  # a full base with --softmax adaptive is a clash settings.init_settings refuses
         raise ConfigError(f"{param('init_from')} keeps the base's {param('softmax')}; drop {param('softmax')}")
     counts = char_counts(corpus.ids(), len(corpus.vocab))
-    return {**model_kw, "shortlist": model_kw.get("shortlist") or shortlist_for(counts)}, counts
+    return {**model_kw, "shortlist": model_kw.get("shortlist") or shortlist_for(counts)}, counts, line
 
 
 def auto_size(given, model_kw, cfg, task, corpus, device, dtype, dist, counts=None, threads=None):
