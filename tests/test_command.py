@@ -16,7 +16,7 @@ from chargpt.config import TrainConfig
 def test_subcommands_share_one_definition_with_train_and_sample():
     assert main.commands["train"] is train_cli and main.commands["sample"] is sample_cli
     assert set(main.list_commands(None)) == {"train", "sample", "translate", "eval", "info", "novelty", "plot",
-                                             "bench", "data", "serve", "export"}
+                                             "bench", "data", "serve", "export", "report"}
     eval_params = {p.name: p for p in eval_cli.params}
     sample_params = {p.name: p for p in sample_cli.params}
     assert eval_params["checkpoint_path"] is sample_params["checkpoint_path"]
