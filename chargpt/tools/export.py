@@ -523,9 +523,10 @@ def export(checkpoint, to=None, format="hf", force=False, log=print):
         raise ConfigError(f"{param('to')} is required: the folder to write the export to")
     if settings.format not in EXPORT_FORMATS:
         raise ConfigError(f"{param('format')} must be one of {', '.join(EXPORT_FORMATS)} (got {settings.format!r})")
-    if settings.format != "hf":  # the web page is chargpt.tools.webpage.export_web, which builds on this module
+    if settings.format != "hf":  # the other formats' modules build on this one
+        where = {"web": "webpage.export_web", "gguf": "gguf.export_gguf", "onnx": "onnx.export_onnx"}[settings.format]
         raise ConfigError(f"export() writes {param('format', 'hf')}; {param('format', settings.format)} is "
-                          f"chargpt.tools.webpage.export_web (chargpt export dispatches to it)")
+                          f"chargpt.tools.{where} (chargpt export dispatches to it)")
     target = Path(settings.to).expanduser()
     path = resolve(checkpoint)
     check_target(target, path, settings.force)
