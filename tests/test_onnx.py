@@ -6,12 +6,13 @@ checkpoints, exported, and run with onnxruntime as an app would: the cached gene
 """
 
 import json
+import re
 import sys
 
 import numpy as np
 import pytest
 import torch
-from helpers import assert_one_line_error, invoke
+from helpers import ROOT, assert_one_line_error, invoke
 
 from chargpt.cli import export_cli
 from chargpt.config import ModelConfig, TrainConfig
@@ -88,6 +89,19 @@ def test_the_cached_loop_writes_sample_pys_greedy_text(tmp_path, block_size):
     ours = Generator(model, VOCAB, "cpu").generate(prompt, max_new_tokens=200, temperature=0)[0]
     assert len(ours) == 200 and len(set(ours)) >= 3  # not one repeated character
     assert Session(exported(tmp_path, model)).greedy(prompt, 200) == ours
+
+
+def test_the_docs_generate_loop_writes_sample_pys_greedy_text(tmp_path, capsys):
+    """docs/export.md's loop, run as written on a folder of its name, past the window (48) too."""
+    doc = (ROOT / "docs" / "export.md").read_text(encoding="utf-8")
+    code = next(b for b in re.findall(r"```python\n(.*?)```", doc, re.S) if "import onnxruntime as ort" in b)
+    vocab = Vocab.from_text(TEXT + "ROMEO:")
+    model = random_model(seed=3, scale=0.5, vocab=vocab, block_size=48)
+    exported(tmp_path, model, vocab, name="shakespeare-onnx")  # in the current folder: tmp_path
+    capsys.readouterr()
+    exec(compile(code, "docs/export.md", "exec"), {"__name__": "__doc_example__"})
+    ours = Generator(model, vocab, "cpu").generate("ROMEO:", max_new_tokens=200, temperature=0)[0]
+    assert capsys.readouterr().out == ours + "\n"
 
 
 @torch.no_grad()
