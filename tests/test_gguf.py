@@ -219,6 +219,33 @@ def test_missing_gguf_is_one_line(tmp_path, monkeypatch):
     assert not (tmp_path / "m.gguf").exists()
 
 
+@pytest.mark.parametrize("failure", [KeyboardInterrupt(), OSError(28, "No space left on device")],
+                         ids=["ctrl-c", "disk-full"])
+def test_an_interrupted_or_failed_export_leaves_nothing(tmp_path, monkeypatch, failure):
+    import chargpt.tools.gguf as gguf_module
+    ckpt = tmp_path / "m.safetensors"
+    save_model(ckpt, random_model(), VOCAB, TrainConfig())
+
+    def fail(*args):
+        raise failure
+    monkeypatch.setattr(gguf_module, "check_gguf", fail)  # the file is written, then the check fails
+    if isinstance(failure, OSError):
+        r = invoke(export_cli, ["--checkpoint", ckpt, "--format", "gguf", "--to", tmp_path / "new" / "m.gguf"])
+        assert_one_line_error(r, "No space left on device.*free disk space")
+    else:
+        with pytest.raises(KeyboardInterrupt):
+            export_gguf(ckpt, tmp_path / "new" / "m.gguf")
+    assert not (tmp_path / "new").exists()  # no file, no temporary file, and the folder made for them is gone
+
+
+def test_other_commands_do_not_import_gguf_or_onnx():
+    import subprocess
+    code = "import sys, chargpt, chargpt.cli, chargpt.config; print(sorted({'gguf', 'onnx', 'onnxruntime', " \
+           "'llama_cpp'} & set(sys.modules)))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr
+
+
 # --- llama.cpp itself ------------------------------------------------------------------------------------------
 def greedy_margin(model, vocab, prompt, text):
     """The smallest gap between the best and second-best logit along prompt + text (chargpt's greedy text)."""
