@@ -31,6 +31,7 @@ LAYERS = [
      "data.labels", "threads"],
     # 3: what uses a model: sampling engine, evaluation, novelty, run information, and training's parts
     ["sampling.engine", "tools.evaluate", "runs.info", "runs.plot", "tools.export", "tools.webpage",
+     "tools.ggufread", "tools.gguf", "tools.onnx",
      "tools.webpage.*", "tools.novelty", "tools.novelty.*", "training", "training.*", "training.tasks", "tools.report",
      "tools.report.*"],
     # 4: the loop

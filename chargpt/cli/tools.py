@@ -214,21 +214,32 @@ def translate_cli(checkpoint_path, sources, input_path, output, beam, alpha, tem
     field_option(ExportSettings, "format"),
     field_option(ExportSettings, "force"),
     field_option(ExportSettings, "web_weights"),
+    field_option(ExportSettings, "precision"),
 ])
-def export_cli(checkpoint_path, to, format, force, web_weights):
+def export_cli(checkpoint_path, to, format, force, web_weights, precision):
     """Write a run as a Hugging Face transformers folder (a GPT-2 model, its character tokenizer, a model card) that
     AutoModelForCausalLM and AutoTokenizer load without custom code; the folder is checked against chargpt's logits
     before it appears. Needs transformers: pip install -e ".[export]". Prints the folder on stdout.
     --format web writes one .html page that writes with the model in any browser, offline (chargpt/tools/webpage), its
-    decoder checked under node first where node is installed; prints the file."""
+    decoder checked under node first where node is installed; prints the file. --format gguf writes a .gguf file for
+    llama.cpp and Ollama, and an Ollama Modelfile beside it (pip install -e ".[gguf]"); --format onnx a folder for
+    ONNX Runtime (pip install -e ".[onnx]")."""
     def run():
         from chargpt.runs.rundir import latest_run
         checkpoint = checkpoint_path or latest_run()
+        if web_weights != "float32" and format != "web":
+            raise ChargptError("--web-weights is for --format web; drop it, or add --format web")
+        if precision != "f32" and format != "gguf":
+            raise ChargptError("--precision is for --format gguf; drop it, or add --format gguf")
         if format == "web":
             from chargpt.tools.webpage import export_web
             return click.echo(export_web(checkpoint, to, force, web_weights, log=say))
-        if web_weights != "float32":
-            raise ChargptError("--web-weights is for --format web; drop it, or add --format web")
+        if format == "gguf":
+            from chargpt.tools.gguf import export_gguf
+            return click.echo(export_gguf(checkpoint, to, force, precision, log=say))
+        if format == "onnx":
+            from chargpt.tools.onnx import export_onnx
+            return click.echo(export_onnx(checkpoint, to, force, log=say))
         from chargpt.tools.export import export
         click.echo(export(checkpoint, to, format, force=force, log=say))
     run_guarded(run)

@@ -395,24 +395,30 @@ class SampleSettings:
         return self
 
 
-EXPORT_FORMATS = ("hf", "web")
+EXPORT_FORMATS = ("hf", "web", "gguf", "onnx")
 WEB_WEIGHTS = ("float32", "int8")  # chargpt/tools/webpage/pack.py
+GGUF_PRECISIONS = ("f32", "f16", "q8_0")  # chargpt/tools/gguf.py
 
 
 @dataclass
 class ExportSettings:
-    """What `chargpt export` writes, and where (chargpt/tools/export.py; --format web: chargpt/tools/webpage/)."""
+    """What `chargpt export` writes, and where (chargpt/tools/export.py; --format web: chargpt/tools/webpage/; gguf:
+    chargpt/tools/gguf.py; onnx: chargpt/tools/onnx.py)."""
     to: str | None = opt(None, "folder to write the export to; created, and it must not exist or be empty, unless "
-                               "--force (--format web: the .html file to write) [required]")
+                               "--force (--format web: the .html file to write; gguf: the .gguf file) [required]")
     format: str = opt("hf", "hf: a Hugging Face transformers folder (GPT2LMHeadModel, tokenizer.json, "
                             "generation_config.json, README.md model card) that AutoModelForCausalLM.from_pretrained "
                             "loads without custom code; web: one self-contained .html page that writes with the model "
-                            "in any browser, offline", choices=EXPORT_FORMATS)
+                            "in any browser, offline; gguf: one .gguf file for llama.cpp and Ollama (GPT-2, with an "
+                            "Ollama Modelfile beside it); onnx: a folder with the decoder and its KV cache for ONNX "
+                            "Runtime, and the vocabulary as JSON", choices=EXPORT_FORMATS)
     force: bool = opt(False, "write into a --to folder that is not empty: the export's own files (written and checked "
                              "in full first) replace an earlier export's; every other file stays (--format web: "
                              "replace an earlier web export's page)")
     web_weights: str = opt("float32", "--format web: the page's weights, float32 (as trained) or int8 (a quarter of "
                                       "the bytes; its cost in loss is printed)", choices=WEB_WEIGHTS)
+    precision: str = opt("f32", "--format gguf: the weight matrices as f32 (as trained), f16 (half the bytes) or "
+                                "q8_0 (llama.cpp's 8-bit blocks, about a quarter)", choices=GGUF_PRECISIONS)
 
 
 def check_numbers(config):

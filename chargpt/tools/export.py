@@ -452,16 +452,16 @@ def claim(tmp, target):
             from None
 
 
-def put_files(tmp, target, recheck):
+def put_files(tmp, target, recheck, files=FILES):
     """Write the finished export's files (in `tmp`) over those of the existing folder `target`: each is copied to a
     temporary name in target (with our pid) and flushed, then all are renamed over the old ones in one go, during
     which signals wait. Every other file and folder of target stays as it is. A lock on target keeps two exports
     from mixing their files; `recheck()` checks target again under it."""
-    parts = {name: target / f".{name}.tmp{os.getpid()}" for name in FILES}
+    parts = {name: target / f".{name}.tmp{os.getpid()}" for name in files}
     caught = []
     with locked(target):
         recheck()
-        remove_stale_temps(target, tuple(f".{name}.tmp*" for name in FILES))  # of killed exports
+        remove_stale_temps(target, tuple(f".{name}.tmp*" for name in files))  # of killed exports
         try:
             for name, part in parts.items():
                 shutil.copyfile(tmp / name, part)
@@ -474,7 +474,7 @@ def put_files(tmp, target, recheck):
                         if not done:
                             raise
                         raise ChargptError(f"could not write {target} ({e.strerror}) after {done} of the export's "
-                                           f"{len(FILES)} files were replaced; export again, or choose another --to") \
+                                           f"{len(files)} files were replaced; export again, or choose another --to") \
                             from None
             _fsync(target)
         finally:
@@ -494,7 +494,7 @@ def write_error(target, e):
     return f"could not write {target} ({reason}); nothing was changed there; {fix}"
 
 
-def write_folder(target, fill, recheck=lambda: None):
+def write_folder(target, fill, recheck=lambda: None, files=FILES):
     """`fill(folder)` writes a temporary folder beside target (.NAME.export<pid>.XXXXXXXX), which is flushed to disk
     and then becomes target: renamed to it if target is new, or its files put into target (put_files) if target
     is a folder already; -> what fill returned. On any failure, Ctrl-C and SIGTERM included, the temporary folder
@@ -510,7 +510,7 @@ def write_folder(target, fill, recheck=lambda: None):
         _share(tmp)  # an export is meant to be shared: readable as the user's other files are
         _sync_folder(tmp)
         if existed:
-            put_files(tmp, target, recheck)
+            put_files(tmp, target, recheck, files)
         else:
             claim(tmp, target)
         done = True
@@ -532,9 +532,10 @@ def export(checkpoint, to=None, format="hf", force=False, log=print):
         raise ConfigError(f"{param('to')} is required: the folder to write the export to")
     if settings.format not in EXPORT_FORMATS:
         raise ConfigError(f"{param('format')} must be one of {', '.join(EXPORT_FORMATS)} (got {settings.format!r})")
-    if settings.format != "hf":  # the web page is chargpt.tools.webpage.export_web, which builds on this module
+    if settings.format != "hf":  # the other formats' modules build on this one
+        where = {"web": "webpage.export_web", "gguf": "gguf.export_gguf", "onnx": "onnx.export_onnx"}[settings.format]
         raise ConfigError(f"export() writes {param('format', 'hf')}; {param('format', settings.format)} is "
-                          f"chargpt.tools.webpage.export_web (chargpt export dispatches to it)")
+                          f"chargpt.tools.{where} (chargpt export dispatches to it)")
     target = Path(settings.to).expanduser()
     path = resolve(checkpoint)
     check_target(target, path, settings.force)
