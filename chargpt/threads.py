@@ -21,7 +21,6 @@ bf16, tested), only how fast.
 import threading
 import time
 from contextlib import contextmanager
-from statistics import mean
 
 import torch
 
@@ -60,6 +59,10 @@ def parse_threads(value):
         raise ConfigError(f"{param('threads')} takes auto or a number of threads, got {value!r}") from None
     check_threads(n)
     return n
+
+
+def mean(values):
+    return sum(values) / len(values)  # statistics.mean is exact and slow: 20 us, a twentieth of a decode step
 
 
 class ThreadTuner:
@@ -151,7 +154,9 @@ class ThreadTuner:
             return
         self.since_try += seconds
         if self.trying is None or count not in self.trying:
-            self.recent = (self.recent + [seconds])[-WINDOW:]
+            self.recent.append(seconds)
+            if len(self.recent) > WINDOW:
+                del self.recent[0]
             return
         if count in self.untimed:  # a count's first step after a change wakes its threads: not timed
             self.untimed.discard(count)
