@@ -76,6 +76,11 @@ def require_libraries():
 
 
 # --- what GPT-2 can express ------------------------------------------------------------------------------------
+# what to do with a run whose output layer is adaptive, for every export that cannot carry it
+ADAPTIVE_FIX = ("train it again with --softmax full (--softmax auto, the CPU default, takes the adaptive layer for a "
+                "large alphabet on a short budget), or export it as a web page (--format web), which computes it")
+
+
 def check_exportable(cfg):
     """Refuse, naming the option, a model that GPT2LMHeadModel cannot compute exactly."""
     if cfg.arch != "decoder":
@@ -86,7 +91,8 @@ def check_exportable(cfg):
                           f"its block (pre-LN) and has a final one; only {param('norm', 'pre')} runs export")
     if cfg.softmax != "full":
         raise ConfigError(f"{param('softmax', cfg.softmax)} cannot be exported as GPT-2, whose output layer scores "
-                          f"every character in full (no clusters); only {param('softmax', 'full')} runs export")
+                          f"every character in full (no clusters); only {param('softmax', 'full')} runs export: "
+                          f"{ADAPTIVE_FIX}")
     if cfg.emb_scale and cfg.tie_weights:
         raise ConfigError(f"{param('emb_scale')} with tied embeddings cannot be exported as GPT-2: it would have to "
                           f"scale the token embedding by sqrt({cfg.n_embd}) but not the output head that shares it "

@@ -44,6 +44,7 @@ from chargpt.errors import ChargptError, ConfigError
 from chargpt.runs.checkpoint import load_model, read_meta
 from chargpt.runs.rundir import BEST, LATEST, remove_stale_temps, resolve, temp_suffix
 from chargpt.tools.export import (
+    ADAPTIVE_FIX,
     TERM_SIGNALS,
     Stopped,
     _plain_mode,
@@ -85,7 +86,8 @@ def check_exportable(cfg, task, labelled):
     elif cfg.norm != "pre":
         why = f"{param('norm', cfg.norm)}: llama.cpp's gpt2 puts each LayerNorm before its block (pre-LN)"
     elif cfg.softmax != "full":
-        why = f"{param('softmax', cfg.softmax)}: llama.cpp's gpt2 scores every character with one output matrix"
+        why = (f"{param('softmax', cfg.softmax)}: llama.cpp's gpt2 scores every character with one output matrix; "
+               + ADAPTIVE_FIX)
     elif cfg.activation != "gelu":
         why = f"{param('activation', cfg.activation)}: llama.cpp's gpt2 always applies GELU"
     elif task != "text":

@@ -35,7 +35,7 @@ from chargpt.data.labels import META_KEY as LABELS_KEY
 from chargpt.errors import ChargptError, ConfigError
 from chargpt.runs.checkpoint import load_model, read_meta
 from chargpt.runs.rundir import resolve
-from chargpt.tools.export import TERM_SIGNALS, Stopped, _raise_stopped, stopped_error, write_folder
+from chargpt.tools.export import ADAPTIVE_FIX, TERM_SIGNALS, Stopped, _raise_stopped, stopped_error, write_folder
 from chargpt.training.interrupt import handling
 
 FILES = ("model.onnx", "vocab.json", "config.json", "README.md")
@@ -60,7 +60,7 @@ def check_exportable(cfg, task, labelled):
     if cfg.arch != "decoder":
         why = f"{param('arch', cfg.arch)}: the ONNX export is the decoder-only model with its cache"
     elif cfg.softmax != "full":
-        why = f"{param('softmax', cfg.softmax)}: the ONNX export's logits come from one output matrix"
+        why = f"{param('softmax', cfg.softmax)}: the ONNX export's logits come from one output matrix; " + ADAPTIVE_FIX
     elif task != "text":
         why = f"a run trained on sentence pairs ({param('task', task)}) translates; export it with " \
               f"{param('format', 'hf')}"
