@@ -420,6 +420,16 @@ class ExportSettings:
     precision: str = opt("f32", "--format gguf: the weight matrices as f32 (as trained), f16 (half the bytes) or "
                                 "q8_0 (llama.cpp's 8-bit blocks, about a quarter)", choices=GGUF_PRECISIONS)
 
+    def __post_init__(self):  # checked once, here: every export function and the CLI make one
+        for name, allowed in (("format", EXPORT_FORMATS), ("web_weights", WEB_WEIGHTS),
+                              ("precision", GGUF_PRECISIONS)):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{param(name)} must be one of {', '.join(allowed)} (got {getattr(self, name)!r})")
+        if not self.to:
+            what = {"web": "the .html file to write", "gguf": "the .gguf file to write"}.get(
+                self.format, "the folder to write the export to")
+            raise ConfigError(f"{param('to')} is required: {what}")
+
 
 def check_numbers(config):
     """Every number in a config must be one torch can take. NaN never compares, so it would slip past every range

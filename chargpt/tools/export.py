@@ -39,7 +39,7 @@ import torch
 from safetensors import SafetensorError
 
 from chargpt import __version__
-from chargpt.config import EXPORT_FORMATS, ExportSettings, SampleSettings
+from chargpt.config import ExportSettings, SampleSettings
 from chargpt.config.architecture import describe_model
 from chargpt.config.flags import param
 from chargpt.data.labels import LabelSet, rendered, token_strings
@@ -533,11 +533,7 @@ def write_folder(target, fill, recheck=lambda: None, files=FILES):
 
 def export(checkpoint, to=None, format="hf", force=False, log=print):
     """Checkpoint file or run directory -> the folder `to`, as `format` (hf: transformers); -> its Path."""
-    settings = ExportSettings(to=to, format=format, force=force)
-    if not settings.to:
-        raise ConfigError(f"{param('to')} is required: the folder to write the export to")
-    if settings.format not in EXPORT_FORMATS:
-        raise ConfigError(f"{param('format')} must be one of {', '.join(EXPORT_FORMATS)} (got {settings.format!r})")
+    settings = ExportSettings(to=to, format=format, force=force)  # checked as it is made
     if settings.format != "hf":  # the other formats' modules build on this one
         where = {"web": "webpage.export_web", "gguf": "gguf.export_gguf", "onnx": "onnx.export_onnx"}[settings.format]
         raise ConfigError(f"export() writes {param('format', 'hf')}; {param('format', settings.format)} is "

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from chargpt import __version__
-from chargpt.config import GGUF_PRECISIONS, ExportSettings, SampleSettings
+from chargpt.config import ExportSettings, SampleSettings
 from chargpt.config.architecture import describe_model
 from chargpt.config.flags import param
 from chargpt.data.labels import META_KEY as LABELS_KEY
@@ -304,12 +304,7 @@ def write_files(target, companion, write, check, text, force):
 
 def export_gguf(checkpoint, to, force=False, precision="f32", log=print):
     """Checkpoint file or run directory -> the GGUF file `to` and its Modelfile beside it; -> the file's Path."""
-    settings = ExportSettings(to=to, format="gguf", force=force, precision=precision)
-    if not settings.to:
-        raise ConfigError(f"{param('to')} is required: the .gguf file to write")
-    if settings.precision not in GGUF_PRECISIONS:
-        raise ConfigError(f"{param('precision')} must be one of {', '.join(GGUF_PRECISIONS)} "
-                          f"(got {settings.precision!r})")
+    settings = ExportSettings(to=to, format="gguf", force=force, precision=precision)  # checked as it is made
     target = Path(settings.to).expanduser()
     if target.is_symlink() and target.exists():
         target = Path(os.path.realpath(target))  # written through: the link stays

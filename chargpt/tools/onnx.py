@@ -264,9 +264,7 @@ def check_target(target, checkpoint, force):
 
 def export_onnx(checkpoint, to, force=False, log=print):
     """Checkpoint file or run directory -> the folder `to` for ONNX Runtime; -> its Path."""
-    settings = ExportSettings(to=to, format="onnx", force=force)
-    if not settings.to:
-        raise ConfigError(f"{param('to')} is required: the folder to write the export to")
+    settings = ExportSettings(to=to, format="onnx", force=force)  # checked as it is made
     target = Path(settings.to).expanduser()
     path = resolve(checkpoint)
     check_target(target, path, settings.force)

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from chargpt import __version__
-from chargpt.config import WEB_WEIGHTS, ExportSettings, SampleSettings
+from chargpt.config import ExportSettings, SampleSettings
 from chargpt.config.architecture import describe_model
 from chargpt.config.flags import param
 from chargpt.data.labels import LabelSet
@@ -210,12 +210,7 @@ def write_page(target, text, check, force):
 
 def export_web(checkpoint, to, force=False, weights="float32", log=print):
     """Checkpoint file or run directory -> the page `to` (an .html file), its weights float32 or int8; -> its Path."""
-    settings = ExportSettings(to=to, format="web", force=force, web_weights=weights)
-    if not settings.to:
-        raise ConfigError(f"{param('to')} is required: the .html file to write")
-    if settings.web_weights not in WEB_WEIGHTS:
-        raise ConfigError(f"{param('web_weights')} must be one of {', '.join(WEB_WEIGHTS)} "
-                          f"(got {settings.web_weights!r})")
+    settings = ExportSettings(to=to, format="web", force=force, web_weights=weights)  # checked as it is made
     target = Path(settings.to).expanduser()
     if target.is_symlink() and target.exists():
         target = Path(os.path.realpath(target))  # written through: the link stays
