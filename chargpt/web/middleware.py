@@ -47,7 +47,9 @@ class SecurityHeaders:
     async def __call__(self, scope, receive, send):
         async def send_with_headers(message):
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), *self.HEADERS]}
+                own = {name.lower() for name, _ in message.get("headers", [])}  # a reply's own policy stands
+                message = {**message, "headers": [*message.get("headers", []),
+                                                  *((k, v) for k, v in self.HEADERS if k not in own)]}
             await send(message)
         await self.app(scope, receive, send_with_headers if scope["type"] == "http" else send)
 
