@@ -279,11 +279,14 @@ def train(log=tqdm.write, sinks=(), started=None, **overrides):
     default: now) to the saved run and its closing sample. -> summary dict."""
     run, threads, started = None, torch.get_num_threads(), started or time.perf_counter()
     try:
+        again = None  # why the run started again, for the new run's train.log
         for attempt in range(2):
             # a run --preset auto sized while the machine was busy may start again once, sized for the speed it
             # then trains at (budget.Pace): in the folder it made, emptied (start.py allows it only there)
             run = start_run(overrides, log=log, sinks=sinks, resizable=attempt == 0 and not sinks)
             try:
+                if again:  # said when it happened; kept in the new run's log too
+                    run.log(again, show=False)
                 full = start_lines(run)
                 for line in full:
                     run.log(line, show=run.cfg.verbose)  # all of them in train.log
@@ -297,7 +300,8 @@ def train(log=tqdm.write, sinks=(), started=None, **overrides):
                 summary = Trainer(run, started).train()
                 break
             except Resize as e:
-                log(str(e))
+                again = str(e)
+                log(again)
                 shutil.rmtree(run.out_dir, ignore_errors=True)
         early = f" (stopped early: no improvement in {run.cfg.patience} evaluations)" if summary["stopped_early"] \
             else ""
