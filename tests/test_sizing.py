@@ -305,3 +305,4 @@ def test_a_run_sized_while_the_machine_was_busy_starts_again_sized_for_the_speed
     evals = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [e["step"] for e in evals][0] == 0 and sorted(e["step"] for e in evals) == [e["step"] for e in evals]
     assert summary["step"] > 0 and len(list((tmp_path / "run").glob("*.safetensors"))) == 3  # one run's files
+    assert "starting again, sized for it" in (tmp_path / "run" / "train.log").read_text(encoding="utf-8")
