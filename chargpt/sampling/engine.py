@@ -179,9 +179,9 @@ class Generator:
             generator.manual_seed(options.seed)
         if self.task == "pairs":
             if constraints.given(settings) or settings.min_p:
-                raise ConfigError("this model translates (it was trained on sentence pairs); forms, acrostics, banned "
-                                  "and allowed characters, min-p, the repetition controls and best-of are for text "
-                                  "models")
+                raise ConfigError("this model translates (it was trained on sentence pairs); forms, acrostics, "
+                                  "patterns, banned and allowed characters, min-p, the repetition controls and best-of "
+                                  "are for text models")
             if settings.label:  # (guidance needs a label: SampleSettings)
                 raise ConfigError(f"this model translates (it was trained on sentence pairs) and has no labels; drop "
                                   f"{param('label')}")
@@ -357,7 +357,7 @@ class Decoding:
                 texts[i] += piece
             yield i, piece
         self.samples = constraints.samples_of(texts, *(self.steer.scores() if self.steer else (None, None)),
-                                              ended=self.steer.ended if self.steer else None)
+                                              ended=self.steer.ended_of(texts) if self.steer else None)
 
     def _ranked(self, pieces):
         for _ in self._kept(pieces):
