@@ -235,7 +235,8 @@ def probe(matcher, allowed, chars, steps=PROBE_STEPS, depth=PROBE_DEPTH):
             return False
         if depth_now[0] >= depth:
             return None
-        ids = ids[np.argsort(counts[ids], kind="stable")]  # the kind order within each count
+        seen = counts[ids]  # the ids not yet in the text first, in the kind order; then the others, fewest first
+        ids = np.concatenate([ids[seen == 0], ids[seen > 0][np.argsort(seen[seen > 0], kind="stable")]])
         undecided = False
         for i in ids.tolist():
             if budget[0] <= 0:
