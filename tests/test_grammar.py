@@ -80,6 +80,14 @@ def test_a_pattern_and_a_ban_both_hold(gen):
     assert len(kept) == 2 and all(re.fullmatch("[a-pr-z]{0,8}", s.text) for s in kept)
 
 
+def test_a_pattern_the_other_constraints_leave_nothing_to_write_ends_the_sample_there(gen):
+    """The check before decoding knows --ban and --allow; an n-gram rule is met only while writing: the sample ends
+    where the two leave nothing, and its score says why."""
+    s = gen.samples("", regex="a{6}", no_repeat_ngram=3, max_new_tokens=8)[0]
+    assert s.text == "aaa" and s.ended == "the regular expression needed a character the other constraints leave " \
+                                         "out here"
+
+
 def test_decoding_is_the_same_with_a_pattern_that_allows_everything_it_writes(gen):
     """A pattern that never masks anything the model writes changes no character: the mask is a mask, no more."""
     plain = gen.generate("", max_new_tokens=12, temperature=1.0, seed=5, num_samples=4)

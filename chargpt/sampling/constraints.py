@@ -239,7 +239,10 @@ class Steer:
             ends = nxt == self.rules.vocab_size
             ids = nxt.tolist()
             self.stuck_now += [r for r, c in enumerate(ids) if c == self.rules.vocab_size and r not in self.stuck_now]
-            complete = self.matchers.advance(ids)
+            complete, refused = self.matchers.advance(ids)
+            for r, error in refused.items():  # not written
+                self.stuck_now.append(r)
+                self.ended[r] = f"the {self.rules.pattern.words()} refused its character: {error}"
             nxt = nxt.masked_fill(ends, 0)
         if self.seen is not None:
             self.seen[torch.arange(nxt.size(0), device=nxt.device), nxt] = True

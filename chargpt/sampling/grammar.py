@@ -268,9 +268,9 @@ def _kind_order(chars):
 
 class Matchers:
     """One matcher per row of a batch. mask() -> (fits (B, V) bool: the characters the pattern allows next,
-    may_end (B,) bool: whether the text may end here); advance(ids) feeds each live row its chosen id (V: the end)
-    -> the rows whose pattern is complete after it (nothing may follow). A row that ended (chose the end, was
-    completed, or stuck: stop(row)) is left alone: its mask allows every character and never the end."""
+    may_end (B,) bool: whether the text may end here); advance(ids) feeds each live row its chosen id (V: the end).
+    A row that ended (chose the end, was completed, or stuck: stop(row)) is left alone: its mask allows every
+    character and never the end."""
 
     def __init__(self, pattern, rows):
         self.size, self.rows, self.stoi = pattern.size, [pattern.matcher() for _ in range(rows)], pattern.stoi
@@ -290,13 +290,17 @@ class Matchers:
         self.live[row] = False
 
     def advance(self, ids):
-        complete = []
+        """-> (the rows the pattern is complete in, the rows whose character it refused: their matcher's error)."""
+        complete, refused = [], {}
         for r, c in enumerate(ids):
             if not self.live[r]:
                 continue
-            if c == self.size or not self.rows[r].consume_token(c):  # the end; or (never: c was allowed) refused
+            if c == self.size:  # the end
                 self.live[r] = False
+            elif not self.rows[r].consume_token(c):  # never where the mask allowed c; said if it does
+                self.live[r] = False
+                refused[r] = one_line(self.rows[r].get_error(), limit=200)
             elif self.rows[r].is_stopped():
                 self.live[r] = False
                 complete.append(r)
-        return complete
+        return complete, refused
