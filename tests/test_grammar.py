@@ -119,6 +119,15 @@ def test_a_pattern_the_vocabulary_cannot_write_is_one_line_naming_the_character(
         gen.generate("", json_schema={"type": "object"})  # no '{' in this vocabulary
 
 
+def test_a_pattern_the_check_cannot_settle_is_a_note_and_samples_that_say_they_are_incomplete():
+    notes = []
+    gen = Generator(random_model(), VOCAB, "cpu", log=notes.append)
+    s = gen.samples("", regex="[a-z]+@", max_new_tokens=20, seed=1)[0]  # no '@': only letters, never complete
+    assert len(notes) == 1 and "found no text of up to 400 characters" in notes[0]
+    assert re.fullmatch("[a-z]{20}", s.text) and s.ended == "max_new_tokens=20 came before the regular expression " \
+                                                             "was complete"
+
+
 def test_without_llguidance_the_error_names_the_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "llguidance", None)
     with pytest.raises(ConfigError, match=re.escape('pip install -e ".[grammar]"')):

@@ -192,6 +192,8 @@ class Generator:
         if rules and rules.program and rules.program.need[0] > settings.max_new_tokens:
             self.log(f"note: the form needs at least {rules.program.need[0]} characters; "
                      f"{param('max_new_tokens', settings.max_new_tokens)} cuts it short")
+        if rules and rules.pattern and rules.pattern.unproven:
+            self.log(rules.pattern.unproven)
         ids = self.vocab.encode(context)
         steer = rules.steer(ids, rows, settings.max_new_tokens, self.device) if rules else None
         # what decoding will write: a form ends its sample (--compile auto weighs that, not --max-new-tokens)

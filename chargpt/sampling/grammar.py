@@ -138,6 +138,7 @@ class Pattern:
     tokenizer: object
     chars: tuple
     start: object = None
+    unproven: str = ""  # a note, where the check before decoding found no complete text but could not rule one out
 
     @property
     def size(self):
@@ -186,6 +187,10 @@ def compile_pattern(kind, text, vocab, allowed):
             why = f" (it needs {c!r} (U+{ord(c):04X}) there, {what})"
         raise ConfigError(f"{param(kind)}: no text this model can write matches the {pattern.words()}{why}; change "
                           f"the {pattern.words()}, or write with a run whose text has the characters it needs")
+    if found is None:
+        pattern.unproven = (f"note: the check before decoding found no text of up to {PROBE_DEPTH} characters this "
+                            f"model can write that completes the {pattern.words()}; if it needs a character the "
+                            f"model never saw, its samples end incomplete (their scores say so)")
     return pattern
 
 
