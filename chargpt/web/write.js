@@ -1,7 +1,7 @@
 // chargpt playground, Write: text streamed from the run on screen (POST /api/generate), stopped on request, its
 // unknown prompt characters marked and its copied spans shaded; a form, an acrostic, banned characters, a regular
-// expression and best-of with each sample's scores under it; for a run trained on sentence pairs, a translation box that translates line
-// by line; for a run trained with --labels, the label to write in and its guidance.
+// expression and best-of with each sample's scores under it; for a run trained on sentence pairs, a translation box
+// that translates line by line; for a run trained with --labels, the label to write in and its guidance.
 import {$, current, el, fmt, state, status, translates} from "./common.js";
 import {api, generate} from "./api.js";
 import {onAnalyse} from "./inside.js";
