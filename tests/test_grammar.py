@@ -11,7 +11,7 @@ import re
 import sys
 
 import pytest
-from helpers import VOCAB, assert_one_line_error, invoke, need, random_model, train_tiny
+from helpers import VOCAB, assert_one_line_error, invoke, need, parse_sse, random_model, texts_of, train_tiny
 
 import chargpt
 from chargpt.config import SampleSettings
@@ -199,5 +199,13 @@ def test_the_server_and_the_openai_client_take_a_pattern(run):
         client.completions.create(model="tiny", prompt="a", extra_body={"guided_regex": "Z"})
     with pytest.raises(openai.BadRequestError, match="response_format must be"):
         client.completions.create(model="tiny", prompt="a", extra_body={"response_format": {"type": "xml"}})
+    with pytest.raises(openai.BadRequestError, match=r"JSON schema \(it needs '\{'"):  # any object: the run has no {
+        client.completions.create(model="tiny", prompt="a", extra_body={"response_format": {"type": "json_object"}})
     r = http.post("/api/generate", json={"run": "tiny", "regex": "a(b"})
     assert r.status_code == 400 and r.json()["error"].startswith("regex: "), r.text
+    # /api/generate takes a schema as an object; its scores come with the `done` event
+    schema = {"type": "integer", "minimum": 10, "maximum": 59}
+    r = http.post("/api/generate", json={"run": "tiny", "json_schema": schema, "num_samples": 2, "seed": 1})
+    events = parse_sse(r.text)
+    assert all(re.fullmatch("[1-5][0-9]", t) for t in texts_of(events, 2)), r.text
+    assert events[-1][1]["scores"][0]["removed"] >= 0 and events[0][1]["settings"]["json_schema"] == json.dumps(schema)
