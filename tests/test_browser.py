@@ -100,6 +100,16 @@ def test_write_takes_a_form_an_acrostic_banned_characters_and_best_of_and_shows_
     assert page.query_selector(".sample .scores") is None  # no constraint: no scores
 
 
+def test_write_takes_a_regular_expression(page, site):
+    need("llguidance")
+    write(page, "ROMEO:", regex=" [A-Z]{2,5}", samples=2, seed=3, length=10)
+    want = chargpt.load(site[1], device="cpu").samples("ROMEO:", regex=" [A-Z]{2,5}", num_samples=2, seed=3,
+                                                      max_new_tokens=10)
+    assert [sample_text(page, 0), sample_text(page, 1)] == [s.text for s in want]
+    assert "the constraints removed" in page.text_content(".sample[data-i='0'] .scores")
+    page.fill("#regex", "")
+
+
 def test_stop_ends_a_long_generation(page):
     page.fill("#length", "5000")
     page.fill("#samples", "8")

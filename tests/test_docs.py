@@ -11,6 +11,7 @@ between the docs, and the repository files they name, must exist.
 
 import argparse
 import importlib.util
+import json
 import os
 import re
 import shlex
@@ -37,12 +38,16 @@ README = ROOT / "README.md"
 GUIDES = sorted((ROOT / "docs").glob("*.md"))
 # files the docs introduce as the reader's own ("notes.txt stands for a text file of yours"): what they must bring
 YOURS = {"notes.txt", "data/my_poems/", "other_play.txt", "ita.tsv", "en.txt", "test.tsv", "names.txt",
-         "data/authors/"}
+         "data/authors/", "defs.jsonl", "def.json"}
 INPUT_FLAGS = ("--data", "--target-data", "--config", "--checkpoint", "--prompt-file", "--input", "--candidates",
-               "--nanogpt")
+               "--nanogpt", "--grammar", "--json-schema")
 OUTPUT_FLAGS = ("--out-dir", "--output", "-o")
 STARTERS = ("python", "python3", "chargpt", "torchrun", "pip", "bash", "echo", "printf", "git")
 BUILTIN_CORPUS = "pydoc-topics"  # data.DEFAULT_CORPUS_NAME: the run dir of a train without --data
+# the JSON schema docs/sampling.md holds the reader's JSON lines to (def.json)
+DEF = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
+                                       "kind": {"enum": ["def", "class"]}, "module": {"type": "string"}},
+       "required": ["name", "kind", "module"], "additionalProperties": False}
 
 
 # --- reading the docs -------------------------------------------------------------------------------------------
@@ -435,7 +440,11 @@ def your_files():
     Path("ita.tsv").write_text("".join(f"{s}\t{t}\tCC-BY\n" for s, t in pairs), encoding="utf-8")
     Path("test.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in pairs[:8]), encoding="utf-8")
     Path("en.txt").write_text("Good morning.\n\nThanks.\n", encoding="utf-8")
-    Path("names.txt").write_text("".join(f"{w}\n" for w in sorted(set(english().split()))[:400]), encoding="utf-8")
+    names = sorted(set(english().split()))[:400] + ["get_item", "get_name", "set_name"]  # --regex "get_[a-z]{3,8}"
+    Path("names.txt").write_text("".join(f"{w}\n" for w in names), encoding="utf-8")
+    defs = [{"name": n, "kind": "def", "module": "json"} for n in ["dumps", "loads", "get_item", "JSONDecoder"] * 50]
+    Path("defs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in defs), encoding="utf-8")
+    Path("def.json").write_text(json.dumps(DEF), encoding="utf-8")
     for i, label in enumerate(("code", "help")):  # several texts, one a label (--labels folders)
         Path(f"data/authors/{label}").mkdir(parents=True)
         Path(f"data/authors/{label}/{label}.txt").write_text(english()[i * 6000:(i + 1) * 6000], encoding="utf-8")

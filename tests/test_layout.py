@@ -22,7 +22,8 @@ LAYERS = [
      "web.limits", "web.middleware", "data", "model", "runs", "sampling", "tools"],
     # 1: settings' vocabulary, files and devices
     ["config.architecture", "config", "runs.rundir", "runtime", "textio", "training.schedules", "data.tokenizer",
-     "training.flat", "data.corpora", "sampling.forms", "tools.novelty.score", "tools.novelty.suffixarray",
+     "training.flat", "data.corpora", "sampling.forms", "sampling.grammar", "tools.novelty.score",
+     "tools.novelty.suffixarray",
      "tools.novelty.cache", "sampling.options"],
     # 2: models, data and checkpoints
     ["model.dropout", "model.adaptive", "model.transformer", "training.optim", "model.quantize", "sampling.decode",

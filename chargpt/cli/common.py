@@ -171,6 +171,7 @@ def _sample_settings(flags):
     given = {k: v for k, v in flags.items() if v is not None}
     given["stop"] = tuple(map(textio.unescape, flags.get("stop") or ()))
     given.update({k: textio.unescape(given[k]) for k in ("ban", "allow") if k in given})  # --ban '\n'
+    given.update({k: read_pattern(given[k], k) for k in ("grammar", "json_schema") if k in given})  # files
     return SampleSettings(**given)
 
 
@@ -182,3 +183,11 @@ def _seed(seed, shown):
     if shown:
         click.echo(f"seed: {seed}", err=True)
     return seed
+
+
+def read_pattern(path, name):
+    """--grammar FILE and --json-schema FILE: the file's text (UTF-8, at most grammar.MAX_PATTERN_CHARS bytes), or
+    a one-line error naming it."""
+    from chargpt.sampling.grammar import MAX_PATTERN_CHARS
+    what = f"--{name.replace('_', '-')} file"
+    return textio.decode_utf8(textio.read_file(path, what, MAX_PATTERN_CHARS), f"{what} {path}")

@@ -2,11 +2,11 @@
 
 Commands between prompts change the settings: /temp 0.5, /topk 40, /topp 0.9, /len 300, /seed 7, /show,
 /help, /quit; and the constraints (chargpt/sampling/constraints.py): /form 五言绝句, /acrostic 春夏秋冬, /ban eE,
-/allow CHARS, /minp 0.05, /rep 1.3, /norepeat 4, /bestof 8 (a string command alone clears it). Under a constraint
-or best-of, each sample's scores follow it on stderr. An empty line samples from the default start (a pairs model
-translates each line: for it, an empty line is an error that says so). Ctrl-C stops the current sample only (at
-the input prompt it just clears the line); Ctrl-D (end of input) exits. Text goes to stdout, everything else (the
-"> " prompt, messages) to stderr, so the samples can be piped or logged on their own.
+/allow CHARS, /regex RE, /minp 0.05, /rep 1.3, /norepeat 4, /bestof 8 (a string command alone clears it). Under a
+constraint or best-of, each sample's scores follow it on stderr. An empty line samples from the default start (a
+pairs model translates each line: for it, an empty line is an error that says so). Ctrl-C stops the current sample
+only (at the input prompt it just clears the line); Ctrl-D (end of input) exits. Text goes to stdout, everything
+else (the "> " prompt, messages) to stderr, so the samples can be piped or logged on their own.
 """
 
 import itertools
@@ -21,9 +21,9 @@ from chargpt.errors import ChargptError
 from chargpt.sampling.constraints import given
 
 HELP = ("commands: /temp T  /topk K (0: off)  /topp P (1: off)  /len N  /seed S  /show  /help  /quit; "
-        "constraints: /form PATTERN|NAME  /acrostic CHARS  /ban CHARS  /allow CHARS (alone: off)  /minp P (0: off)  "
-        "/rep F (1: off)  /norepeat N (0: off)  /bestof N (1: off); a run trained with --labels: /label NAME (alone: "
-        "none)  /guidance F (1: off); anything else is a prompt")
+        "constraints: /form PATTERN|NAME  /acrostic CHARS  /ban CHARS  /allow CHARS (alone: off)  /regex RE  "
+        "/minp P (0: off)  /rep F (1: off)  /norepeat N (0: off)  /bestof N (1: off); a run trained with --labels: "
+        "/label NAME (alone: none)  /guidance F (1: off); anything else is a prompt")
 PAIRS_HELP = HELP.replace("anything else is a prompt", "anything else is a sentence to translate (one per line)")
 PAIRS_EMPTY = ("this model was trained on sentence pairs: type a source sentence, one per line, and it writes the "
                "translation")
@@ -33,6 +33,7 @@ SETTERS = {"/temp": ("temperature", float, None), "/topk": ("top_k", int, 0), "/
            "/rep": ("repetition_penalty", float, 1.0), "/norepeat": ("no_repeat_ngram", int, 0),
            "/bestof": ("best_of", int, 1), "/form": ("form", str, ""), "/acrostic": ("acrostic", str, ""),
            "/ban": ("ban", textio.unescape, ""), "/allow": ("allow", textio.unescape, ""),
+           "/regex": ("regex", str, ""),
            "/label": ("label", str, ""), "/guidance": ("guidance", float, 1.0)}
 SKIP_BYTES = 64 << 20  # the most skipped of one too-long input line before the input counts as endless
 SKIP_CHUNK = 1 << 20  # read at a time while skipping: memory stays bounded

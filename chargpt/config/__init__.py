@@ -17,6 +17,7 @@ typed_fields.
 """
 
 import difflib
+import json
 import math
 import os
 from dataclasses import dataclass, fields, replace
@@ -344,6 +345,16 @@ class SampleSettings:
                                  "[default: none]")
     acrostic: str | None = opt(None, "start successive lines with these characters (lines of the --form; without "
                                      "one, the lines the model writes: the sample ends with the last) [default: none]")
+    # Patterns (chargpt/sampling/grammar.py, through llguidance: pip install -e ".[grammar]"); one at a time
+    regex: str | None = opt(None, "the sample must match this regular expression whole (Rust's regex syntax, as "
+                                  "llguidance reads it; the prompt is not part of the match): it ends where the text "
+                                  "is complete and the model would write something the expression does not allow "
+                                  "next [default: none]")
+    grammar: str | None = opt(None, "the sample must follow this Lark grammar (llguidance's dialect): on the command "
+                                    "line the FILE that holds it, from Python its text [default: none]")
+    json_schema: str | None = opt(None, "the sample must be one JSON value valid under this JSON schema: on the "
+                                        "command line the FILE that holds it, from Python its text (or a dict) "
+                                        "[default: none]")
     best_of: int | None = opt(None, "write N samples (one batch), drop those that copy the training text (a span of "
                                     "--min-span or more) or repeat a better one, and keep the best --num-samples by "
                                     "the model's own mean log-probability per character [default: off]")
@@ -354,6 +365,8 @@ class SampleSettings:
     def __post_init__(self):
         # a lone string would otherwise be read as one stop string per character
         object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
+        if isinstance(self.json_schema, dict):  # json_schema={...} from Python: kept as its JSON text
+            object.__setattr__(self, "json_schema", json.dumps(self.json_schema, ensure_ascii=False))
         self.validate()
 
     def validate(self):
@@ -392,6 +405,12 @@ class SampleSettings:
         if self.form:
             from chargpt.sampling.forms import parse
             parse(self.form)  # the pattern's own syntax; what the vocabulary allows is checked at decoding
+        patterns = [name for name in ("regex", "grammar", "json_schema") if getattr(self, name) is not None]
+        if len(patterns) > 1:
+            raise ConfigError(f"{param(patterns[0])} and {param(patterns[1])} both give the sample a pattern; give one")
+        if patterns:
+            from chargpt.sampling.grammar import check
+            check(patterns[0], getattr(self, patterns[0]))  # its syntax; the vocabulary's part is checked at decoding
         return self
 
 

@@ -1,6 +1,7 @@
 """Constraints on what a sample may write, as masks on the logits and forced characters in the decode loop, and the
-scores that say what they cost: --ban, --allow, --form and --acrostic (chargpt/sampling/forms.py), --repetition-penalty
-and --no-repeat-ngram (transformers' meaning), --best-of.
+scores that say what they cost: --ban, --allow, --form and --acrostic (chargpt/sampling/forms.py), --regex, --grammar
+and --json-schema (chargpt/sampling/grammar.py), --repetition-penalty and --no-repeat-ngram (transformers' meaning),
+--best-of.
 
 Each control is a small function of (the ids so far, the logits) -> new logits, as transformers' LogitsProcessors
 are: repetition_penalty is RepetitionPenaltyLogitsProcessor's arithmetic, NgramBan is NoRepeatNGramLogitsProcessor's
@@ -26,7 +27,7 @@ import torch
 from chargpt.config.flags import param
 from chargpt.data.tokenizer import codepoints
 from chargpt.errors import ConfigError
-from chargpt.sampling import forms
+from chargpt.sampling import forms, grammar
 
 NEAR_DUPLICATE = 0.5  # best-of drops a sample whose 8-character pieces overlap a better one's this much (Jaccard)
 SHINGLE = 8
@@ -81,12 +82,13 @@ class NgramBan:
 @dataclass
 class Rules:
     """One call's constraints, in ids: allowed (V,) bool or None (--ban, --allow), penalty, ngram, program
-    (forms.Program or None)."""
+    (forms.Program or None), pattern (grammar.Pattern or None: --regex, --grammar, --json-schema)."""
     vocab_size: int
     allowed: torch.Tensor | None
     penalty: float | None
     ngram: int | None
     program: forms.Program | None
+    pattern: grammar.Pattern | None = None
 
     def steer(self, context, rows, budget, device):
         return Steer(self, context, rows, budget, device)
@@ -98,7 +100,7 @@ def given(settings):
     refused where the settings are made)."""
     s = settings
     return bool(s.ban or s.allow or s.form or s.acrostic or s.repetition_penalty not in (None, 1.0)
-                or s.no_repeat_ngram or s.best_of)
+                or s.no_repeat_ngram or s.best_of or grammar.given(s))
 
 
 def plan(settings, vocab, context, score=False, reserved=""):
@@ -126,8 +128,10 @@ def plan(settings, vocab, context, score=False, reserved=""):
         raise ConfigError(f"{param('ban')} and {param('allow')} leave no character this model writes" +
                           (" (its label characters are never written)" if reserved else ""))
     program = forms.compile_form(s.form, s.acrostic, vocab, allowed, context)
+    found = grammar.given(s)
+    pattern = grammar.compile_pattern(*found, vocab, allowed) if found else None
     penalty = s.repetition_penalty if s.repetition_penalty != 1.0 else None
-    return Rules(len(vocab), None if allowed.all() else allowed, penalty, s.no_repeat_ngram or None, program)
+    return Rules(len(vocab), None if allowed.all() else allowed, penalty, s.no_repeat_ngram or None, program, pattern)
 
 
 def _mask(vocab, chars):
@@ -140,23 +144,29 @@ def _mask(vocab, chars):
 
 class Steer:
     """The rules applied to one batch of `rows` samples continuing `context` (a list of ids), for at most `budget`
-    characters. logits(logits (B, V)) -> the logits to sample from; chose(ids (B,)) records the choice. ended_now:
-    the rows whose form ended with the last choice; stuck_now: the rows that end before this step's choice, which is
-    not written (nothing was left to write: `ended` says why, by row). scores() -> (log-probability of each chosen
-    character, probability the constraints removed, in nats; each (steps, B), the latter None without a hard
-    constraint)."""
+    characters. logits(logits (B, V)) -> the logits to sample from; chose(ids (B,)) records the choice and -> the ids
+    to feed the model. ended_now: the rows whose form or pattern ended with the last choice; stuck_now: the rows that
+    end before this step's choice, which is not written (nothing was left to write, or a pattern's end was chosen:
+    `ended` says why, by row, when it is early). scores() -> (log-probability of each chosen character, probability
+    the constraints removed, in nats; each (steps, B), the latter None without a hard constraint).
+
+    Under a pattern (grammar.Pattern) the logits gain a column, id V: the sample's end, allowed where the pattern
+    accepts the text so far, with the model's probability of every character the pattern does not allow next
+    (chargpt/sampling/grammar.py says why); a row that chooses it ends there, the end not written."""
 
     def __init__(self, rules, context, rows, budget, device):
-        self.rules, self.ended_now = rules, []
+        self.rules, self.budget, self.ended_now = rules, budget, []
         self.allowed = None if rules.allowed is None else rules.allowed.to(device)
         self.walk = forms.FormWalk(rules.program, rows, budget) if rules.program else None
         self.table = rules.program.table.to(device) if rules.program else None
         self.ngrams = NgramBan(rules.ngram, context, rows) if rules.ngram else None
+        self.matchers = rules.pattern.matchers(rows) if rules.pattern else None
         self.seen = None
         if rules.penalty is not None:  # (B, V): the characters in the text so far, prompt included
             self.seen = torch.zeros(rows, rules.vocab_size, dtype=torch.bool, device=device)
             self.seen[:, torch.tensor(sorted(set(context)), dtype=torch.long, device=device)] = True
-        self.hard = rules.allowed is not None or rules.program is not None or rules.ngram is not None
+        self.hard = rules.allowed is not None or rules.program is not None or rules.ngram is not None or \
+            rules.pattern is not None
         self.logp, self.removed, self.step_logp = [], [], None
         self.stuck_now, self.ended = [], {}  # rows that end before this step's character; row -> why it ended early
 
@@ -181,25 +191,79 @@ class Steer:
                 left = hard.any(dim=-1, keepdim=True)
                 allowed = torch.where(left, hard, base)
                 if self.walk is None and not bool(left.all()):
-                    self.stuck_now = [r for r in (~left[:, 0]).nonzero()[:, 0].tolist() if r not in self.ended]
-                    self.ended.update(dict.fromkeys(self.stuck_now, f"{param('no_repeat_ngram', self.rules.ngram)} "
-                                                                    f"left nothing to write"))
+                    self._stuck((~left[:, 0]).nonzero()[:, 0].tolist(),
+                                f"{param('no_repeat_ngram', self.rules.ngram)} left nothing to write")
+        fits = may_end = None
+        if self.matchers is not None:
+            fits, may_end = (t.to(raw.device) for t in self.matchers.mask())  # (B, V), (B,)
+            base = allowed if allowed is not None else torch.ones(B, V, dtype=torch.bool, device=raw.device)
+            both = base & fits
+            left = both.any(dim=-1) | may_end
+            if not bool(left.all()):  # the pattern needs what the other rules (or the labels) leave out
+                self._stuck((~left).nonzero()[:, 0].tolist(), f"the {self.rules.pattern.words()} needed a character "
+                                                               f"the other constraints leave out here")
+            allowed = torch.where(left[:, None], both, base)
         self.step_logp = torch.log_softmax(raw, dim=-1)  # (B, V): the model's own distribution
+        out = raw if self.seen is None else repetition_penalty(raw, self.seen, self.rules.penalty)
         if allowed is not None:
-            self.removed.append(-torch.logsumexp(self.step_logp.masked_fill(~allowed, float("-inf")), dim=-1))
+            kept = torch.logsumexp(self.step_logp.masked_fill(~allowed, float("-inf")), dim=-1)
+        if fits is not None:  # the end (id V): the mass of what the pattern does not allow next, where it may end
+            end_logp = self._end(self.step_logp, fits, may_end)
+            self.step_logp = torch.cat([self.step_logp, end_logp[:, None]], dim=1)
+            self.removed.append(-torch.logaddexp(kept, end_logp))
+            return torch.cat([out.masked_fill(~allowed, float("-inf")), self._end(out, fits, may_end)[:, None]], dim=1)
+        if allowed is not None:
+            self.removed.append(-kept)
         elif self.hard:  # no mask at this step (an n-gram rule before any n-gram repeats)
             self.removed.append(torch.zeros(B, device=raw.device))
-        out = raw if self.seen is None else repetition_penalty(raw, self.seen, self.rules.penalty)
         return out if allowed is None else out.masked_fill(~allowed, float("-inf"))
+
+    @staticmethod
+    def _end(logits, fits, may_end):
+        """(B,) the end's logit: logsumexp of the logits the pattern does not allow next, -inf where it may not end."""
+        rest = torch.logsumexp(logits.masked_fill(fits, float("-inf")), dim=-1)
+        return torch.where(may_end, rest, torch.full_like(rest, float("-inf")))
+
+    def _stuck(self, rows, why):
+        """These rows end before this step's character (not written), for this reason."""
+        rows = [r for r in rows if r not in self.ended]
+        self.stuck_now += rows
+        self.ended.update(dict.fromkeys(rows, why))
+        if self.matchers is not None:
+            for r in rows:
+                self.matchers.stop(r)
 
     def chose(self, nxt):
         self.logp.append(self.step_logp.gather(1, nxt[:, None])[:, 0])
+        if self.matchers is not None:  # a row that chose the end (id V) ends here; the model is fed a character
+            ends = nxt == self.rules.vocab_size
+            ids = nxt.tolist()
+            self.stuck_now += [r for r, c in enumerate(ids) if c == self.rules.vocab_size and r not in self.stuck_now]
+            complete, refused = self.matchers.advance(ids)
+            for r, error in refused.items():  # not written
+                self.stuck_now.append(r)
+                self.ended[r] = f"the {self.rules.pattern.words()} refused its character: {error}"
+            nxt = nxt.masked_fill(ends, 0)
         if self.seen is not None:
             self.seen[torch.arange(nxt.size(0), device=nxt.device), nxt] = True
         ids = nxt.tolist() if self.ngrams is not None or self.walk is not None else None
         if self.ngrams is not None:
             self.ngrams.add(ids)
         self.ended_now = self.walk.advance(ids) if self.walk is not None else []
+        if self.matchers is not None:
+            self.ended_now = sorted(set(self.ended_now) | set(complete))
+        return nxt
+
+    def ended_of(self, texts):
+        """Why each sample ended early, by row (`ended`), and under a pattern each sample whose text the pattern does
+        not accept whole: --max-new-tokens or a stop string came first."""
+        ended = dict(self.ended)
+        pattern = self.rules.pattern
+        for r, text in enumerate(texts if pattern is not None else ()):
+            if r not in ended and not pattern.complete(text):
+                ended[r] = (f"{param('max_new_tokens', self.budget)} came" if len(text) >= self.budget else
+                            "a stop string cut it") + f" before the {pattern.words()} was complete"
+        return ended
 
     def scores(self):
         if not self.logp:

@@ -85,7 +85,7 @@ def decode(model, ctx, settings, generator, use_cache=True, keep=None, dtype=tor
     keep: characters the cache is rebuilt from when the window is full [default: 3/4 of block_size].
     runner: a StepRunner for the steps after each prefill (None: the model's forward, its shapes growing).
     steer: the constraints (constraints.Steer): steer.logits(logits) -> the logits to choose from, and
-    steer.chose(ids) after each choice (before it is yielded).
+    steer.chose(ids) after each choice (before it is yielded), which may return the ids to yield and feed instead.
     Labels (chargpt/data/labels.py): the first `pin` ids of every row stay in the window when it slides (the label the
     model reads first); `uncond` (B, T), ctx's rows with the unconditioned label, decodes beside ctx as one batch
     of 2B rows, and the choice is made from uncond + guidance * (cond - uncond) (classifier-free guidance);
@@ -122,8 +122,9 @@ def decode(model, ctx, settings, generator, use_cache=True, keep=None, dtype=tor
         if steer is not None:
             logits = steer.logits(logits)  # (B, V) float: masked, penalised
         nxt = sample_next(logits, generator, settings.temperature, settings.top_k, settings.top_p, min_p)  # (B,)
-        if steer is not None:
-            steer.chose(nxt)
+        if steer is not None:  # a steer may give back other ids to feed (a pattern's end is no character)
+            back = steer.chose(nxt)
+            nxt = nxt if back is None else back
         yield nxt
         if step + 1 == settings.max_new_tokens:
             return

@@ -179,9 +179,9 @@ class Generator:
             generator.manual_seed(options.seed)
         if self.task == "pairs":
             if constraints.given(settings) or settings.min_p:
-                raise ConfigError("this model translates (it was trained on sentence pairs); forms, acrostics, banned "
-                                  "and allowed characters, min-p, the repetition controls and best-of are for text "
-                                  "models")
+                raise ConfigError("this model translates (it was trained on sentence pairs); forms, acrostics, "
+                                  "patterns, banned and allowed characters, min-p, the repetition controls and best-of "
+                                  "are for text models")
             if settings.label:  # (guidance needs a label: SampleSettings)
                 raise ConfigError(f"this model translates (it was trained on sentence pairs) and has no labels; drop "
                                   f"{param('label')}")
@@ -192,6 +192,8 @@ class Generator:
         if rules and rules.program and rules.program.need[0] > settings.max_new_tokens:
             self.log(f"note: the form needs at least {rules.program.need[0]} characters; "
                      f"{param('max_new_tokens', settings.max_new_tokens)} cuts it short")
+        if rules and rules.pattern and rules.pattern.unproven:
+            self.log(rules.pattern.unproven)
         ids = self.vocab.encode(context)
         steer = rules.steer(ids, rows, settings.max_new_tokens, self.device) if rules else None
         # what decoding will write: a form ends its sample (--compile auto weighs that, not --max-new-tokens)
@@ -357,7 +359,7 @@ class Decoding:
                 texts[i] += piece
             yield i, piece
         self.samples = constraints.samples_of(texts, *(self.steer.scores() if self.steer else (None, None)),
-                                              ended=self.steer.ended if self.steer else None)
+                                              ended=self.steer.ended_of(texts) if self.steer else None)
 
     def _ranked(self, pieces):
         for _ in self._kept(pieces):

@@ -71,6 +71,11 @@ class GenerateRequest(Request):
     repetition_penalty: float | None = None
     no_repeat_ngram: int | None = Field(None, le=MAX_NEW_CHARS)
     min_p: float | None = None
+    # a pattern (chargpt/sampling/grammar.py), one at a time: a regular expression, a Lark grammar's text, a JSON
+    # schema (an object, or its text); the body's limit bounds the schema
+    regex: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
+    grammar: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
+    json_schema: dict | str | None = None
     min_span: int | None = Field(None, ge=1, le=MAX_NOVELTY_CHARS)  # best-of's copy check; None: the run's default
     # a run trained with --labels (chargpt/data/labels.py): write in this label's style (None: unconditioned), held to
     # it by classifier-free guidance >= 1; a label the run does not have is a 400 once the run is loaded (write.start)

@@ -1,7 +1,7 @@
 // chargpt playground, Write: text streamed from the run on screen (POST /api/generate), stopped on request, its
-// unknown prompt characters marked and its copied spans shaded; a form, an acrostic, banned characters and best-of
-// with each sample's scores under it; for a run trained on sentence pairs, a translation box that translates line
-// by line; for a run trained with --labels, the label to write in and its guidance.
+// unknown prompt characters marked and its copied spans shaded; a form, an acrostic, banned characters, a regular
+// expression and best-of with each sample's scores under it; for a run trained on sentence pairs, a translation box
+// that translates line by line; for a run trained with --labels, the label to write in and its guidance.
 import {$, current, el, fmt, state, status, translates} from "./common.js";
 import {api, generate} from "./api.js";
 import {onAnalyse} from "./inside.js";
@@ -59,7 +59,7 @@ function writeSettings() {
                 top_k: numberOrNull("top-k"), top_p: numberOrNull("top-p"), max_new_tokens: numberOrNull("length"),
                 seed: numberOrNull("seed"), num_samples: numberOrNull("samples"), unknown: $("unknown").value,
                 stop: stop ? [unescapeStop(stop)] : [], form: text("form"), acrostic: text("acrostic"),
-                ban: text("ban") === null ? null : unescapeStop(text("ban")),
+                ban: text("ban") === null ? null : unescapeStop(text("ban")), regex: text("regex"),
                 best_of: pairs ? null : numberOrNull("best-of")};
   if (!$("label-pick").hidden && $("label").value) {  // --labels: the style to write in, and how strongly
     body.label = $("label").value;

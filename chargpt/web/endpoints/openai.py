@@ -5,8 +5,9 @@ character.
   POST /v1/completions  {model, prompt, max_tokens, temperature, top_p, n, best_of, stop, seed, stream,
                         stream_options, user; chargpt's own, beside OpenAI's (the openai client's extra_body):
                         top_k, unknown, the constraints form, acrostic, ban, allow, min_p, repetition_penalty,
-                        no_repeat_ngram and best-of's min_span, and for a run trained with --labels label and
-                        guidance}
+                        no_repeat_ngram and best-of's min_span, for a run trained with --labels label and
+                        guidance; a pattern by vLLM's names, guided_regex, guided_grammar (Lark) or guided_json
+                        (a JSON schema), or OpenAI's response_format (json_object or json_schema)}
                         -> a text_completion {id, object, created, model, choices [{text, index, logprobs: null,
                         finish_reason}], usage}; with stream: true its chunks as server-sent events (`data: {chunk}`
                         lines, then `data: [DONE]`; stream_options.include_usage adds a last chunk with usage)
@@ -69,6 +70,8 @@ UNSUPPORTED = {"logprobs": (), "echo": (False,), "suffix": ("",), "logit_bias": 
 # chargpt's own fields: /api/generate's of the same names and meaning (GenerateRequest checks them)
 SAME = ("top_k", "unknown", "form", "acrostic", "ban", "allow", "min_p", "repetition_penalty", "no_repeat_ngram",
         "min_span", "label", "guidance")
+# the request's names for the patterns (pattern()), by /api/generate's
+NAMES = {"regex": "guided_regex", "grammar": "guided_grammar", "json_schema": "guided_json or response_format"}
 STREAM_OPTIONS = ("include_usage", "include_obfuscation")  # the second asks for padding against side channels:
 # there is none here to leave out
 
@@ -106,9 +109,15 @@ class CompletionRequest(Request):
     min_span: int | None = Field(None, ge=1, le=MAX_NOVELTY_CHARS)
     label: str | None = Field(None, max_length=MAX_LABEL_CHARS)  # --labels: GenerateRequest checks both
     guidance: float | None = Field(None, le=MAX_GUIDANCE)
+    # a pattern, by vLLM's names (its extra_body fields), or OpenAI's response_format for JSON: pattern() maps them
+    guided_regex: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
+    guided_grammar: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
+    guided_json: dict | str | None = None
+    response_format: dict | None = None
 
     @model_validator(mode="after")
     def _fits(self):
+        self.pattern()  # a response_format it cannot take, or two patterns: a 400 naming them
         count = len(self.prompts()) * self.choices_per_prompt()
         if count > MAX_SAMPLES:
             raise ValueError(f"{len(self.prompts())} prompts with n={self.n} ask for {count} completions; the limit "
@@ -125,6 +134,30 @@ class CompletionRequest(Request):
     def choices_per_prompt(self):
         return 1 if self.n is None else self.n
 
+    def pattern(self):
+        """vLLM's guided_regex, guided_grammar and guided_json, and OpenAI's response_format ({"type": "json_object"}:
+        any JSON object; {"type": "json_schema", "json_schema": {"schema": {...}}}: that schema; {"type": "text"}:
+        none) -> /api/generate's regex, grammar and json_schema fields (those given). Two patterns are a 400."""
+        fmt, schema = self.response_format, None
+        if fmt is not None:
+            kind, inner = fmt.get("type"), fmt.get("json_schema")
+            if kind == "json_object":
+                schema = {"type": "object"}
+            elif kind == "json_schema" and isinstance(inner, dict) and isinstance(inner.get("schema"), dict):
+                schema = inner["schema"]
+            elif kind != "text":
+                raise ValueError('response_format must be {"type": "text"}, {"type": "json_object"} or {"type": '
+                                 '"json_schema", "json_schema": {"name": ..., "schema": {...}}}, got '
+                                 f"{json.dumps(fmt)[:80]}")
+        given = {"regex": self.guided_regex, "grammar": self.guided_grammar, "json_schema": self.guided_json}
+        if schema is not None and self.guided_json is not None:
+            raise ValueError("guided_json and response_format both give a JSON schema; send one")
+        given["json_schema"] = schema if schema is not None else self.guided_json
+        given = {k: v for k, v in given.items() if v is not None}
+        if len(given) > 1:
+            raise ValueError(f"{' and '.join(NAMES[k] for k in given)} each give the completion a pattern; send one")
+        return given
+
     def playground(self):
         """The same request in /api/generate's fields: GenerateRequest checks them by config's rules, gives them
         sample.py's meaning and becomes the engine's SampleOptions."""
@@ -134,7 +167,7 @@ class CompletionRequest(Request):
             "max_new_tokens": DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens,
             "temperature": DEFAULT_TEMPERATURE if self.temperature is None else self.temperature,
             "num_samples": self.choices_per_prompt(), "best_of": None if self.best_of == 1 else self.best_of,
-            **{k: getattr(self, k) for k in SAME}})
+            **{k: getattr(self, k) for k in SAME}, **self.pattern()})
 
 
 def parse(body):

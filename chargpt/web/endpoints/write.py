@@ -1,15 +1,15 @@
 """The Write view's API: text streamed from a run as server-sent events, stopped on request.
 
   POST /api/generate  {run, prompt, max_new_tokens, temperature, top_k, top_p, num_samples, seed, unknown, stop,
-                      form, acrostic, ban, allow, best_of, repetition_penalty, no_repeat_ngram, min_p, min_span,
-                      label, guidance}
+                      form, acrostic, ban, allow, regex, grammar, json_schema, best_of, repetition_penalty,
+                      no_repeat_ngram, min_p, min_span, label, guidance}
                       -> events: start {id, seed, prompt, task}, text [[sample, piece]...], done {stopped, chars,
                       seconds, error, scores}; for a pairs run the prompt is the source and the text its translation
                       alone. Under a constraint or best_of, `scores` has each sample's (constraints.Sample.record:
                       logprob, removed, and for best-of its row and why it was dropped) and `copy_check` whether
                       best-of could check for copies of the training text; best-of's samples come ranked, each as
-                      one piece once all are written. A form the run's vocabulary cannot write is a 400, and so
-                      is a label the run was not trained with (--labels: GET /api/runs/{name} lists its labels).
+                      one piece once all are written. A form or pattern the run's vocabulary cannot write is a 400,
+                      and so is a label the run was not trained with (--labels: GET /api/runs/{name} lists its labels).
   POST /api/stop      {id}: cancel that generation
   GET  /api/status    generations running and the limit
 """
@@ -110,8 +110,8 @@ def check_constraints(gen, settings, prompt):
     400 before any decoding, named as the JSON fields (a fresh context: `chargpt serve` runs inside
     config.cli_names)."""
     if gen.task == "pairs":
-        raise RequestError(400, "this run translates (it was trained on sentence pairs): forms, acrostics, banned "
-                                "and allowed characters and best-of are for runs trained on text")
+        raise RequestError(400, "this run translates (it was trained on sentence pairs): forms, acrostics, patterns, "
+                                "banned and allowed characters and best-of are for runs trained on text")
     try:
         contextvars.Context().run(plan, settings, gen.vocab, prompt or gen.start_text())
     except ConfigError as e:
