@@ -432,8 +432,10 @@ class CharGPT(Transformer):
 
     def verify(self, idx, cache):
         """idx (B, T) continuing the cached positions -> logits (B, T, V) at every one of them, in one forward:
-        speculative decoding's check of a drafted text (chargpt/sampling/speculate.py). The cache advances past all
-        T; KVCache.rollback takes back the positions after the first character not kept."""
+        speculative decoding's check of a drafted text (chargpt/sampling/speculate.py). The head runs over all T at
+        once: decoding is memory-bound, and a large vocabulary's head read once for T positions costs about what it
+        costs for one. The cache advances past all T; KVCache.rollback takes back the positions after the first
+        character not kept."""
         return self.head(self.decoder_stack(idx, cache, every=True))[0]
 
     def decode_step(self, idx, cache, pos):

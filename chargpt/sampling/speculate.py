@@ -41,7 +41,9 @@ MATCH_CAP = 32  # characters of the text searched again for a match where it can
 SHARE = 0.4  # a corpus draft goes on while its next character followed the match in this share of the corpus
 SAMPLED = 32  # occurrences of a match read to find the most frequent next character (evenly spaced)
 WINDOW = 16  # auto: the verifies whose characters per verify decide whether drafting pays...
-MIN_CHARS_PER_VERIFY = 1.5  # ...at least this many on the mean...
+# ...at least this many on the mean: measured on a 2-core EPYC, 4 x 192 and 2 x 128 models wrote as fast with drafts
+# as without at about 2.3-2.4 characters per verify, 0.8-0.9x as fast at 1.4-1.8 (benchmarks/RESULTS.md)...
+MIN_CHARS_PER_VERIFY = 2.5
 LOOKBACK = 4096  # characters of the text so far that prompt lookup searches (at least; at most twice as many)
 PAUSE = 64  # ...else no drafts for this many characters, twice as many each time it does not pay
 
@@ -88,9 +90,15 @@ class TrainingText:
     SplitIndex's: where a --val-split blocks stretch ends, a draft may run on into the text after it; it is only a
     draft), and the run's ids -> the corpus's (-1 where the corpus lacks one) and back."""
 
-    def __init__(self, text, sa, to_corpus, from_corpus):
+    def __init__(self, text, sa, to_corpus, from_corpus, chunk=1 << 22):
         self.text, self.sa = np.asarray(text), np.asarray(sa)  # a memmap as a plain view: faster to index
         self.to_corpus, self.from_corpus = np.asarray(to_corpus), np.asarray(from_corpus)
+        # where each character's suffixes start in the suffix array: a search starts inside its first character's
+        # (a few hundred suffixes of a Chinese corpus's millions), in chunks of bounded memory
+        counts = np.zeros(len(self.from_corpus) + 1, np.int64)
+        for i in range(0, len(self.sa), chunk):
+            counts += np.bincount(self.text[self.sa[i:i + chunk]], minlength=len(counts))[:len(counts)]
+        self.starts = np.concatenate([[0], np.cumsum(counts)]).tolist()
 
 
 class CorpusLookup:
@@ -101,7 +109,7 @@ class CorpusLookup:
     drafting resumes."""
 
     def __init__(self, corpus, ids):
-        self.text, self.sa, self.n = corpus.text, corpus.sa, len(corpus.text)
+        self.text, self.sa, self.n, self.starts = corpus.text, corpus.sa, len(corpus.text), corpus.starts
         self.to_corpus, self.from_corpus = corpus.to_corpus, corpus.from_corpus
         self.recent = deque(maxlen=MATCH_CAP)  # the text's last characters, in corpus ids
         self.depth, self.lo, self.hi = 0, 0, len(self.sa)  # the match's length and its interval
@@ -136,7 +144,8 @@ class CorpusLookup:
     def _find(self, pattern):
         """The interval of the suffixes that start with `pattern` (a list of corpus ids), by two binary searches."""
         m, text, sa = len(pattern), self.text, self.sa
-        lo, hi = 0, len(sa)
+        lo, top = self.starts[pattern[0]], self.starts[pattern[0] + 1]  # the suffixes starting with its first
+        hi = top
         while lo < hi:
             mid = (lo + hi) // 2
             s = int(sa[mid])
@@ -144,7 +153,7 @@ class CorpusLookup:
                 lo = mid + 1
             else:
                 hi = mid
-        first, hi = lo, len(sa)
+        first, hi = lo, top
         while lo < hi:
             mid = (lo + hi) // 2
             s = int(sa[mid])
@@ -154,14 +163,15 @@ class CorpusLookup:
                 hi = mid
         return first, lo
 
-    def _find_again(self):
-        """The longest suffix of the recent characters that occurs, by a binary search over its length (a suffix
-        that occurs has every shorter one occur): a few searches, only where the match could not grow."""
+    def _find_again(self, longest=MATCH_CAP):
+        """The longest suffix of the recent characters (at most `longest`) that occurs, by a binary search over its
+        length (a suffix that occurs has every shorter one occur): a few searches, only where the match could not
+        grow."""
         recent = list(self.recent)
         unknown = [i for i, c in enumerate(recent) if c < 0]
         if unknown:
             recent = recent[unknown[-1] + 1:]  # nothing matches across a character the corpus lacks
-        short, long, found = 0, len(recent), (0, len(self.sa))  # the longest found so far, the longest possible
+        short, long, found = 0, min(len(recent), longest), (0, len(self.sa))  # the longest found, the longest possible
         while short < long:
             mid = (short + long + 1) // 2
             interval = self._find(recent[len(recent) - mid:])
@@ -180,11 +190,12 @@ class CorpusLookup:
         if self.depth is None or c < 0:
             self._find_again()
             return
-        lo, hi = self._narrow(self.lo, self.hi, self.depth, c)
+        lo, hi = (self.starts[c], self.starts[c + 1]) if not self.depth else \
+            self._narrow(self.lo, self.hi, self.depth, c)
         if hi > lo:
             self.depth, self.lo, self.hi = self.depth + 1, lo, hi
-        else:  # the match with c does not occur: the longest suffix that does
-            self._find_again()
+        else:  # the match with c does not occur: the longest suffix that does, shorter than that
+            self._find_again(self.depth)
 
     def propose(self, k):
         """-> (the length of the match, up to k drafted ids)."""
@@ -254,6 +265,13 @@ class Meter:
             self.on, self.pause, self.wait = False, self.wait, 2 * self.wait
             self.recent.clear()
 
+    def draft_chars(self, most):
+        """How many characters to draft: twice the mean kept per verify lately, plus 2, up to `most` (a draft
+        the model seldom keeps costs positions of the verify for nothing)."""
+        if not self.recent:
+            return most
+        return max(2, min(most, round(2 * (sum(self.recent) / len(self.recent) - 1)) + 2))
+
     def stats(self):
         """What the call's drafts did: verifies, characters drafted, kept, and written in all."""
         return {"verifies": self.verifies, "drafted": self.drafted, "kept": self.kept, "chars": self.chars}
@@ -318,7 +336,7 @@ def decode_speculative(model, ctx, settings, generator, drafts, meter=None, keep
             cache.reset()
             rows, draft = forward(last(keep)), []
             continue
-        draft = drafts.propose(min(draft_chars, room - 1, left - 1)) if meter.on else []
+        draft = drafts.propose(min(meter.draft_chars(draft_chars), room - 1, left - 1)) if meter.on else []
         fed = torch.tensor([[c, *draft]], dtype=torch.long, device=device)
         if draft:
             with autocast(device, dtype):
