@@ -290,3 +290,21 @@ def test_the_load_line_says_whether_it_speculates(run):
     result = invoke(sample_cli, ["--checkpoint", run, "--device", "cpu", "--max-new-tokens", "5", "--seed", "1",
                                  "--speculate", "off", "--threads", "1"])
     assert "speculation" not in result.stderr
+
+
+def test_a_labelled_run_speculates_with_its_label_kept_in_the_window(tmp_path):
+    """A run trained with --labels: the label stays first in the window as it slides (pin) and its characters are
+    never written (never); unguided, one sample speculates and writes plain decoding's text."""
+    for label, letters in (("a", "abc "), ("b", "xyz\n")):
+        (tmp_path / "authors" / label).mkdir(parents=True)
+        (tmp_path / "authors" / label / "1.txt").write_text((letters * 3 + letters[::-1] * 2) * 60)
+    chargpt.train(**{**TINY_RUN_KW, "n_embd": 32}, data=tmp_path / "authors", labels="folders",
+                  out_dir=tmp_path / "run", cache_dir=tmp_path / "cache", max_iters=60, eval_interval=60,
+                  curves=False, log=lambda *a: None)
+    on = chargpt.load(tmp_path / "run", device="cpu", dtype="float32", speculate="on", threads=1)
+    off = chargpt.load(tmp_path / "run", device="cpu", dtype="float32", speculate="off", threads=1)
+    for opts in (dict(temperature=0.0), dict(temperature=0.9, seed=2)):
+        # 50 characters: past the context of 16, so the window slides and keeps the label
+        assert on.generate("", label="a", max_new_tokens=50, **opts) == off.generate("", label="a", max_new_tokens=50,
+                                                                                    **opts)
+        assert on.drafted.kept > 0
