@@ -230,7 +230,7 @@ def test_greedy_text_and_empty_prompt():
 def test_api_exposes_every_decoding_flag_of_the_cli():
     from chargpt.cli import sample_cli
     cli_only = {"checkpoint_path", "prompt_file", "output", "as_json", "interactive", "device", "dtype", "quantize",
-                "compile_mode", "threads", "no_cache",  # load() takes device, dtype, quantize, compile, threads
+                "compile_mode", "threads", "speculate", "no_cache",  # load() takes device ... threads, speculate
                 "novelty", "min_span", "novelty_data",  # scoring a sample is chargpt.tools.novelty's, not decoding
                 "list_forms",  # --forms lists the named forms (chargpt.sampling.forms.SHAPES)
                 "new_only"}  # a list's items: Generator.items takes it

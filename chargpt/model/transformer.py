@@ -69,6 +69,14 @@ class KVCache:
         self.v[layer][:, :, self.pos:end] = v
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
 
+    def rollback(self, pos):
+        """Forget the positions from pos on (a speculative draft's rejected characters): zeroed, as in a cache that
+        never held them, so the cache is the one plain decoding would have; the next step writes there again."""
+        if pos < self.pos:
+            for t in (*self.k, *self.v):
+                t[:, :, pos:self.pos].zero_()
+            self.pos = pos
+
     def select(self, rows):
         """Keep the batch rows `rows` (N,) in that order (repeats allowed): beam search forks and drops rows."""
         self.k, self.v = [k[rows] for k in self.k], [v[rows] for v in self.v]
@@ -364,17 +372,17 @@ class Transformer(nn.Module):
             pos = self.pe[start:start + T]  # (T, C)
         return self.drop(tok + pos)
 
-    def decoder_stack(self, idx, cache=None, **block_kw):
+    def decoder_stack(self, idx, cache=None, every=False, **block_kw):
         """ids (B, T) through the embeddings, the decoder blocks (self.h) and the final norm -> (B, T, C). With a
         KVCache, idx continues the cached positions, the cache advances past them, and only the last position
-        comes out (B, 1, C): all that decoding needs."""
+        comes out (B, 1, C): all that decoding needs (every=True: all T, for checking a speculative draft)."""
         start = cache.pos if cache is not None else 0
         x = self.embed(idx, start)  # (B, T, C)
         for block in self.h:
             x = block(x, cache, **block_kw)
         if cache is not None:
             cache.pos += idx.size(1)
-            x = x[:, -1:, :]  # (B, 1, C)
+            x = x if every else x[:, -1:, :]  # (B, 1, C)
         return self.ln_f(x)
 
     def set_attention(self, kernel):
@@ -421,6 +429,14 @@ class CharGPT(Transformer):
         (B, nh, T, S), computed on the explicit softmax path."""
         return self.head(self.decoder_stack(idx, cache, attn_weights=attn_weights), targets, loss_mask,
                          label_smoothing)
+
+    def verify(self, idx, cache):
+        """idx (B, T) continuing the cached positions -> logits (B, T, V) at every one of them, in one forward:
+        speculative decoding's check of a drafted text (chargpt/sampling/speculate.py). The head runs over all T at
+        once: decoding is memory-bound, and a large vocabulary's head read once for T positions costs about what it
+        costs for one. The cache advances past all T; KVCache.rollback takes back the positions after the first
+        character not kept."""
+        return self.head(self.decoder_stack(idx, cache, every=True))[0]
 
     def decode_step(self, idx, cache, pos):
         """One new character per row at position pos: idx (B, 1) ids, pos a (1,) long tensor (= cache.pos) ->

@@ -35,6 +35,7 @@ from chargpt.runtime import pick_decode_compile, pick_device
 from chargpt.sampling import constraints, forms
 from chargpt.sampling.decode import StepRunner, StopFilter, decode, through_filters
 from chargpt.sampling.options import sample_options
+from chargpt.sampling.speculate import CorpusLookup, Drafts, Meter, PromptLookup, TrainingText, decode_speculative
 from chargpt.sampling.translate import iter_sample_search, make_steps, source_ids, translate
 from chargpt.threads import ThreadTuner, parse_threads
 
@@ -49,7 +50,7 @@ class Generator:
     the prompt is the source, and the text written is the target alone (see stream)."""
 
     def __init__(self, model, vocab, device, dtype=torch.float32, meta=None, compile="auto", quantized=False,
-                 log=None, threads="auto"):
+                 log=None, threads="auto", speculate="auto"):
         # decode with the plain module: no DDP sync, no recompiles per length
         self.model, self.vocab, self.device, self.dtype = unwrap(model).eval(), vocab, torch.device(device), dtype
         self.meta = meta or {}
@@ -65,6 +66,9 @@ class Generator:
         # a CPU's decode steps run at the thread count measured fastest as they run (chargpt/threads.py): on a
         # machine where another process holds a core, one thread writes many times faster than two
         self.threads = ThreadTuner.of(threads) if self.device.type == "cpu" else None
+        self.speculate = check_speculate(speculate)  # auto|on|off: drafts checked in one forward (speculate.py)
+        self.draft_index = None  # the training text's suffix array for drafts, found on first use (False: none)
+        self.drafted = None  # the last speculative call's speculate.Meter (its counts: .stats()), for benchmarks
 
     def decode_runner(self, new_chars):
         """-> (the StepRunner that decodes new_chars characters (all samples together) after the prefill, or None
@@ -79,6 +83,55 @@ class Generator:
         if self.runner is None:
             self.runner = StepRunner(self.model, compiled=True)  # compiled once, on its first call
         return self.runner, reason
+
+    def speculation(self):
+        """Speculative decoding in words, for the line a command prints when it loads a run ("" where it is off)."""
+        if self.speculate == "off" or not self._speculative_model():
+            return ""
+        if self.speculate == "auto" and self.device.type != "cpu":
+            return f"speculation off (auto: not measured on {self.device.type.upper()})"
+        return f"speculation {self.speculate} (one sample at a time; more decode plainly)"
+
+    def _speculative_model(self):
+        return isinstance(self.model, CharGPT) and self.task != "pairs"
+
+    def speculates(self, rows=1, guided=False, use_cache=True):
+        """Whether a call decodes with drafts (chargpt/sampling/speculate.py): one sample, with the cache, a
+        decoder-only text model, no classifier-free guidance (its 2 rows); auto only on a CPU, where it was
+        measured. Other calls decode plainly, as fast as before."""
+        return (self.speculate == "on" or self.speculate == "auto" and self.device.type == "cpu") and rows == 1 \
+            and not guided and use_cache and self._speculative_model()
+
+    def _drafts(self, ids):
+        """The draft sources of one sample continuing `ids`: the text so far, and the training text where its
+        index is found."""
+        sources = [PromptLookup(ids)]
+        found = self._draft_index()
+        if found:
+            sources.append(CorpusLookup(found, ids))
+        return Drafts(sources)
+
+    def _draft_index(self):
+        """-> the training split of the run's novelty index as a speculate.TrainingText, or False: the index already
+        loaded (copy_check) or found in the cache; --speculate on builds it where it is missing (once per corpus),
+        auto drafts without it."""
+        if self.draft_index is None:
+            from chargpt.tools.novelty import CorpusMissing, NotIndexed, for_meta
+            self.draft_index, novelty = False, self.novelty or None
+            try:
+                if novelty is None and run_settings(self.meta):
+                    quiet = self.speculate != "on"
+                    novelty = for_meta(self.meta, log=(lambda m: None) if quiet else self.log, build=not quiet)
+            except (CorpusMissing, NotIndexed, ChargptError, OSError) as e:
+                if self.speculate == "on":
+                    self.log(f"note: speculation drafts from the text so far only (the training text: {e})")
+            if novelty:
+                corpus = novelty.vocab.stoi
+                to_corpus = np.array([corpus.get(c, -1) for c in self.vocab.chars], np.int64)
+                from_corpus = np.array([self.vocab.stoi.get(c, -1) for c in novelty.vocab.chars], np.int64)
+                split = novelty.splits["train"]
+                self.draft_index = TrainingText(split.text, split.sa, to_corpus, from_corpus)
+        return self.draft_index
 
     def describe(self):
         """The run in a few words, for the line a command prints when it loads one: its task, step, validation
@@ -221,6 +274,13 @@ class Generator:
                 uncond[:, 0] = head[1]
             labelled = dict(pin=1, never=torch.tensor(head[2:], device=self.device), uncond=uncond,
                             guidance=settings.guidance or 1.0)
+        if self.speculates(rows, guided, use_cache):
+            meter = Meter(always=self.speculate == "on")
+            self.drafted = meter
+            drafts = self._drafts(ctx[0].tolist())
+            return self._threaded(decode_speculative(self.model, ctx, settings, generator, drafts, meter,
+                                                     dtype=self.dtype, runner=runner, steer=steer,
+                                                     pin=labelled.get("pin", 0), never=labelled.get("never")))
         return self._threaded(decode(self.model, ctx, settings, generator, use_cache=use_cache, dtype=self.dtype,
                                      runner=runner, steer=steer, **labelled))
 
@@ -371,12 +431,22 @@ class Decoding:
                 yield k, s.text
 
 
-def load(path, device="auto", dtype="auto", quantize=None, compile="auto", threads="auto"):
+def check_speculate(value):
+    """--speculate as given -> auto, on or off; ConfigError else."""
+    if value not in ("auto", "on", "off"):
+        raise ConfigError(f"{param('speculate')} takes auto, on or off, got {value!r:.40}")
+    return value
+
+
+def load(path, device="auto", dtype="auto", quantize=None, compile="auto", threads="auto", speculate="auto"):
     """Checkpoint file or run directory -> Generator. dtype: auto (bf16 where the device computes it natively,
     else float32: runtime.pick_decode_dtype), float32 or bfloat16; quantize='int8': int8 weights for decoding on
     a CPU (chargpt.model.quantize); compile: auto|on|off, torch.compile of the decode step (auto: where it pays,
     runtime.pick_decode_compile); threads: a CPU's threads for decoding, auto (measured as it writes:
-    chargpt/threads.py) or a number."""
+    chargpt/threads.py) or a number; speculate: auto|on|off, drafts from the text so far and the training text
+    checked in one forward each, the text as without them (chargpt/sampling/speculate.py; auto: one sample at a
+    time on a CPU, while the drafts pay)."""
+    check_speculate(speculate)
     device = pick_device(device)
     check_precision(device, dtype, quantize)  # a bad choice fails before the checkpoint is read
     parse_threads(threads)
@@ -386,6 +456,6 @@ def load(path, device="auto", dtype="auto", quantize=None, compile="auto", threa
     model, vocab, meta = load_model(path, device)
     model, torch_dtype, precision = inference_model(model, device, dtype, quantize)
     gen = Generator(model, vocab, device, torch_dtype, meta, compile=compile, quantized=uses_dynamic_int8(model),
-                    threads=threads)
+                    threads=threads, speculate=speculate)
     gen.precision = precision
     return gen

@@ -29,7 +29,7 @@ The modules, each importable on its own:
     samples.py      what the commands ask of it: a scorer for sampled text, its lines, the text to score
 """
 
-from chargpt.tools.novelty.cache import INDEX_VERSION
+from chargpt.tools.novelty.cache import INDEX_VERSION, NotIndexed
 from chargpt.tools.novelty.index import CONTEXT_CHARS, EXCERPT_CHARS, MAX_SPANS, Novelty, SplitIndex, index_corpus
 from chargpt.tools.novelty.report import Report, Span, SplitScore, format_report, format_summary, segments
 from chargpt.tools.novelty.runs import CorpusMissing, corpus_identity, for_meta, for_run, index_run, run_corpus
@@ -59,9 +59,9 @@ from chargpt.tools.novelty.score import (
 from chargpt.tools.novelty.suffixarray import stretch_suffix_array, suffix_array, suffix_array_numpy
 
 __all__ = ["BLOCK", "CONTEXT_CHARS", "CorpusMissing", "DEFAULT_MIN_SPAN", "EXCERPT_CHARS", "INDEX_VERSION",
-           "MAX_INPUT_BYTES", "MAX_SPANS", "NO_MATCH", "PAST_END", "ROWS", "SEARCH_CAP", "Novelty", "Report", "Span",
-           "SplitIndex", "SplitScore", "check_min_span", "check_options", "corpus_identity", "covered",
-           "default_min_span", "extend_capped", "for_meta", "for_run", "format_report", "format_summary",
-           "index_corpus", "index_run",
-           "matching_statistics", "maximal_starts", "read_input", "run_corpus", "sample_records", "sample_scorer",
-           "scored_line", "segments", "spans_ending", "stretch_suffix_array", "suffix_array", "suffix_array_numpy"]
+           "MAX_INPUT_BYTES", "MAX_SPANS", "NO_MATCH", "NotIndexed", "PAST_END", "ROWS", "SEARCH_CAP", "Novelty",
+           "Report", "Span", "SplitIndex", "SplitScore", "check_min_span", "check_options", "corpus_identity",
+           "covered", "default_min_span", "extend_capped", "for_meta", "for_run", "format_report", "format_summary",
+           "index_corpus", "index_run", "matching_statistics", "maximal_starts", "read_input", "run_corpus",
+           "sample_records", "sample_scorer", "scored_line", "segments", "spans_ending", "stretch_suffix_array",
+           "suffix_array", "suffix_array_numpy"]

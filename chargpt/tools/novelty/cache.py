@@ -42,13 +42,21 @@ def remove_stale(cache_dir, key):
     remove_stale_temps(cache_dir, (f".{key}.sa-*.npy.tmp*", f".{key}.lines.*.npy.tmp*"))
 
 
+class NotIndexed(LookupError):
+    """An index file that is not there (or not sound) where the caller asked for no building (cached, build None):
+    speculative decoding's auto drafts from the training text only once its index is built."""
+
+
 def cached(path, build, log, what, size, bound, check=None):
     """The array in `path` (memory-mapped) if it is there and sound (`size` long, every value from 0 to below
     `bound`, and check(array) -> None rather than what is wrong with it), else build(), saved there atomically
-    and mapped back. A file that is there but unsound is named in one line of `log` before it is rebuilt."""
+    and mapped back. A file that is there but unsound is named in one line of `log` before it is rebuilt.
+    build None: NotIndexed rather than a build."""
     arr, damage = load(path, size, bound, check)
     if arr is not None:
         return arr
+    if build is None:
+        raise NotIndexed(str(path))
     if damage:
         log(f"the cached novelty {what} {path} is damaged ({damage}); rebuilding it")
     arr = build()

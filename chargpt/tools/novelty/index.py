@@ -104,25 +104,27 @@ class Novelty:
         return text
 
 
-def index_corpus(corpus, val_fraction, log=print, split=None):
+def index_corpus(corpus, val_fraction, log=print, split=None, build=True):
     """An encoded corpus (chargpt.data.corpus.EncodedCorpus or chargpt.data.pairs.EncodedPairs) -> Novelty, building and
     caching the suffix arrays of its two splits the first time (beside the corpus cache). `split`: a text run's
-    chargpt.data.corpus.Split (None: the tail split of val_fraction, as runs from before --val-split)."""
+    chargpt.data.corpus.Split (None: the tail split of val_fraction, as runs from before --val-split). build=False:
+    only an index already cached (cache.NotIndexed where there is none), nothing built or written."""
     from chargpt.data.pairs import END
     ids = corpus.ids()
     pairs = hasattr(corpus, "n_pairs")
     ends_id = corpus.vocab.stoi.get(END if pairs else "\n")
     remove_stale(corpus.cache_dir, corpus.key)
-    line_ends = cached(index_path(corpus.cache_dir, corpus.key, "lines"), lambda: _positions_of(ids, ends_id), log,
-                       "line ends", size=_count_of(ids, ends_id), bound=len(ids), check=check_line_ends(ids, ends_id))
+    positions = (lambda: _positions_of(ids, ends_id)) if build else None
+    line_ends = cached(index_path(corpus.cache_dir, corpus.key, "lines"), positions, log, "line ends",
+                       size=_count_of(ids, ends_id), bound=len(ids), check=check_line_ends(ids, ends_id))
     if pairs:
-        return _index_pairs(corpus, ids, val_fraction, line_ends, log)
+        return _index_pairs(corpus, ids, val_fraction, line_ends, log, build)
     if split is not None and split.how == "blocks":
-        return _index_blocks(corpus, ids, split, line_ends, log)
-    return _index_tail(corpus, ids, val_fraction, line_ends, log)
+        return _index_blocks(corpus, ids, split, line_ends, log, build)
+    return _index_tail(corpus, ids, val_fraction, line_ends, log, build)
 
 
-def _index_tail(corpus, ids, val_fraction, line_ends, log):
+def _index_tail(corpus, ids, val_fraction, line_ends, log, build=True):
     """A text run's tail split: each split's own suffix array, over its stretch of the corpus."""
     from chargpt.data.corpus import split_sizes
     n_train, _ = split_sizes(len(ids), val_fraction, 0)
@@ -130,18 +132,19 @@ def _index_tail(corpus, ids, val_fraction, line_ends, log):
     for name, lo, hi in (("train", 0, n_train), ("val", n_train, len(ids))):
         text = ids[lo:hi]
 
-        def build(text=text, name=name):
+        def make(text=text, name=name):
             log(f"indexing the {len(text):,} {name} characters of {corpus.name} for novelty (once per corpus)"
                 + builder_note(corpus.vocab))
             return suffix_array(text)
         stop = stops_of(len(text), None)
-        sa = cached(index_path(corpus.cache_dir, corpus.key, f"sa-{name}-{n_train}"), build, log, f"{name} index",
-                    size=len(text), bound=len(text), check=lambda sa, text=text, stop=stop: check_order(text, sa, stop))
+        sa = cached(index_path(corpus.cache_dir, corpus.key, f"sa-{name}-{n_train}"), make if build else None, log,
+                    f"{name} index", size=len(text), bound=len(text),
+                    check=lambda sa, text=text, stop=stop: check_order(text, sa, stop))
         splits[name] = SplitIndex(name, text, sa, offset=lo)
     return Novelty(corpus.vocab, ids, splits, line_ends)
 
 
-def _index_pairs(corpus, ids, val_fraction, line_ends, log):
+def _index_pairs(corpus, ids, val_fraction, line_ends, log, build=True):
     """A pairs run's splits, sets of examples: one suffix array of the whole corpus, kept per split to the positions
     of its examples (a span never crosses an example's end marker, which no scored text contains)."""
     from chargpt.data.pairs import END, SEP, split_pairs
@@ -158,14 +161,15 @@ def _index_pairs(corpus, ids, val_fraction, line_ends, log):
     splits, stop = {}, stops_of(len(ids), None)
     for name, rows in (("train", train_rows), ("val", val_rows)):
         count = int(corpus.index()[rows, 1:].sum() + 2 * len(rows))  # positions of the split's examples
-        sa = cached(index_path(corpus.cache_dir, corpus.key, f"sa-{name}-{tag}"), lambda rows=rows: part(rows), log,
-                    f"{name} index", size=count, bound=len(ids),
+        make = (lambda rows=rows: part(rows)) if build else None
+        sa = cached(index_path(corpus.cache_dir, corpus.key, f"sa-{name}-{tag}"), make, log, f"{name} index",
+                    size=count, bound=len(ids),
                     check=lambda sa: check_order(ids, sa, stop))
         splits[name] = SplitIndex(name, ids, sa)
     return Novelty(corpus.vocab, ids, splits, line_ends, unit="pair", ignore=(SEP, END))
 
 
-def _index_blocks(corpus, ids, split, line_ends, log):
+def _index_blocks(corpus, ids, split, line_ends, log, build=True):
     """The --val-split blocks indexes: per split, the suffix array of its stretches, each sorted as if it ended the
     text (suffixarray.stretch_suffix_array), so that a span stops where its stretch ends: only training text is
     copied from, never the validation stretch after it."""
@@ -176,7 +180,7 @@ def _index_blocks(corpus, ids, split, line_ends, log):
         stretches = (segs[:, 0].astype(np.int64), segs[:, 1].astype(np.int64))
         stop = stops_of(len(ids), stretches)
 
-        def build(segs=segs, name=name):
+        def make(segs=segs, name=name):
             log(f"indexing the {split.size(name):,} {name} characters of {corpus.name} for novelty (once per corpus)"
                 + builder_note(corpus.vocab))
             return stretch_suffix_array(ids, segs)
@@ -185,7 +189,7 @@ def _index_blocks(corpus, ids, split, line_ends, log):
             return (positions >= starts[0]) & (positions < stop(positions))
         path = index_path(corpus.cache_dir, corpus.key, f"sa-{name}-{tag}")
         _drop(index_path(corpus.cache_dir, corpus.key, f"sa-{name}-b{split.block_chars}-{split.size('val')}"))
-        sa = cached(path, build, log, f"{name} index", size=split.size(name), bound=len(ids),
+        sa = cached(path, make if build else None, log, f"{name} index", size=split.size(name), bound=len(ids),
                     check=lambda sa, stop=stop, inside=inside: check_order(ids, sa, stop, inside))
         splits[name] = SplitIndex(name, ids, sa, stretches=stretches)
     return Novelty(corpus.vocab, ids, splits, line_ends)

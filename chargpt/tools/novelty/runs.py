@@ -18,10 +18,11 @@ class CorpusMissing(DataError):
         self.web = web
 
 
-def run_corpus(meta, data=None, cache_dir=None, run="the run", log=print):
+def run_corpus(meta, data=None, cache_dir=None, run="the run", log=print, encode=True):
     """A checkpoint's metadata -> its encoded corpus (chargpt.data.corpus.EncodedCorpus or EncodedPairs), found by the
     corpus cache key the run recorded, else re-encoded from the path it trained on; `data` replaces that path
-    (a corpus moved elsewhere), checked to be the same corpus by its hash."""
+    (a corpus moved elsewhere), checked to be the same corpus by its hash. encode=False: only one in the cache,
+    else CorpusMissing (nothing is read from the path or written)."""
     from chargpt.data import corpus as corpus_data
     from chargpt.data import pairs as corpus_pairs
     tc = run_settings(meta, assumed=True)
@@ -34,6 +35,8 @@ def run_corpus(meta, data=None, cache_dir=None, run="the run", log=print):
         corpus = (corpus_pairs.cached_pairs if task == "pairs" else corpus_data.cached_corpus)(cache, recorded, name)
         if corpus is not None:
             return _same_vocab(corpus, meta, run)
+    if not encode:
+        raise CorpusMissing(f"the training text of {run} is not in the cache {cache}", "is not cached")
     if data is None and path is not None and not Path(path).expanduser().exists():
         raise CorpusMissing(f"the training text of {run} is gone ({path} does not exist and its encoding is not in "
                             f"the cache {cache}); pass --data FILE with the same corpus (checked by its hash)",
@@ -78,19 +81,21 @@ def for_run(checkpoint, data=None, cache_dir=None, log=print):
     return for_meta(meta, str(checkpoint), data, cache_dir, log)
 
 
-def for_meta(meta, run="the run", data=None, cache_dir=None, log=print):
-    """A checkpoint's metadata (checkpoint.read_meta, Generator.meta) -> Novelty over the text it trained on."""
-    return index_run(meta, run_corpus(meta, data, cache_dir, run=run, log=log), log)
+def for_meta(meta, run="the run", data=None, cache_dir=None, log=print, build=True):
+    """A checkpoint's metadata (checkpoint.read_meta, Generator.meta) -> Novelty over the text it trained on.
+    build=False: only a corpus and index already cached (CorpusMissing or cache.NotIndexed where they are not);
+    nothing is encoded, built or written."""
+    return index_run(meta, run_corpus(meta, data, cache_dir, run=run, log=log, encode=build), log, build)
 
 
-def index_run(meta, corpus, log=print):
-    """Novelty over `corpus` (run_corpus) as the run with metadata `meta` split it."""
+def index_run(meta, corpus, log=print, build=True):
+    """Novelty over `corpus` (run_corpus) as the run with metadata `meta` split it (build: as index_corpus's)."""
     tc = run_settings(meta, assumed=True)
     fraction, split = tc.val_fraction, None
     if tc.task == "text":  # the split the run trained with
         from chargpt.data.corpus import split_of
         split = split_of(corpus.ids(), corpus.vocab, fraction, meta["model_config"].block_size, tc.val_split)
-    return index_corpus(corpus, fraction, log=log, split=split)
+    return index_corpus(corpus, fraction, log=log, split=split, build=build)
 
 
 def corpus_identity(meta):

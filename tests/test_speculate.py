@@ -1,0 +1,310 @@
+"""Speculative decoding (chargpt/sampling/speculate.py): drafts checked in one forward write exactly the text plain
+decoding writes (greedy, sampled with a seed, under constraints), the next-character distribution is the model's
+(a chi-square test with drafts forced to be likely and unlikely characters), the KV cache's rollback leaves the cache
+plain decoding leaves, the draft sources, auto's meter, and the batches that decode plainly."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from helpers import CORPUS_TEXT, MODEL_ALPHABET, TINY_RUN_KW, VOCAB, invoke, random_model
+
+import chargpt
+from chargpt.config import SampleSettings
+from chargpt.errors import ConfigError
+from chargpt.model.transformer import KVCache
+from chargpt.sampling import engine
+from chargpt.sampling.constraints import plan
+from chargpt.sampling.decode import decode
+from chargpt.sampling.engine import Generator
+from chargpt.sampling.speculate import (
+    MIN_CHARS_PER_VERIFY,
+    PAUSE,
+    WINDOW,
+    CorpusLookup,
+    Drafts,
+    Meter,
+    PromptLookup,
+    TrainingText,
+    decode_speculative,
+)
+from chargpt.tools.novelty import for_meta, suffix_array
+
+
+def gens(model=None):
+    """The same model with speculation forced on and off."""
+    model = model or random_model()
+    return (Generator(model, VOCAB, "cpu", speculate="on", threads=1),
+            Generator(model, VOCAB, "cpu", speculate="off", threads=1))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A run trained here (about a second) on a repetitive corpus, whose samples copy it: corpus drafts are kept."""
+    root = tmp_path_factory.mktemp("speculate")
+    (root / "corpus.txt").write_text(CORPUS_TEXT, encoding="utf-8")
+    kw = {**TINY_RUN_KW, "block_size": 32, "n_embd": 32}
+    chargpt.train(data=str(root / "corpus.txt"), out_dir=str(root / "run"), cache_dir=str(root / "cache"),
+                  max_iters=150, eval_interval=150, log=lambda *a: None, curves=False, **kw)
+    return root / "run"
+
+
+# --- the text is plain decoding's -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("kw", [dict(temperature=0.0), dict(temperature=0.0, ban="e"),
+                                dict(temperature=0.0, form="____ ___ _____\\n", ban="a"),
+                                dict(temperature=1.0), dict(temperature=0.8, top_k=5, top_p=0.9, min_p=0.05),
+                                dict(temperature=1.0, repetition_penalty=1.3, no_repeat_ngram=4)], ids=str)
+def test_speculation_writes_the_text_plain_decoding_writes(kw):
+    on, off = gens()
+    kept = drafted = 0
+    for seed, prompt in enumerate(("abcab", "the cat the cat the", "\n")):
+        # 60 characters in a 16-character window: drafts kept and dropped, and the window rebuilt on the way
+        opts = dict(max_new_tokens=60, seed=seed, **kw)
+        assert on.generate(prompt, **opts) == off.generate(prompt, **opts), (prompt, seed)
+        kept, drafted = kept + on.drafted.kept, drafted + on.drafted.drafted
+    assert kept > 0 or "no_repeat_ngram" in kw  # (that rule bans what a text-so-far draft proposes)
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=0.0), dict(temperature=0.0, ban="e", no_repeat_ngram=3),
+                                dict(temperature=1.0, repetition_penalty=1.3, top_k=8)], ids=str)
+def test_drafts_kept_and_dropped_leave_the_text_and_the_scores_of_plain_decoding(kw):
+    model = random_model()
+    ctx = torch.tensor([VOCAB.encode("the cat")])
+    settings = SampleSettings(max_new_tokens=40, **kw)
+    rules = plan(settings, VOCAB, VOCAB.decode(ctx[0].tolist()), score=True)
+    plain_steer, spec_steer = (rules.steer(ctx[0].tolist(), 1, 40, "cpu") for _ in range(2))
+    plain = list(decode(model, ctx, settings, torch.Generator().manual_seed(1), steer=plain_steer))
+    meter = Meter(always=True)
+    forced = Drafts([Oracle([int(c) for c in plain])])
+    spec = list(decode_speculative(model, ctx, settings, torch.Generator().manual_seed(1), forced, meter,
+                                   steer=spec_steer))
+    assert torch.equal(torch.cat(spec), torch.cat(plain))
+    assert 0 < meter.kept < meter.drafted  # drafts kept and dropped
+    for a, b in zip(plain_steer.scores(), spec_steer.scores()):  # the constraints saw the same characters
+        assert a is None and b is None or torch.allclose(a, b, atol=1e-5)
+
+
+def test_a_trained_model_copies_with_drafts_from_its_training_text_and_writes_the_same(run):
+    for_meta(chargpt.load(run, device="cpu").meta, log=lambda m: None)  # its novelty index, as --novelty builds it
+    on = chargpt.load(run, device="cpu", dtype="float32", speculate="on", threads=1)
+    off = chargpt.load(run, device="cpu", dtype="float32", speculate="off", threads=1)
+    assert on._draft_index()  # the training text drafts
+    for opts in (dict(temperature=0.0), dict(temperature=0.8, seed=3), dict(temperature=0.0, ban="q")):
+        text = on.generate("To be", max_new_tokens=120, **opts)
+        assert text == off.generate("To be", max_new_tokens=120, **opts)
+    stats = on.drafted.stats()
+    assert stats["kept"] > 0.5 * stats["chars"], stats  # most characters came from drafts
+
+
+def test_a_seed_reproduces_a_speculative_sample():
+    on, _ = gens()
+    opts = dict(max_new_tokens=50, temperature=0.9)
+    assert on.generate("abcab", seed=5, **opts) == on.generate("abcab", seed=5, **opts)
+    assert on.generate("abcab", seed=5, **opts) != on.generate("abcab", seed=6, **opts)
+
+
+# --- the distribution is the model's --------------------------------------------------------------------------------
+class Forced:
+    """A draft source that proposes the same characters whatever the text: a stand-in for drafts that are right or
+    wrong as often as a test needs."""
+
+    def __init__(self, draft):
+        self.draft = draft
+
+    def add(self, c, live=True):
+        pass
+
+    def propose(self, k):
+        return 99, self.draft[:k]
+
+
+class Oracle:
+    """A draft source that knows the text to come and drafts it with its 3rd character wrong: drafts kept and
+    dropped, for sure."""
+
+    def __init__(self, text):
+        self.text, self.at = text, 0
+
+    def add(self, c, live=True):
+        self.at += 1
+
+    def propose(self, k):
+        draft = self.text[self.at:self.at + k]
+        if len(draft) >= 3:
+            draft[2] = (draft[2] + 1) % len(MODEL_ALPHABET)
+        return 99, draft
+
+
+def chi_square_critical(df, z=3.719):
+    """The chi-square value a fit exceeds with probability about 1e-4 (z: the normal's 1 - 1e-4 quantile), by
+    Wilson and Hilferty's cube-root approximation."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+@pytest.mark.parametrize("likely", [True, False], ids=["likely-draft", "unlikely-draft"])
+def test_the_characters_after_a_checked_draft_follow_the_model(likely):
+    """The 2nd and 3rd characters are chosen at drafted positions; their joint distribution, over 1,000 seeds, fits
+    the model's exact one (computed by one batched forward over every first two characters). Keeping a draft without
+    the check, or choosing from the whole distribution after a dropped one, fails it by far."""
+    model = random_model(seed=3)
+    prompt = torch.tensor([VOCAB.encode("the ")])
+    V, T = len(MODEL_ALPHABET), prompt.size(1)
+    with torch.no_grad():
+        p1 = torch.softmax(model(prompt)[0][0, -1], -1)  # (V,)
+        two = torch.cat([prompt.expand(V, T), torch.arange(V)[:, None]], 1)
+        p2 = torch.softmax(model(two)[0][:, -1], -1)  # (V, V): c2 given c1
+        three = torch.cat([two.repeat_interleave(V, 0), torch.arange(V).repeat(V)[:, None]], 1)
+        p3 = torch.softmax(model(three)[0][:, -1], -1).view(V, V, V)  # c3 given c1, c2
+    joint = torch.einsum("a,ab,abc->bc", p1, p2, p3).double()  # (c2, c3), c1 summed out
+    pair = torch.einsum("a,ab->b", p1, p2)
+    c2 = int(pair.argmax()) if likely else int(pair.argsort()[V // 2])
+    c3 = int(joint[c2].argmax()) if likely else int(joint[c2].argsort()[V // 3])
+    settings = SampleSettings(max_new_tokens=4, temperature=1.0)  # after the 1st, 2 drafted and 1 more
+    n, counts = 1000, torch.zeros(V, V, dtype=torch.float64)
+    for seed in range(n):
+        out = decode_speculative(model, prompt, settings, torch.Generator().manual_seed(seed),
+                                 Drafts([Forced([c2, c3])]))
+        ids = [int(t) for t in out]
+        counts[ids[1], ids[2]] += 1
+    expected = joint * n
+    big = expected >= 5
+    cells = torch.cat([counts[big], counts[~big].sum()[None]])
+    want = torch.cat([expected[big], expected[~big].sum()[None]])
+    chi2 = float(((cells - want) ** 2 / want).sum())
+    assert chi2 < chi_square_critical(len(cells) - 1), (chi2, len(cells))
+
+
+# --- the cache ------------------------------------------------------------------------------------------------------
+def test_a_rolled_back_cache_is_the_cache_of_plain_decoding():
+    model = random_model()
+    ids = torch.tensor([VOCAB.encode("hello wor")])
+    plain, spec = KVCache(model.config, 1), KVCache(model.config, 1)
+    with torch.no_grad():
+        model(ids[:, :4], cache=plain)
+        steps = [model(ids[:, t:t + 1], cache=plain)[0][:, -1] for t in range(4, 7)]  # 3 characters kept
+        model(ids[:, :4], cache=spec)
+        rows = model.verify(ids[:, 4:], cache=spec)  # 5 fed: 3 kept, 2 dropped
+        assert spec.pos == 9
+        spec.rollback(7)
+        assert spec.pos == plain.pos == 7
+        for a, b in zip(plain.k + plain.v, spec.k + spec.v):
+            assert torch.allclose(a, b, atol=1e-6) and not b[:, :, 7:].any()  # the dropped positions: as never written
+        assert torch.allclose(torch.stack(steps, 1), rows[:, :3], atol=1e-5)  # the verify's logits: each step's
+        nxt = torch.tensor([[3]])
+        assert torch.allclose(model(nxt, cache=plain)[0], model(nxt, cache=spec)[0], atol=1e-5)
+
+
+def test_decoding_past_the_window_rebuilds_the_cache_as_plain_decoding_does():
+    model = random_model()
+    ctx = torch.tensor([VOCAB.encode("abcabcabcabca")])  # 13 of a 16-character window: drafts meet its end
+    settings = SampleSettings(max_new_tokens=70, temperature=0.0)
+    plain = torch.stack(list(decode(model, ctx, settings, torch.Generator().manual_seed(0))), 1)
+    steps = decode_speculative(model, ctx, settings, torch.Generator().manual_seed(0),
+                               Drafts([PromptLookup(ctx[0].tolist())]))
+    assert torch.equal(torch.stack(list(steps), 1), plain)
+
+
+# --- the draft sources ----------------------------------------------------------------------------------------------
+def test_prompt_lookup_drafts_what_followed_the_longest_earlier_match():
+    look = PromptLookup(VOCAB.encode("the cat sat\nthe dog sat\nthe c"))
+    assert VOCAB.decode(look.propose(8)[1]) == "at sat\nt"
+    look = PromptLookup(VOCAB.encode("abcdef"))
+    assert look.propose(8) == (0, [])  # nothing repeats
+    look = PromptLookup(VOCAB.encode("xyzababab"))
+    assert VOCAB.decode(look.propose(5)[1]) == "ababa"  # on past the text's end with the match's period
+
+
+def test_corpus_lookup_drafts_what_most_often_followed_the_longest_match_in_the_training_text():
+    corpus = np.array(VOCAB.encode("the cat sat on the mat and the cat ran and the cat sat down and the cat sat up "),
+                      dtype=np.uint8)
+    same = np.arange(len(VOCAB))
+    look = CorpusLookup(TrainingText(corpus, suffix_array(corpus), same, same), VOCAB.encode("so the c"))
+    depth, draft = look.propose(8)
+    assert depth == len(" the c") and VOCAB.decode(draft).startswith("at sat ")  # 2 of 3 occurrences go on "sat"
+    for c in VOCAB.encode("at r"):  # followed one character at a time
+        look.add(c)
+    assert VOCAB.decode(look.propose(4)[1]) == "an a"
+    look.add(VOCAB.stoi["x"])  # in no occurrence: the longest suffix that occurs (none here)
+    assert look.propose(4) == (0, [])
+    for c in VOCAB.encode(" the mat"):  # drafting paused: found again when it resumes
+        look.add(c, live=False)
+    assert look.propose(4) == (len(" the mat"), VOCAB.encode(" and"))
+
+
+# --- when it speculates ---------------------------------------------------------------------------------------------
+def test_batches_and_guidance_decode_plainly(monkeypatch):
+    on, _ = gens()
+    monkeypatch.setattr(engine, "decode_speculative", lambda *a, **k: pytest.fail("speculated"))
+    on.generate("ab", max_new_tokens=5, num_samples=2, seed=1)
+    on.generate("ab", max_new_tokens=5, best_of=2, seed=1)
+    on.generate("ab", max_new_tokens=5, seed=1, use_cache=False)
+    assert not on.speculates(rows=1, guided=True)
+    assert not Generator(random_model(), VOCAB, "cpu", speculate="off").speculates()
+    assert Generator(random_model(), VOCAB, "cpu").speculates()  # auto, on a CPU
+
+
+def test_auto_pauses_drafting_where_it_does_not_pay_and_tries_again():
+    meter = Meter()
+    for _ in range(WINDOW):
+        meter.record(drafted=4, kept=0)  # one character per verify: below MIN_CHARS_PER_VERIFY
+    assert not meter.on and MIN_CHARS_PER_VERIFY > 1
+    for _ in range(PAUSE):
+        meter.record(drafted=0, kept=0)
+    assert meter.on
+    always = Meter(always=True)
+    for _ in range(3 * WINDOW):
+        always.record(drafted=4, kept=0)
+    assert always.on
+
+
+def test_auto_drafts_from_the_training_text_only_once_its_index_is_built(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(CORPUS_TEXT, encoding="utf-8")
+    chargpt.train(data=str(corpus), out_dir=str(tmp_path / "run"), cache_dir=str(tmp_path / "cache"), max_iters=2,
+                  eval_interval=2, log=lambda *a: None, curves=False, **TINY_RUN_KW)
+    before = sorted(p.name for p in (tmp_path / "cache").iterdir())
+    auto = chargpt.load(tmp_path / "run", device="cpu")
+    auto.generate("To", max_new_tokens=5, seed=1)
+    assert auto._draft_index() is False
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == before  # nothing built or written
+    said = []
+    on = chargpt.load(tmp_path / "run", device="cpu", speculate="on")
+    on.log = said.append
+    on.generate("To", max_new_tokens=5, seed=1)
+    assert on._draft_index() and any("indexing" in s for s in said)  # on builds it, once per corpus
+    assert chargpt.load(tmp_path / "run", device="cpu")._draft_index()  # and auto finds it from then on
+
+
+def test_a_bad_speculate_value_is_one_line_naming_the_choices(run):
+    with pytest.raises(ConfigError, match="speculate.* takes auto, on or off, got 'fast'"):
+        chargpt.load(run, speculate="fast")
+
+
+def test_the_load_line_says_whether_it_speculates(run):
+    from chargpt.cli.core import sample_cli
+    result = invoke(sample_cli, ["--checkpoint", run, "--device", "cpu", "--max-new-tokens", "5", "--seed", "1",
+                                 "--speculate", "on", "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    assert "speculation on (one sample at a time; more decode plainly)" in result.stderr
+    result = invoke(sample_cli, ["--checkpoint", run, "--device", "cpu", "--max-new-tokens", "5", "--seed", "1",
+                                 "--speculate", "off", "--threads", "1"])
+    assert "speculation" not in result.stderr
+
+
+def test_a_labelled_run_speculates_with_its_label_kept_in_the_window(tmp_path):
+    """A run trained with --labels: the label stays first in the window as it slides (pin) and its characters are
+    never written (never); unguided, one sample speculates and writes plain decoding's text."""
+    for label, letters in (("a", "abc "), ("b", "xyz\n")):
+        (tmp_path / "authors" / label).mkdir(parents=True)
+        (tmp_path / "authors" / label / "1.txt").write_text((letters * 3 + letters[::-1] * 2) * 60)
+    chargpt.train(**{**TINY_RUN_KW, "n_embd": 32}, data=tmp_path / "authors", labels="folders",
+                  out_dir=tmp_path / "run", cache_dir=tmp_path / "cache", max_iters=60, eval_interval=60,
+                  curves=False, log=lambda *a: None)
+    on = chargpt.load(tmp_path / "run", device="cpu", dtype="float32", speculate="on", threads=1)
+    off = chargpt.load(tmp_path / "run", device="cpu", dtype="float32", speculate="off", threads=1)
+    for opts in (dict(temperature=0.0), dict(temperature=0.9, seed=2)):
+        # 50 characters: past the context of 16, so the window slides and keeps the label
+        assert on.generate("", label="a", max_new_tokens=50, **opts) == off.generate("", label="a", max_new_tokens=50,
+                                                                                    **opts)
+        assert on.drafted.kept > 0
