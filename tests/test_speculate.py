@@ -241,7 +241,8 @@ def test_batches_and_guidance_decode_plainly(monkeypatch):
     on.generate("ab", max_new_tokens=5, seed=1, use_cache=False)
     assert not on.speculates(rows=1, guided=True)
     assert not Generator(random_model(), VOCAB, "cpu", speculate="off").speculates()
-    assert Generator(random_model(), VOCAB, "cpu").speculates()  # auto, on a CPU
+    assert not Generator(random_model(), VOCAB, "cpu").speculates()  # off unless asked for
+    assert Generator(random_model(), VOCAB, "cpu", speculate="auto").speculates()  # auto, on a CPU
 
 
 def test_auto_pauses_drafting_where_it_does_not_pay_and_tries_again():

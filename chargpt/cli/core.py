@@ -108,10 +108,11 @@ def _check_interactive(prompt, prompt_file, output, as_json, num_samples):
                  "batch size, kept in torch's on-disk cache): auto compiles on a CPU with a C++ compiler from "
                  "30,000 new characters, where it repays compiling"),
     THREADS,
-    click.Option(["--speculate"], default="auto", show_default=True, type=click.Choice(["auto", "on", "off"]),
+    click.Option(["--speculate"], default="off", show_default=True, type=click.Choice(["auto", "on", "off"]),
                  help="check drafts of the next characters (from the text so far and the training text's novelty "
-                      "index) in one forward each: the same text, faster where the drafts are right; auto: one sample "
-                      "at a time on a CPU, drafting from the training text once its index is built, and pausing "
+                      "index) in one forward each: the same text, faster where the drafts are right (greedy or low "
+                      "temperature, text near the training text; off by default: at 0.8 it can be slower); auto: one "
+                      "sample at a time on a CPU, drafting from the training text once its index is built, and pausing "
                       "where the drafts do not pay; on also builds the index; more samples decode plainly"),
     NO_CACHE,
     click.Option(["--novelty"], is_flag=True, help="say how much of each sample is copied from the training text: one "

@@ -50,7 +50,7 @@ class Generator:
     the prompt is the source, and the text written is the target alone (see stream)."""
 
     def __init__(self, model, vocab, device, dtype=torch.float32, meta=None, compile="auto", quantized=False,
-                 log=None, threads="auto", speculate="auto"):
+                 log=None, threads="auto", speculate="off"):
         # decode with the plain module: no DDP sync, no recompiles per length
         self.model, self.vocab, self.device, self.dtype = unwrap(model).eval(), vocab, torch.device(device), dtype
         self.meta = meta or {}
@@ -438,7 +438,7 @@ def check_speculate(value):
     return value
 
 
-def load(path, device="auto", dtype="auto", quantize=None, compile="auto", threads="auto", speculate="auto"):
+def load(path, device="auto", dtype="auto", quantize=None, compile="auto", threads="auto", speculate="off"):
     """Checkpoint file or run directory -> Generator. dtype: auto (bf16 where the device computes it natively,
     else float32: runtime.pick_decode_dtype), float32 or bfloat16; quantize='int8': int8 weights for decoding on
     a CPU (chargpt.model.quantize); compile: auto|on|off, torch.compile of the decode step (auto: where it pays,
