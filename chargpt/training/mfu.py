@@ -52,8 +52,9 @@ def device_peak(device, dtype):
     peak, side = measured_peak(device.type, device.index, dtype, torch.get_num_threads())
     threads = torch.get_num_threads()
     on = f", {threads} thread{'s' if threads > 1 else ''}" if device.type == "cpu" else ""
+    each = " on one thread, times the threads" if device.type == "cpu" and threads > 1 else ""
     return peak, f"{peak / 1e9:,.0f} GFLOP/s, measured on this {device.type.upper()} ({side} x {side} " \
-                 f"{dtype_name(dtype)} matmuls{on})"
+                 f"{dtype_name(dtype)} matmuls{each}{on})"
 
 
 @functools.cache
@@ -62,6 +63,16 @@ def measured_peak(kind, index, dtype, threads):
     so a slow dtype (bf16 emulated on a CPU: about 1 GFLOP/s) is measured small and as briefly as a fast one.
     Cached per device, dtype and thread count: the same process trains on (tests: many runs) at no new cost."""
     device = torch.device(kind, index) if index is not None else torch.device(kind)
+    if kind == "cpu" and threads > 1:
+        # one thread's peak times the threads: torch's threads wait for each other at every product, so beside a busy
+        # process a 2-thread measure can come out tens of times low (and MFU past 100%); one thread is not held up
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            one, side = measured_peak(kind, index, dtype, 1)
+        finally:
+            torch.set_num_threads(before)
+        return one * threads, side
     side = 128
     while True:
         a = torch.randn(side, side, device=device, dtype=dtype)
