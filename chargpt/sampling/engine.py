@@ -68,7 +68,7 @@ class Generator:
         self.threads = ThreadTuner.of(threads) if self.device.type == "cpu" else None
         self.speculate = check_speculate(speculate)  # auto|on|off: drafts checked in one forward (speculate.py)
         self.draft_index = None  # the training text's suffix array for drafts, found on first use (False: none)
-        self.drafted = None  # the last speculative call's speculate.Meter (its counts: .stats()), for benchmarks
+        self.drafted = None  # speculate.Meter: the last call's counts (.stats()), and whether drafting pays here
 
     def decode_runner(self, new_chars):
         """-> (the StepRunner that decodes new_chars characters (all samples together) after the prefill, or None
@@ -275,8 +275,10 @@ class Generator:
             labelled = dict(pin=1, never=torch.tensor(head[2:], device=self.device), uncond=uncond,
                             guidance=settings.guidance or 1.0)
         if self.speculates(rows, guided, use_cache):
-            meter = Meter(always=self.speculate == "on")
-            self.drafted = meter
+            always = self.speculate == "on"
+            if self.drafted is None or self.drafted.always != always:
+                self.drafted = Meter(always=always)
+            meter = self.drafted.next_call()  # what earlier calls learned of whether drafting pays goes on
             drafts = self._drafts(ctx[0].tolist())
             return self._threaded(decode_speculative(self.model, ctx, settings, generator, drafts, meter,
                                                      dtype=self.dtype, runner=runner, steer=steer,

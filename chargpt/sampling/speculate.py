@@ -40,7 +40,7 @@ PROMPT_NGRAMS = (3, 8)  # n-grams of the text so far that prompt lookup matches,
 MATCH_CAP = 32  # characters of the text searched again for a match where it cannot grow (a match grows past it)
 SHARE = 0.4  # a corpus draft goes on while its next character followed the match in this share of the corpus
 SAMPLED = 32  # occurrences of a match read to find the most frequent next character (evenly spaced)
-WINDOW = 16  # auto: the verifies whose characters per verify decide whether drafting pays...
+WINDOW = 8  # auto: the verifies whose characters per verify decide whether drafting pays...
 # ...at least this many on the mean: measured on a 2-core EPYC, 4 x 192 and 2 x 128 models wrote as fast with drafts
 # as without at about 2.3-2.4 characters per verify, 0.8-0.9x as fast at 1.4-1.8 (benchmarks/RESULTS.md)...
 MIN_CHARS_PER_VERIFY = 2.5
@@ -250,6 +250,13 @@ class Meter:
         self.always, self.on, self.pause, self.wait = always, True, 0, PAUSE
         self.recent = deque(maxlen=WINDOW)
         self.verifies = self.drafted = self.kept = self.chars = 0
+
+    def next_call(self):
+        """The same Meter for the Generator's next call: its counts start again, what it learned of whether
+        drafting pays (a pause under way, the next pause's length) goes on, so each call does not pay again for
+        the verifies that show drafts do not pay for this model."""
+        self.verifies = self.drafted = self.kept = self.chars = 0
+        return self
 
     def record(self, drafted, kept):
         """A round: `drafted` characters drafted, `kept` of them kept (and one more chosen by the model)."""
