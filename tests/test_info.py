@@ -37,7 +37,7 @@ def test_info_reports_the_run(tiny_run):
     assert info["best_val_loss"] == pytest.approx(min(m["val_loss"] for m in metrics), abs=1e-6)
     assert info["best_val_bpc"] == pytest.approx(min(m["val_bpc"] for m in metrics), abs=1e-5)
     assert info["characters_seen"] == 20 * 4 * 16  # steps x batch x context
-    assert info["training_time_s"] > 0 and info["train_config"]["max_iters"] == 20
+    assert info["training_time_s"] > 0 and info["train_config"].max_iters == 20
     assert info["format_version"] == FORMAT_VERSION
     assert info["files"] == {p.name: p.stat().st_size for p in tiny_run.iterdir()}
     assert set(info["files"]) >= {"best.safetensors", "latest.safetensors", "state.safetensors", "metrics.jsonl"}
@@ -107,8 +107,8 @@ def test_info_counts_processes_in_good_english_and_names_the_split(tiny_run):
     assert "per step, on 1 process)" in text and "1 processes" not in text
     assert "10% for validation, in blocks spread through it" in text
     info = run_info(tiny_run)
-    saved_before = {k: v for k, v in info["train_config"].items() if k != "val_split"}  # as a checkpoint holds it
-    old = {**info, "processes": 2, "train_config": asdict(saved_train_config(saved_before))}
+    saved_before = {k: v for k, v in asdict(info["train_config"]).items() if k != "val_split"}  # an older checkpoint
+    old = {**info, "processes": 2, "train_config": saved_train_config(saved_before)}
     text = format_info(old)
     assert "on 2 processes)" in text and "the last 10% for validation" in text  # from before --val-split: the tail
 

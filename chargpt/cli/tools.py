@@ -138,10 +138,10 @@ def info_cli(run, as_json):
     """What a run is: model, vocabulary, steps, best validation loss, training time, files. RUN is a run
     directory or a .safetensors file [default: the most recent run under checkpoints/]. Reads headers only."""
     def show():
-        from chargpt.runs.info import format_info, run_info
+        from chargpt.runs.info import format_info, info_json, run_info
         from chargpt.runs.rundir import latest_run
         info = run_info(run or latest_run(pass_run="name one: chargpt info RUN"))
-        click.echo(textio.visible_json(info) if as_json else format_info(info))  # no raw terminal escapes
+        click.echo(textio.visible_json(info_json(info)) if as_json else format_info(info))  # no raw terminal escapes
     run_guarded(show)
 
 

@@ -1,6 +1,6 @@
 """What a run is, from its files' headers alone: `chargpt info RUN`.
 
-    run_info("checkpoints/shakespeare")          # -> dict (what `chargpt info --json` prints)
+    run_info("checkpoints/shakespeare")          # -> dict (info_json(it) is what `chargpt info --json` prints)
     print(format_info(run_info("checkpoints/shakespeare")))
 
 Only safetensors headers (checkpoint.read_meta) and metrics.jsonl are read, never the weights, so it is instant
@@ -78,7 +78,7 @@ def run_info(path, preview=PREVIEW_CHARS):
         "path": str(p), "checkpoint": str(ckpt), "format_version": _format_version(ckpt),
         "parameters": sum(math.prod(s) for k, s in shapes.items() if not k.startswith(("optim.", "rng."))),
         "task": meta["task"], "arch": cfg.arch, "model_config": asdict(cfg),
-        "train_config": asdict(tcfg) if tcfg else None,
+        "train_config": tcfg,  # a TrainConfig, typed where the checkpoint was read (None: a lone model file)
         "vocab_size": len(meta["vocab"]), "vocab_preview": escape("".join(meta["vocab"].chars[:preview])),
         "vocab_chars": meta["vocab"].chars[:preview],  # the same characters, unescaped
         "closing_prompt": latest.get("closing_prompt") if isinstance(latest.get("closing_prompt"), str) else None,
@@ -129,17 +129,22 @@ def _labels(info):
 
 def _validates(t):
     """Which text validated, as the run split it (t: run_info's train_config)."""
-    fraction = t["val_fraction"]
-    if t["task"] == "pairs" or t["items"]:
-        return f"{fraction:.0%} of the {'items' if t['items'] else 'pairs'}, at random, for validation"
-    if t["val_split"] == "tail":
+    fraction = t.val_fraction
+    if t.task == "pairs" or t.items:
+        return f"{fraction:.0%} of the {'items' if t.items else 'pairs'}, at random, for validation"
+    if t.val_split == "tail":
         return f"the last {fraction:.0%} for validation"
     return f"{fraction:.0%} for validation, in blocks spread through it"
 
 
+def info_json(info):
+    """run_info's dict as JSON values: its TrainConfig as a plain dict."""
+    return {**info, "train_config": asdict(info["train_config"]) if info["train_config"] else None}
+
+
 def format_info(info):
     """The dict of run_info() -> aligned lines for people."""
-    m, t = info["model_config"], info["train_config"] or {}
+    m, t = info["model_config"], info["train_config"]
     model = (f"{describe_model(ModelConfig(**m))}, "
              f"dropout {m['dropout']:g}{', bias' if m['bias'] else ', no bias'}"
              f"{', tied embeddings' if m['tie_weights'] else ''}: {info['parameters']:,} parameters")
@@ -164,7 +169,7 @@ def format_info(info):
                            + (" ..." if info["vocab_size"] > PREVIEW_CHARS else "")),
             ("training", training),
             ("best val loss", best + (f", {info['evaluations']} evaluations" if info["evaluations"] else "")),
-            ("corpus", f"{info['corpus'] or '?'} ({t['data'] or 'built-in'}, {t['encoding']}, "
+            ("corpus", f"{info['corpus'] or '?'} ({t.data or 'built-in'}, {t.encoding}, "
                        f"{_validates(t)})" if t else info["corpus"] or "unknown"),
             *([("started from", _started_from(info["init_from"]))] if info.get("init_from") else []),
             *([("labels", _labels(info))] if info.get("labels") else []),
@@ -175,7 +180,7 @@ def format_info(info):
     # terminal escapes or line breaks (escape is a no-op on text already escaped, such as the vocabulary preview)
     lines = [f"{k:<{width}}  {escape(v, backslashes=False)}" for k, v in rows]
     if t:  # the one long row: wrapped between settings
-        settings = " ".join(escape(f"{k}={v}", backslashes=False) for k, v in t.items())
+        settings = " ".join(escape(f"{k}={v}", backslashes=False) for k, v in asdict(t).items())
         lines.append(textwrap.fill(f"{'training config':<{width}}  " + settings,
                                    WRAP, subsequent_indent=" " * (width + 2), break_on_hyphens=False))
     return "\n".join(lines)

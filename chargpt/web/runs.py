@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 
 from chargpt.errors import ChargptError
-from chargpt.runs.info import run_info
+from chargpt.runs.info import info_json, run_info
 from chargpt.runs.rundir import BEST, LATEST, LOSSES, METRICS, SAMPLES, lock_holder, read_step_rows
 from chargpt.textio import escape
 from chargpt.tools.report import REPORT_HTML
@@ -72,7 +72,7 @@ class Runs:
                 "task": info["task"], "arch": info["arch"],
                 "labels": info.get("labels"),  # --labels: the names Write's Label picker offers (None: no labels)
                 "novelty_min_span": default_min_span(info["vocab_size"]),  # Mark copied text's default for it
-                "budget": finite({k: (info["train_config"] or {}).get(k) for k in ("max_iters", "max_time")}),
+                "budget": finite({k: getattr(info["train_config"], k, None) for k in ("max_iters", "max_time")}),
                 "info": info}
 
     def details(self, name):
@@ -82,7 +82,8 @@ class Runs:
         if info is None:
             return summary
         samples = self._file(run, SAMPLES)  # read_step_rows reads any of a run's step-keyed JSON lines
-        return {**summary, "model_config": info["model_config"], "train_config": finite(unrooted(info["train_config"])),
+        settings = info_json(info)["train_config"]
+        return {**summary, "model_config": info["model_config"], "train_config": finite(unrooted(settings)),
                 "saved_at": info["saved_at"], "vocab_preview": escape("".join(info["vocab_chars"][:VOCAB_PREVIEW])),
                 "vocab_chars": info["vocab_chars"], "closing_prompt": info["closing_prompt"], "files": info["files"],
                 "init_from": finite(unrooted(info.get("init_from"))),  # the run it started from, or None

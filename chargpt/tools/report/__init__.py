@@ -123,12 +123,12 @@ def first_chars(pieces, most):
 
 def run_facts(folder, info, meta, split, n_chars, label):
     """Item 1: what the run is, from run_info, the hardware its checkpoint recorded, and its split."""
-    t = info["train_config"] or {}
     train_chars = split.size("train")
     seen = info["characters_seen"]
     hardware = meta.get("hardware") if isinstance(meta.get("hardware"), dict) else None
+    data = info["train_config"].data if info["train_config"] else None
     return {
-        "path": str(folder), "corpus": info["corpus"], "data": t.get("data") or "the built-in corpus",
+        "path": str(folder), "corpus": info["corpus"], "data": data or "the built-in corpus",
         "characters": n_chars, "alphabet": info["vocab_size"], "split": label,
         "train_chars": train_chars, "val_chars": split.size("val"),
         "model": describe_model_dict(info), "parameters": info["parameters"],
