@@ -27,7 +27,6 @@ and run through llama.cpp's arithmetic in numpy (ggufread.forward), against char
 It is written under a temporary name beside --to and renamed into place, as the web export does.
 """
 
-import contextlib
 import math
 import os
 from pathlib import Path
@@ -42,19 +41,16 @@ from chargpt.config.flags import param
 from chargpt.data.labels import META_KEY as LABELS_KEY
 from chargpt.errors import ChargptError, ConfigError
 from chargpt.runs.checkpoint import load_model, read_meta
-from chargpt.runs.rundir import BEST, LATEST, remove_stale_temps, resolve, temp_suffix
+from chargpt.runs.rundir import BEST, LATEST, resolve
 from chargpt.tools.export import (
     ADAPTIVE_FIX,
     TERM_SIGNALS,
     Stopped,
-    _plain_mode,
     _raise_stopped,
-    make_folders,
     stopped_error,
-    write_error,
 )
 from chargpt.tools.ggufread import byte_level, forward, read_gguf, tokenize
-from chargpt.tools.webpage import claim
+from chargpt.tools.webpage import write_files
 from chargpt.training.interrupt import handling
 
 EOS, UNK = "<|endoftext|>", "<unk>"  # appended after the characters' ids
@@ -271,37 +267,6 @@ def check_target(target, companion, checkpoint, force):
                                f"choose another --to")
 
 
-def write_files(target, companion, write, check, text, force):
-    """`write(tmp)` the .gguf under a temporary name beside target, `check(tmp)` it, write the Modelfile `text`
-    likewise, then rename both into place (the .gguf first); -> what check returned. On any failure, Ctrl-C and
-    SIGTERM included, the temporary files and the folders made for them are removed."""
-    tmps = [p.with_name(f".{p.name}{temp_suffix()}") for p in (target, companion)]
-    created, done = [], False
-    try:
-        make_folders(target.parent, created)
-        remove_stale_temps(target.parent, (f".{target.name}.tmp*", f".{companion.name}.tmp*"))
-        write(tmps[0])
-        result = check(tmps[0])
-        tmps[1].write_text(text, encoding="utf-8")
-        for tmp in tmps:
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-            os.chmod(tmp, _plain_mode(0o666))
-        claim(tmps[0], target, force)
-        claim(tmps[1], companion, force)
-        done = True
-        return result
-    except OSError as e:
-        raise ChargptError(write_error(target, e)) from None
-    finally:
-        for tmp in tmps:
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
-        for folder in reversed(created if not done else []):
-            with contextlib.suppress(OSError):
-                folder.rmdir()
-
-
 def export_gguf(checkpoint, to, force=False, precision="f32", log=print):
     """Checkpoint file or run directory -> the GGUF file `to` and its Modelfile beside it; -> the file's Path."""
     settings = ExportSettings(to=to, format="gguf", force=force, precision=precision)  # checked as it is made
@@ -319,10 +284,10 @@ def export_gguf(checkpoint, to, force=False, precision="f32", log=print):
     name = path.resolve().parent.name if path.name in (BEST, LATEST) else path.stem  # the run's, or the file's
     with handling(TERM_SIGNALS, _raise_stopped):
         try:
-            diff = write_files(target, companion,
-                               lambda tmp: write_gguf(tmp, model, vocab, meta, name, settings.precision),
-                               lambda tmp: check_gguf(tmp, model, vocab, settings.precision),
-                               modelfile(target, model.config, vocab), settings.force)
+            text = modelfile(target, model.config, vocab)
+            diff = write_files([(target, lambda tmp: write_gguf(tmp, model, vocab, meta, name, settings.precision)),
+                                (companion, lambda tmp: tmp.write_text(text, encoding="utf-8"))],
+                               lambda tmp: check_gguf(tmp, model, vocab, settings.precision), settings.force)
         except Stopped as e:
             raise stopped_error(e, target, "GGUF file") from None
     size = target.stat().st_size

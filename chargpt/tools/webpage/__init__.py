@@ -181,31 +181,40 @@ def claim(tmp, target, force):
         raise Stopped(caught[0], done=True)
 
 
-def write_page(target, text, check, force):
-    """Write `text` beside target under a temporary name (.NAME.tmp<pid>-<host>), flush it, `check(path)` it, and
-    rename it to target; -> what check returned. On any failure (Ctrl-C and SIGTERM included) the temporary file
-    and the folders made for it are removed and target is as it was."""
-    tmp, created, done = target.with_name(f".{target.name}{temp_suffix()}"), [], False
+def write_files(files, check, force):
+    """files: [(target, write)], write(path) writing what goes to target. Each is written beside its target under
+    a temporary name (.NAME.tmp<pid>-<host>) and flushed to disk, the first is `check(path)`ed, then all are renamed
+    into place in order; -> what check returned. On any failure (Ctrl-C and SIGTERM included) the temporary files
+    and the folders made for them are removed and the targets are as they were."""
+    first = files[0][0]
+    tmps, created, done = [t.with_name(f".{t.name}{temp_suffix()}") for t, _ in files], [], False
     try:
-        make_folders(target.parent, created)
-        remove_stale_temps(target.parent, (f".{target.name}.tmp*",))  # what killed exports to target left
-        with open(tmp, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, _plain_mode(0o666))
-        result = check(tmp)
-        claim(tmp, target, force)
+        make_folders(first.parent, created)
+        remove_stale_temps(first.parent, tuple(f".{t.name}.tmp*" for t, _ in files))  # what killed exports left
+        for tmp, (_, write) in zip(tmps, files):
+            write(tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.chmod(tmp, _plain_mode(0o666))
+        result = check(tmps[0])
+        for tmp, (target, _) in zip(tmps, files):
+            claim(tmp, target, force)
         done = True
         return result
     except OSError as e:
-        raise ChargptError(write_error(target, e)) from None
+        raise ChargptError(write_error(first, e)) from None
     finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+        for tmp in tmps:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
         for folder in reversed(created if not done else []):
             with contextlib.suppress(OSError):
                 folder.rmdir()
+
+
+def write_page(target, text, check, force):
+    """The page `text` written to target through write_files (checked, then renamed into place)."""
+    return write_files([(target, lambda path: path.write_text(text, encoding="utf-8", newline=""))], check, force)
 
 
 def export_web(checkpoint, to, force=False, weights="float32", log=print):
