@@ -349,13 +349,20 @@ def verify(folder, model, vocab, labels=None):
                            "report it with your tokenizers version")
     g = torch.Generator().manual_seed(PROBE_SEED)
     ids = torch.randint(len(vocab), (1, model.config.block_size), generator=g)  # (1, T): every position
-    want = model(ids)[0].float()  # (1, T, V)
-    got = hf(ids).logits.float()
-    diff, scale = (got - want).abs().max().item(), max(1.0, want.abs().max().item())
-    if not diff <= LOGITS_TOLERANCE * scale:
-        raise ChargptError(f"the exported model's logits differ from chargpt's by {diff:.2g} (allowed "
-                           f"{LOGITS_TOLERANCE * scale:.2g}); nothing was written; report it with your transformers "
-                           f"version")
+    want = model(ids)[0].float().numpy()  # (1, T, V)
+    return logits_agree(hf(ids).logits.float().numpy(), want, LOGITS_TOLERANCE, "the exported model's logits",
+                        "your transformers version")
+
+
+def logits_agree(got, want, tolerance, whose, versions):
+    """An export's check: its logits `got` against chargpt's `want` (numpy arrays), the largest difference at most
+    `tolerance` x the largest |logit| (at least 1) -> that difference; else the one-line error (nothing is written)
+    naming `whose` logits and what to report (`versions`)."""
+    import numpy as np
+    diff, scale = float(np.abs(got - want).max()), max(1.0, float(np.abs(want).max()))
+    if not diff <= tolerance * scale:
+        raise ChargptError(f"{whose} differ from chargpt's by {diff:.2g} (allowed {tolerance * scale:.2g}); nothing "
+                           f"was written; report it with {versions}")
     return diff
 
 

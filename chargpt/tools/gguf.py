@@ -47,6 +47,7 @@ from chargpt.tools.export import (
     TERM_SIGNALS,
     Stopped,
     _raise_stopped,
+    logits_agree,
     stopped_error,
 )
 from chargpt.tools.ggufread import byte_level, forward, read_gguf, tokenize
@@ -201,13 +202,9 @@ def check_gguf(path, model, vocab, precision):
                            f"nothing was written; report it with your gguf version")
     g = torch.Generator().manual_seed(PROBE_SEED)
     ids = torch.randint(len(vocab), (1, model.config.block_size), generator=g)
-    chargpt_logits = model(ids)[0][0].numpy()  # (T, V)
     got = forward(meta, tensors, ids[0].numpy())[:, :len(vocab)]
-    diff, scale = float(np.abs(got - chargpt_logits).max()), max(1.0, float(np.abs(chargpt_logits).max()))
-    if not diff <= LOGITS_TOLERANCE[precision] * scale:
-        raise ChargptError(f"llama.cpp's arithmetic on the GGUF file gives logits {diff:.2g} away from chargpt's "
-                           f"(allowed {LOGITS_TOLERANCE[precision] * scale:.2g}); nothing was written; report it")
-    return diff
+    return logits_agree(got, model(ids)[0][0].numpy(), LOGITS_TOLERANCE[precision],
+                        "the logits of llama.cpp's arithmetic on the GGUF file", "your gguf version")
 
 
 def modelfile(target, cfg, vocab):

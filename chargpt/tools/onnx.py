@@ -35,7 +35,15 @@ from chargpt.data.labels import META_KEY as LABELS_KEY
 from chargpt.errors import ChargptError, ConfigError
 from chargpt.runs.checkpoint import load_model, read_meta
 from chargpt.runs.rundir import resolve
-from chargpt.tools.export import ADAPTIVE_FIX, TERM_SIGNALS, Stopped, _raise_stopped, stopped_error, write_folder
+from chargpt.tools.export import (
+    ADAPTIVE_FIX,
+    TERM_SIGNALS,
+    Stopped,
+    _raise_stopped,
+    logits_agree,
+    stopped_error,
+    write_folder,
+)
 from chargpt.training.interrupt import handling
 
 FILES = ("model.onnx", "vocab.json", "config.json", "README.md")
@@ -222,13 +230,8 @@ def verify(folder, model):
     want = model(ids)[0].numpy()  # (B, T, V)
     got, _ = session.step(ids[:, :-1].numpy(), session.empty(2))
     last, _ = session.step(ids[:, -1:].numpy(), session.step(ids[:, :-1].numpy(), session.empty(2))[1])
-    diff = max(float(np.abs(got - want[:, :-1]).max()), float(np.abs(last - want[:, -1:]).max()))
-    scale = max(1.0, float(np.abs(want).max()))
-    if not diff <= LOGITS_TOLERANCE * scale:
-        raise ChargptError(f"onnxruntime's logits differ from chargpt's by {diff:.2g} (allowed "
-                           f"{LOGITS_TOLERANCE * scale:.2g}); nothing was written; report it with your torch and "
-                           f"onnxruntime versions")
-    return diff
+    return logits_agree(np.concatenate([got, last], axis=1), want, LOGITS_TOLERANCE, "onnxruntime's logits",
+                        "your torch and onnxruntime versions")
 
 
 def is_export(folder):
