@@ -29,8 +29,6 @@ def evaluate_against(checkpoint, kind, device="auto"):
 
 
 def format_against(r):
+    kl = f"{r['kl']:.6f}" if r["kl"] >= 1e-6 or not r["kl"] else f"{r['kl']:.1e}"  # a tiny one still shows
     return (f"{r['checkpoint']} against {r['against']} ({r['what']}) on {r['positions']:,} positions of the "
-            f"{r['data']}:\n  KL divergence from float32 {r['kl']:.6f} nats/char" if r["kl"] >= 1e-6 or not r["kl"] else
-            f"{r['checkpoint']} against {r['against']} ({r['what']}) on {r['positions']:,} positions of the "
-            f"{r['data']}:\n  KL divergence from float32 {r['kl']:.1e} nats/char, top-1 agreement "
-            f"{r['agreement']:.2%}")
+            f"{r['data']}:\n  KL divergence from float32 {kl} nats/char, top-1 agreement {r['agreement']:.2%}")
