@@ -11,6 +11,7 @@ from chargpt.runs.rundir import BEST, LATEST, LOSSES, METRICS, SAMPLES, lock_hol
 from chargpt.textio import escape
 from chargpt.tools.report import REPORT_HTML
 from chargpt.web.body import RequestError
+from chargpt.web.corpora import inside
 from chargpt.web.limits import MAX_METRIC_ROWS, MAX_RUNNING_POINTS, MAX_SAMPLE_ROWS, MAX_VOCAB_SENT, VOCAB_PREVIEW
 
 MAX_REPORT_BYTES = 50 * 2**20  # a report card with its plots inline is well under a megabyte
@@ -25,8 +26,7 @@ class Runs:
         self.root = Path(root).resolve()
 
     def _inside(self, path):
-        real = path.resolve()
-        return real != self.root and real.is_relative_to(self.root)
+        return inside(path, self.root)
 
     def _file(self, run, name):
         path = run / name
