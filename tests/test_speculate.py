@@ -293,6 +293,22 @@ def test_the_load_line_says_whether_it_speculates(run):
     assert "speculation" not in result.stderr
 
 
+def test_a_json_sample_says_how_many_of_its_characters_came_from_drafts(run):
+    import json
+
+    from chargpt.cli.core import sample_cli
+    args = ["--checkpoint", run, "--device", "cpu", "--max-new-tokens", "60", "--seed", "1", "--temperature", "0",
+            "--threads", "1", "--json", "--prompt", CORPUS_TEXT[:20]]
+    result = invoke(sample_cli, [*args, "--speculate", "on"])
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout.splitlines()[0])
+    drafts = record["drafts"]
+    assert drafts["chars"] == len(record["text"]) == 60 and 0 < drafts["kept"] <= drafts["drafted"]
+    assert drafts["verifies"] >= 1 and drafts["kept"] + drafts["verifies"] <= drafts["chars"]
+    plain = json.loads(invoke(sample_cli, [*args, "--speculate", "off"]).stdout.splitlines()[0])
+    assert "drafts" not in plain and plain["text"] == record["text"]  # a plain decode has nothing to report
+
+
 def test_a_labelled_run_speculates_with_its_label_kept_in_the_window(tmp_path):
     """A run trained with --labels: the label stays first in the window as it slides (pin) and its characters are
     never written (never); unguided, one sample speculates and writes plain decoding's text."""

@@ -31,6 +31,7 @@ from dataclasses import fields, replace
 
 import torch
 
+from chargpt.bench.speculation import speculation_rows
 from chargpt.config import ModelConfig, SampleSettings, TrainConfig
 from chargpt.config.flags import field_type
 from chargpt.model.adaptive import shortlist_for
@@ -298,7 +299,7 @@ def decode_rows(device, args):
     uncached = decode_speed(inference_model(base, device, "float32")[0], device, torch.float32, n, use_cache=False)
     rows += ["", f"uncached float32 reference: {uncached:,.0f} chars/s (cached float32 is {speed0 / uncached:.1f}x)",
              ""]
-    return rows + step_rows(base, device, n, speed0, args) + [""]
+    return rows + step_rows(base, device, n, speed0, args) + [""] + speculation_rows(args, device, n)
 
 
 def step_rows(model, device, n, before, args):

@@ -103,7 +103,7 @@ def all_samples(gen, prompt, options, target):
     prompt = gen.prompt_text(prompt, options.unknown)
     texts = gen.generate(prompt, options)
     novelty = sample_records(target.novelty, n, target.as_json, target.say)
-    extra = [novelty(i, t) if novelty else {} for i, t in enumerate(texts)]
+    extra = [{**(novelty(i, t) if novelty else {}), **drafts_record(gen)} for i, t in enumerate(texts)]
     if not target.as_json:
         return "".join(textio.format_sample(i, n, seed, textio.shown_prompt(gen, prompt), t)
                        for i, t in enumerate(texts))
@@ -130,7 +130,8 @@ def write_scored(gen, prompt, options, target, copies=None):
     if target.as_json:
         record = options.record()
         body = "".join(json.dumps({"sample": i, "prompt": prompt, "text": s.text, "seed": seed, "settings": record,
-                                   "score": s.record(best), **({"novelty": x} if novelty else {})},
+                                   "score": s.record(best), **({"novelty": x} if novelty else {}),
+                                   **drafts_record(gen)},
                                   ensure_ascii=target.ascii_json) + "\n"
                        for i, (s, x) in enumerate(zip(run.samples, found)))
     else:
@@ -139,6 +140,12 @@ def write_scored(gen, prompt, options, target, copies=None):
     target.write(body, n)  # the samples end their line before the scores follow (in a terminal, on the same screen)
     for i, s in enumerate(run.samples if not target.as_json else ()):
         target.say(score_line(s, i, n, best) + (f"; {novelty(s.text).line()}" if novelty else ""))
+
+
+def drafts_record(gen):
+    """A --json record's `drafts`: what speculative decoding did in the call (verifies, characters drafted, kept,
+    and written in all), where it speculated (one sample at a time: chargpt/sampling/speculate.py); else nothing."""
+    return {"drafts": gen.speculated.stats()} if gen.speculated is not None else {}
 
 
 DROPPED = {"copied": "copies the training text", "repetitive": "repeats itself", "near-duplicate": "a near-duplicate"}

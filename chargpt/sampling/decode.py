@@ -76,7 +76,7 @@ class StepRunner:
         return logits
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def decode(model, ctx, settings, generator, use_cache=True, keep=None, dtype=torch.float32, runner=None,
            steer=None, pin=0, uncond=None, guidance=1.0, never=None):
     """Yield the next ids (B,) one step at a time, continuing ctx (B, T) ids.

@@ -68,7 +68,8 @@ class Generator:
         self.threads = ThreadTuner.of(threads) if self.device.type == "cpu" else None
         self.speculate = check_speculate(speculate)  # auto|on|off: drafts checked in one forward (speculate.py)
         self.draft_index = None  # the training text's suffix array for drafts, found on first use (False: none)
-        self.drafted = None  # speculate.Meter: the last call's counts (.stats()), and whether drafting pays here
+        self.drafted = None  # speculate.Meter: what the calls learned of whether drafting pays here
+        self.speculated = None  # the last call's Meter (.stats(): its drafts in counts), None where it decoded plainly
 
     def decode_runner(self, new_chars):
         """-> (the StepRunner that decodes new_chars characters (all samples together) after the prefill, or None
@@ -225,6 +226,7 @@ class Generator:
         options = sample_options(options, **overrides)
         settings, rows = options.settings, options.settings.best_of or options.num_samples
         prompt_seen = self.prompt_text(prompt, options.unknown)
+        self.speculated = None
         generator = torch.Generator()  # its own RNG: sampling never touches torch's global one
         if options.seed is None:
             generator.seed()
@@ -279,6 +281,7 @@ class Generator:
             if self.drafted is None or self.drafted.always != always:
                 self.drafted = Meter(always=always)
             meter = self.drafted.next_call()  # what earlier calls learned of whether drafting pays goes on
+            self.speculated = meter  # its counts fill in as the call decodes (sample.py's --json `drafts`)
             drafts = self._drafts(ctx[0].tolist())
             return self._threaded(decode_speculative(self.model, ctx, settings, generator, drafts, meter,
                                                      dtype=self.dtype, runner=runner, steer=steer,

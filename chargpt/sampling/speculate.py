@@ -46,6 +46,9 @@ WINDOW = 8  # auto: the verifies whose characters per verify decide whether draf
 MIN_CHARS_PER_VERIFY = 2.5
 LOOKBACK = 4096  # characters of the text so far that prompt lookup searches (at least; at most twice as many)
 PAUSE = 64  # ...else no drafts for this many characters, twice as many each time it does not pay
+MEMO = 1 << 17  # searches of the training text remembered per model (TrainingText.memo): a text revisits the same
+# contexts (a word's start, a line's end) all the time, and a search costs tens of microseconds where a decode step
+# of a small model costs a few hundred; cleared when full, so memory stays bounded (tens of MB at most)
 
 
 class PromptLookup:
@@ -99,6 +102,7 @@ class TrainingText:
         for i in range(0, len(self.sa), chunk):
             counts += np.bincount(self.text[self.sa[i:i + chunk]], minlength=len(counts))[:len(counts)]
         self.starts = np.concatenate([[0], np.cumsum(counts)]).tolist()
+        self.memo = {}  # a search's key -> its result, shared by every sample of the model (CorpusLookup.remember)
 
 
 class CorpusLookup:
@@ -110,6 +114,7 @@ class CorpusLookup:
 
     def __init__(self, corpus, ids):
         self.text, self.sa, self.n, self.starts = corpus.text, corpus.sa, len(corpus.text), corpus.starts
+        self.memo = corpus.memo
         self.to_corpus, self.from_corpus = corpus.to_corpus, corpus.from_corpus
         self.recent = deque(maxlen=MATCH_CAP)  # the text's last characters, in corpus ids
         self.depth, self.lo, self.hi = 0, 0, len(self.sa)  # the match's length and its interval
@@ -122,9 +127,23 @@ class CorpusLookup:
         p = int(self.sa[i]) + depth
         return int(self.text[p]) if p < self.n else -1
 
+    def remember(self, search, *args):
+        """search(*args) once per search and arguments, its result kept in the model's memo (bounded: MEMO
+        entries)."""
+        key = (search.__name__, *args)
+        found = self.memo.get(key)
+        if found is None:
+            if len(self.memo) >= MEMO:
+                self.memo.clear()
+            found = self.memo[key] = search(*args)
+        return found
+
     def _narrow(self, lo, hi, depth, c):
         """Within [lo, hi), whose suffixes agree on their first `depth` characters (so sorted by the next), the
         interval of those whose character at `depth` is c."""
+        return self.remember(self._narrowed, lo, hi, depth, c)
+
+    def _narrowed(self, lo, hi, depth, c):
         a, b = lo, hi
         while a < b:
             mid = (a + b) // 2
@@ -167,11 +186,16 @@ class CorpusLookup:
         """The longest suffix of the recent characters (at most `longest`) that occurs, by a binary search over its
         length (a suffix that occurs has every shorter one occur): a few searches, only where the match could not
         grow."""
-        recent = list(self.recent)
+        recent = tuple(self.recent)[-longest:] if longest else ()
+        self.depth, (self.lo, self.hi) = self.remember(self._longest, recent)
+
+    def _longest(self, recent):
+        """-> (the length of the longest suffix of `recent` (a tuple) that occurs, its interval)."""
+        recent = list(recent)
         unknown = [i for i, c in enumerate(recent) if c < 0]
         if unknown:
             recent = recent[unknown[-1] + 1:]  # nothing matches across a character the corpus lacks
-        short, long, found = 0, min(len(recent), longest), (0, len(self.sa))  # the longest found, the longest possible
+        short, long, found = 0, len(recent), (0, len(self.sa))  # the longest found, the longest possible
         while short < long:
             mid = (short + long + 1) // 2
             interval = self._find(recent[len(recent) - mid:])
@@ -179,7 +203,7 @@ class CorpusLookup:
                 short, found = mid, interval
             else:
                 long = mid - 1
-        self.depth, (self.lo, self.hi) = short, found
+        return short, found
 
     def add(self, c, live=True):
         c = int(self.to_corpus[c])
@@ -207,14 +231,8 @@ class CorpusLookup:
                 s = int(self.sa[lo]) + depth
                 out += [int(self.from_corpus[c]) for c in self.text[s:s + k - len(out)].tolist()]
                 break
-            rows = np.arange(lo, hi) if hi - lo <= SAMPLED else np.linspace(lo, hi - 1, SAMPLED).astype(np.int64)
-            at = self.sa[rows].astype(np.int64) + depth
-            chars = self.text[np.minimum(at, self.n - 1)].astype(np.int64)
-            chars[at >= self.n] = -1
-            values, counts = np.unique(chars, return_counts=True)
-            best = int(counts.argmax())
-            c = int(values[best])
-            if c < 0 or counts[best] < SHARE * len(rows):
+            c = self.remember(self._most_often, lo, hi, depth)
+            if c < 0:
                 break
             out.append(int(self.from_corpus[c]))
             lo, hi = self._narrow(lo, hi, depth, c)
@@ -222,6 +240,18 @@ class CorpusLookup:
         if -1 in out:
             out = out[:out.index(-1)]  # a character this model lacks ends the draft
         return self.depth, out
+
+
+    def _most_often(self, lo, hi, depth):
+        """The character at `depth` of most of the suffixes [lo, hi) (of SAMPLED of them, evenly spaced), or -1
+        where none has a share of SHARE or past the text's end."""
+        rows = np.arange(lo, hi) if hi - lo <= SAMPLED else np.linspace(lo, hi - 1, SAMPLED).astype(np.int64)
+        at = self.sa[rows].astype(np.int64) + depth
+        chars = self.text[np.minimum(at, self.n - 1)].astype(np.int64)
+        chars[at >= self.n] = -1
+        values, counts = np.unique(chars, return_counts=True)
+        best = int(counts.argmax())
+        return int(values[best]) if counts[best] >= SHARE * len(rows) else -1
 
 
 class Drafts:
@@ -258,9 +288,10 @@ class Meter:
         self.verifies = self.drafted = self.kept = self.chars = 0
         return self
 
-    def record(self, drafted, kept):
-        """A round: `drafted` characters drafted, `kept` of them kept (and one more chosen by the model)."""
-        self.chars += kept + 1
+    def record(self, drafted, kept, last=False):
+        """A round: `drafted` characters drafted, `kept` of them kept (and one more chosen by the model, unless the
+        call's last character was a kept one: last=True)."""
+        self.chars += kept + (not last)
         if not drafted:
             if not self.on:
                 self.pause -= 1
@@ -284,7 +315,7 @@ class Meter:
         return {"verifies": self.verifies, "drafted": self.drafted, "kept": self.kept, "chars": self.chars}
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def decode_speculative(model, ctx, settings, generator, drafts, meter=None, keep=None, dtype=torch.float32,
                        runner=None, steer=None, pin=0, never=None, draft_chars=DRAFT_CHARS):
     """sampling.decode for one row (ctx (1, T)), checking drafts: yields the next ids (1,) one character at a time,
@@ -332,7 +363,9 @@ def decode_speculative(model, ctx, settings, generator, drafts, meter=None, keep
             drafts.add(c, meter.on)
             yield nxt
             left -= 1
-            if not left:
+            if not left:  # the call's last round: counted as it ends
+                matched = j < len(draft) and c == draft[j]
+                meter.record(len(draft), j + matched, last=matched)
                 return
             if j == len(draft) or c != draft[j]:
                 break
