@@ -87,7 +87,10 @@ BAD_LABELS = [  # (run, body fields, words the 400's one line must contain)
     ("styled", {"label": "a", "guidance": 0.5}, "guidance must be >= 1"),
     ("styled", {"guidance": 2.0}, "steers towards a --label"),
     ("styled", {"label": "a", "guidance": 1e6}, "guidance must be at most 100"),
-    ("styled", {"label": "a" * 101}, "label is 101 characters; the limit is 100"),
+    ("styled", {"label": "a" * 2001}, "label is 2001 characters; the limit is 2000"),
+    ("styled", {"label": "a:0.5,c:0.5"}, "unknown label 'c'; this run's labels: a, b"),
+    ("styled", {"label": "a:0.5,b:0"}, "the weight of 'b' must be a positive number"),
+    ("styled", {"label": "a:0.5,b:0.5", "guidance": 2.0}, "guidance steers towards one label, not a mix"),
     ("styled", {"label": 3}, "label must be a string or null"),
     ("tiny", {"label": "a"}, "this run was trained without labels; leave label out"),
 ]
