@@ -59,9 +59,10 @@ def test_runs_name_their_labels_and_metrics_carry_each_labels_loss(client):
     assert len(rows) == 3 and all(set(r["val_loss_by_label"]) == {"a", "b"} for r in rows)  # steps 0, 20, 40
 
 
-@pytest.mark.parametrize("label,guidance", [("a", None), ("b", 2.0), (None, None)])
-def test_a_label_streams_the_librarys_text(client, served, label, guidance):
-    kw = dict(max_new_tokens=30, seed=3, num_samples=2, temperature=1.0)
+@pytest.mark.parametrize("label,guidance,beam", [("a", None, None), ("b", 2.0, None), (None, None, None),
+                                                 ("a:0.3,b:0.7", None, None), ("a:1,b:1", None, 3)])
+def test_a_label_streams_the_librarys_text(client, served, label, guidance, beam):
+    kw = dict(max_new_tokens=30, seed=3, num_samples=2, temperature=1.0, **({"beam": beam} if beam else {}))
     body = {"run": "styled", "prompt": "", **kw, **({"label": label} if label else {}),
             **({"guidance": guidance} if guidance else {})}
     r = client.post("/api/generate", json=body)

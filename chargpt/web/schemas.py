@@ -18,9 +18,9 @@ from chargpt.errors import ConfigError
 from chargpt.sampling.options import SETTINGS, SampleOptions
 from chargpt.web.body import RequestError
 from chargpt.web.limits import (
+    MAX_BEAM,
     MAX_GUIDANCE,
     MAX_INSIDE_CHARS,
-    MAX_BEAM,
     MAX_LABEL_CHARS,
     MAX_NEW_CHARS,
     MAX_NOVELTY_CHARS,
