@@ -1,15 +1,19 @@
 """Beam search for text (sample.py --beam N): width 1 is greedy, a wider beam finds text at least as likely as greedy's,
 stop strings and constraints hold under it, labels work with it, and what it cannot combine with is one line."""
 
+import io
+
 import pytest
 import torch
 from helpers import MODEL_ALPHABET, VOCAB, assert_one_line_error, counter_gen, invoke, random_model
 
 import chargpt
 from chargpt.cli import sample_cli
+from chargpt.cli.repl import repl
 from chargpt.data.labels import LabelSet
 from chargpt.data.tokenizer import Vocab
 from chargpt.sampling.engine import Generator
+from chargpt.sampling.options import SampleOptions
 
 PROMPTS = ["the ", "a", "hel", "zz", "\n"]
 LABELS = {"a": "\U000f0001", "b": "\U000f0002"}
@@ -119,3 +123,10 @@ def test_beam_from_the_command_line(tiny_run):
     gen = chargpt.load(tiny_run, device="cpu", dtype="float32")
     texts = gen.generate("To be", beam=3, num_samples=2, max_new_tokens=20, include_prompt=True)
     assert all(t in result.stdout for t in texts), (texts, result.stdout)
+
+
+def test_the_repl_sets_a_beam():
+    out, err = io.StringIO(), io.StringIO()
+    repl(counter_gen(), SampleOptions.of(max_new_tokens=4, temperature=1.0, seed=0), inp=io.StringIO(
+        "/beam 2\nab\n/beam 0\n/show\n"), out=out, err=err)
+    assert out.getvalue() == "abcdef\n" and "beam = 2" in err.getvalue() and "beam = None" in err.getvalue()
