@@ -121,7 +121,8 @@ def test_the_page_offers_a_runs_labels_and_draws_their_losses(served, tmp_path):
         assert page.is_hidden("#label-pick") and page.is_hidden("#guidance-pick")  # no labels: no picker
         page.select_option("#run", "styled")
         assert page.is_visible("#label-pick") and page.is_hidden("#guidance-pick")
-        assert page.eval_on_selector_all("#label option", "os => os.map(o => o.textContent)") == ["(none)", "a", "b"]
+        assert page.eval_on_selector_all("#label option", "os => os.map(o => o.textContent)") == ["(none)", "a", "b",
+                                                                                               "(mix)"]
         page.select_option("#label", "b")
         assert page.is_visible("#guidance-pick") and page.input_value("#guidance") == "1"
         page.fill("#guidance", "2")
@@ -131,6 +132,16 @@ def test_the_page_offers_a_runs_labels_and_draws_their_losses(served, tmp_path):
         page.wait_for_selector("body[data-state='done']")
         assert page.text_content(".sample[data-i='0'] .gen") == gen.generate(
             "", label="b", guidance=2.0, max_new_tokens=30, seed=5, temperature=0.8)[0]
+        page.select_option("#label", "⟨mix⟩")  # (mix): a weight per label, the labels mixed as --label a:30,b:70
+        assert page.is_visible("#mix-pick") and page.is_hidden("#guidance-pick")
+        assert page.eval_on_selector_all("#mix-weights input", "s => s.map(x => x.dataset.label)") == ["a", "b"]
+        page.fill("#mix-weights input[data-label='a']", "30")
+        page.fill("#mix-weights input[data-label='b']", "70")
+        assert page.text_content("#mix-weights label:nth-child(2) output") == "70"
+        page.click("#generate")
+        page.wait_for_selector("body[data-state='done']")
+        assert page.text_content(".sample[data-i='0'] .gen") == gen.generate(
+            "", label="a:0.3,b:0.7", max_new_tokens=30, seed=5, temperature=0.8)[0]
         page.click(".tab[data-view='runs']")
         page.wait_for_selector("#chart[data-label-curves='2']")  # a and b of `styled`; `tiny` has none
         assert sorted(page.eval_on_selector_all("#chart path.label-curve", "ps => ps.map(p => p.dataset.label)")) \
