@@ -11,9 +11,11 @@ import chargpt
 from chargpt.cli import sample_cli
 from chargpt.cli.repl import repl
 from chargpt.data.labels import LabelSet
+from chargpt.data.pairs import END, SEP
 from chargpt.data.tokenizer import Vocab
 from chargpt.sampling.engine import Generator
 from chargpt.sampling.options import SampleOptions
+from chargpt.sampling.translate import translate
 
 PROMPTS = ["the ", "a", "hel", "zz", "\n"]
 LABELS = {"a": "\U000f0001", "b": "\U000f0002"}
@@ -130,3 +132,12 @@ def test_the_repl_sets_a_beam():
     repl(counter_gen(), SampleOptions.of(max_new_tokens=4, temperature=1.0, seed=0), inp=io.StringIO(
         "/beam 2\nab\n/beam 0\n/show\n"), out=out, err=err)
     assert out.getvalue() == "abcdef\n" and "beam = 2" in err.getvalue() and "beam = None" in err.getvalue()
+
+
+def test_a_translator_searches_with_translations_beam():
+    vocab = Vocab(sorted(MODEL_ALPHABET + SEP + END))
+    gen = gen_of(random_model(vocab_size=len(vocab), seed=4), vocab, {"task": "pairs"})
+    for source in ("abc", "the cat"):
+        found = gen.generate(source, beam=3, max_new_tokens=8)
+        assert found == translate(gen.model, vocab, [source], beam=3, max_len=8)
+        assert len(gen.generate(source, beam=3, num_samples=3, max_new_tokens=8)) == 3
