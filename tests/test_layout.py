@@ -24,12 +24,12 @@ LAYERS = [
     ["config.architecture", "config", "runs.rundir", "runtime", "textio", "training.schedules", "data.tokenizer",
      "training.flat", "data.corpora", "sampling.forms", "sampling.grammar", "tools.novelty.score",
      "tools.novelty.suffixarray",
-     "tools.novelty.cache", "sampling.options"],
+     "tools.novelty.cache", "sampling.options", "config.decoding"],
     # 2: models, data and checkpoints
     ["model.dropout", "model.adaptive", "model.transformer", "training.optim", "model.quantize", "sampling.decode",
      "data.corpus", "data.pairs", "runs.checkpoint", "training.sizing", "model.inside", "config.settings",
      "config.helptext", "training.init_from", "sampling.translate", "sampling.constraints", "data.items",
-     "data.labels", "threads", "sampling.speculate"],
+     "data.labels", "threads", "sampling.speculate", "sampling.beam"],
     # 3: what uses a model: sampling engine, evaluation, novelty, run information, and training's parts
     ["sampling.engine", "tools.evaluate", "runs.info", "runs.plot", "tools.export", "tools.webpage",
      "tools.ggufread", "tools.gguf", "tools.onnx",

@@ -80,7 +80,7 @@ def test_json_one_object_per_sample(ckpt):
     off = dict.fromkeys(["min_p", "repetition_penalty", "no_repeat_ngram", "ban", "allow", "form", "acrostic", "regex",
                          "grammar", "json_schema", "best_of", "label", "guidance"])  # no constraint given; no label
     assert rec["settings"] == {"max_new_tokens": 9, "temperature": 0.0, "top_k": 3, "top_p": None, "stop": ["f"],
-                               **off, "num_samples": 2, "unknown": "error"}
+                               **off, "beam": None, "length_penalty": 1.0, "num_samples": 2, "unknown": "error"}
 
 
 def test_interactive_repl_through_stdin(ckpt):

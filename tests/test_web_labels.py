@@ -59,9 +59,10 @@ def test_runs_name_their_labels_and_metrics_carry_each_labels_loss(client):
     assert len(rows) == 3 and all(set(r["val_loss_by_label"]) == {"a", "b"} for r in rows)  # steps 0, 20, 40
 
 
-@pytest.mark.parametrize("label,guidance", [("a", None), ("b", 2.0), (None, None)])
-def test_a_label_streams_the_librarys_text(client, served, label, guidance):
-    kw = dict(max_new_tokens=30, seed=3, num_samples=2, temperature=1.0)
+@pytest.mark.parametrize("label,guidance,beam", [("a", None, None), ("b", 2.0, None), (None, None, None),
+                                                 ("a:0.3,b:0.7", None, None), ("a:1,b:1", None, 3)])
+def test_a_label_streams_the_librarys_text(client, served, label, guidance, beam):
+    kw = dict(max_new_tokens=30, seed=3, num_samples=2, temperature=1.0, **({"beam": beam} if beam else {}))
     body = {"run": "styled", "prompt": "", **kw, **({"label": label} if label else {}),
             **({"guidance": guidance} if guidance else {})}
     r = client.post("/api/generate", json=body)
@@ -87,7 +88,10 @@ BAD_LABELS = [  # (run, body fields, words the 400's one line must contain)
     ("styled", {"label": "a", "guidance": 0.5}, "guidance must be >= 1"),
     ("styled", {"guidance": 2.0}, "steers towards a --label"),
     ("styled", {"label": "a", "guidance": 1e6}, "guidance must be at most 100"),
-    ("styled", {"label": "a" * 101}, "label is 101 characters; the limit is 100"),
+    ("styled", {"label": "a" * 2001}, "label is 2001 characters; the limit is 2000"),
+    ("styled", {"label": "a:0.5,c:0.5"}, "unknown label 'c'; this run's labels: a, b"),
+    ("styled", {"label": "a:0.5,b:0"}, "the weight of 'b' must be a positive number"),
+    ("styled", {"label": "a:0.5,b:0.5", "guidance": 2.0}, "guidance steers towards one label, not a mix"),
     ("styled", {"label": 3}, "label must be a string or null"),
     ("tiny", {"label": "a"}, "this run was trained without labels; leave label out"),
 ]
@@ -117,7 +121,8 @@ def test_the_page_offers_a_runs_labels_and_draws_their_losses(served, tmp_path):
         assert page.is_hidden("#label-pick") and page.is_hidden("#guidance-pick")  # no labels: no picker
         page.select_option("#run", "styled")
         assert page.is_visible("#label-pick") and page.is_hidden("#guidance-pick")
-        assert page.eval_on_selector_all("#label option", "os => os.map(o => o.textContent)") == ["(none)", "a", "b"]
+        assert page.eval_on_selector_all("#label option", "os => os.map(o => o.textContent)") == ["(none)", "a", "b",
+                                                                                               "(mix)"]
         page.select_option("#label", "b")
         assert page.is_visible("#guidance-pick") and page.input_value("#guidance") == "1"
         page.fill("#guidance", "2")
@@ -127,6 +132,16 @@ def test_the_page_offers_a_runs_labels_and_draws_their_losses(served, tmp_path):
         page.wait_for_selector("body[data-state='done']")
         assert page.text_content(".sample[data-i='0'] .gen") == gen.generate(
             "", label="b", guidance=2.0, max_new_tokens=30, seed=5, temperature=0.8)[0]
+        page.select_option("#label", "⟨mix⟩")  # (mix): a weight per label, the labels mixed as --label a:30,b:70
+        assert page.is_visible("#mix-pick") and page.is_hidden("#guidance-pick")
+        assert page.eval_on_selector_all("#mix-weights input", "s => s.map(x => x.dataset.label)") == ["a", "b"]
+        page.fill("#mix-weights input[data-label='a']", "30")
+        page.fill("#mix-weights input[data-label='b']", "70")
+        assert page.text_content("#mix-weights label:nth-child(2) output") == "70"
+        page.click("#generate")
+        page.wait_for_selector("body[data-state='done']")
+        assert page.text_content(".sample[data-i='0'] .gen") == gen.generate(
+            "", label="a:0.3,b:0.7", max_new_tokens=30, seed=5, temperature=0.8)[0]
         page.click(".tab[data-view='runs']")
         page.wait_for_selector("#chart[data-label-curves='2']")  # a and b of `styled`; `tiny` has none
         assert sorted(page.eval_on_selector_all("#chart path.label-curve", "ps => ps.map(p => p.dataset.label)")) \

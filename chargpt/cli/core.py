@@ -165,8 +165,9 @@ def sample_cli(checkpoint_path, prompt, prompt_file, num_samples, seed, unknown,
             return repl(gen, options)
         text, warning = gen.prompt_text(text, unknown), gen.unknown_warning(text, unknown)  # 'error' raises here
         _warn(warning)
-        # greedy text does not depend on the seed
-        options = replace(options, seed=_seed(seed, shown=options.settings.temperature > 0))
+        # greedy text and a beam's do not depend on the seed
+        searched = options.settings.temperature == 0 or options.settings.beam is not None
+        options = replace(options, seed=_seed(seed, shown=not searched))
         target = Target(output, as_json, _stderr, scorer)
         if gen.items_run or new_only:  # a list: N items, one a line (chargpt/data/items.py)
             return write_items(gen, text, options, target, new_only, novelty_data, path)

@@ -62,7 +62,7 @@ def write_samples(gen, prompt, options, target, copies=None):
     copies: best-of's copy check), else the first shown live with the others after it (stream_samples), or all
     written at once (--json, --output)."""
     n = options.num_samples
-    if given(options.settings):
+    if given(options.settings) or options.settings.beam is not None:  # a beam's texts come scored
         return write_scored(gen, prompt, options, target, copies)
     if target.live:
         texts = stream_samples(gen, prompt, options, target.out())

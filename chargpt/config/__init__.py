@@ -33,6 +33,7 @@ from chargpt.config.architecture import (
     check_shortlist,
     validate_arch,
 )
+from chargpt.config.decoding import check_decoding
 from chargpt.config.flags import opt, param
 from chargpt.config.presets import AUTO_BUDGET_S, PRESET_ABOUT, PRESETS, UNLIMITED  # noqa: F401 (chargpt.config's)
 from chargpt.errors import ConfigError
@@ -358,9 +359,17 @@ class SampleSettings:
     best_of: int | None = opt(None, "write N samples (one batch), drop those that copy the training text (a span of "
                                     "--min-span or more) or repeat a better one, and keep the best --num-samples by "
                                     "the model's own mean log-probability per character [default: off]")
-    label: str | None = opt(None, "a run trained with --labels: write in this label's style [default: none]")
+    label: str | None = opt(None, "a run trained with --labels: write in this label's style, or in a mix of labels' "
+                                  "styles, a:0.7,b:0.3 (weights positive, normalised to sum 1; the next-character "
+                                  "log-probabilities are mixed log-linearly) [default: none]")
     guidance: float | None = opt(None, "with --label: classifier-free guidance F >= 1, logits = uncond + F x (cond - "
                                        "uncond), two forward passes a character; 1: plain --label [default: 1]")
+    # Beam search (chargpt/sampling/beam.py, with translation's search); checked in chargpt/config/decoding.py
+    beam: int | None = opt(None, "write the likeliest continuation found by a beam search keeping N hypotheses (1: "
+                                 "greedy): deterministic, so --temperature, --top-k, --top-p and --min-p do not apply; "
+                                 "--num-samples returns the best beams [default: off]")
+    length_penalty: float = opt(1.0, "with --beam and --stop: a finished hypothesis scores its log-probability / "
+                                     "length ** ALPHA (0: the total, which favours short texts; 1: per character)")
 
     def __post_init__(self):
         # a lone string would otherwise be read as one stop string per character
@@ -411,6 +420,7 @@ class SampleSettings:
         if patterns:
             from chargpt.sampling.grammar import check
             check(patterns[0], getattr(self, patterns[0]))  # its syntax; the vocabulary's part is checked at decoding
+        object.__setattr__(self, "label_mix", check_decoding(self))  # --label typed once: a LabelMix, or None
         return self
 
 

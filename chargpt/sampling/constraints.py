@@ -71,12 +71,18 @@ class NgramBan:
     def add(self, ids):
         for r, c in enumerate(ids):
             tail = self.tails[r]
-            if len(tail) == self.n - 1:
-                self.own[r].setdefault(tuple(tail), set()).add(c)
+            if len(tail) == self.n - 1:  # a new set, not added to: select() lets rows share them
+                key = tuple(tail)
+                self.own[r][key] = self.own[r].get(key, frozenset()) | {c}
             tail.append(c)
             if len(tail) > self.n - 1:
                 del tail[0]
         self.length += 1
+
+    def select(self, rows):
+        """Keep the rows `rows` in that order (repeats allowed), as a beam search forks and drops them."""
+        self.tails = [list(self.tails[r]) for r in rows]
+        self.own = [dict(self.own[r]) for r in rows]
 
 
 @dataclass
@@ -253,6 +259,22 @@ class Steer:
         if self.matchers is not None:
             self.ended_now = sorted(set(self.ended_now) | set(complete))
         return nxt
+
+    def select(self, rows):
+        """Keep the rows `rows` (a list) in that order, repeats allowed: a beam search (chargpt/sampling/beam.py)
+        forks hypotheses and drops others. A pattern's matchers cannot be forked (SampleSettings refuses --beam with
+        one); the per-step scores start again (the beam keeps its own)."""
+        if self.walk is not None:
+            w = self.walk
+            w.e, w.o, w.n, w.ended = ([v[r] for r in rows] for v in (w.e, w.o, w.n, w.ended))
+        if self.ngrams is not None:
+            self.ngrams.select(rows)
+        index = torch.tensor(rows, dtype=torch.long)
+        if self.seen is not None:
+            self.seen = self.seen[index.to(self.seen.device)]
+        if self.step_logp is not None:
+            self.step_logp = self.step_logp[index.to(self.step_logp.device)]
+        self.logp, self.removed, self.stuck_now, self.ended = [], [], [], {}
 
     def ended_of(self, texts):
         """Why each sample ended early, by row (`ended`), and under a pattern each sample whose text the pattern does

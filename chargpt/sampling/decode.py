@@ -78,7 +78,7 @@ class StepRunner:
 
 @torch.inference_mode()
 def decode(model, ctx, settings, generator, use_cache=True, keep=None, dtype=torch.float32, runner=None,
-           steer=None, pin=0, uncond=None, guidance=1.0, never=None):
+           steer=None, pin=0, extra=None, combine=None, never=None):
     """Yield the next ids (B,) one step at a time, continuing ctx (B, T) ids.
 
     use_cache=False is the reference: a full forward over the last block_size characters every step.
@@ -87,9 +87,9 @@ def decode(model, ctx, settings, generator, use_cache=True, keep=None, dtype=tor
     steer: the constraints (constraints.Steer): steer.logits(logits) -> the logits to choose from, and
     steer.chose(ids) after each choice (before it is yielded), which may return the ids to yield and feed instead.
     Labels (chargpt/data/labels.py): the first `pin` ids of every row stay in the window when it slides (the label the
-    model reads first); `uncond` (B, T), ctx's rows with the unconditioned label, decodes beside ctx as one batch
-    of 2B rows, and the choice is made from uncond + guidance * (cond - uncond) (classifier-free guidance);
-    `never` (a long tensor of ids) is never chosen."""
+    model reads first); `extra` ((G - 1) B, T), ctx's rows under other labels (the unconditioned one for guidance,
+    the other labels of a mix), decodes beside ctx as one batch of G B rows, and `combine` (heads: guided or mixed)
+    makes the B rows' logits the choice is made from; `never` (a long tensor of ids) is never chosen."""
     if settings.max_new_tokens == 0:
         return
     block = model.config.block_size
@@ -97,7 +97,8 @@ def decode(model, ctx, settings, generator, use_cache=True, keep=None, dtype=tor
     if not 0 < keep <= block:
         raise ValueError(f"keep must be in 1 .. block_size ({block}), got {keep}")
     device, rows = ctx.device, ctx.size(0)
-    seq = ctx if uncond is None else torch.cat([ctx, uncond])
+    seq = ctx if extra is None else torch.cat([ctx, extra])
+    groups = seq.size(0) // rows
     cache = KVCache(model.config, seq.size(0), device=device, dtype=dtype) if use_cache else None
 
     def forward(window):
@@ -109,11 +110,8 @@ def decode(model, ctx, settings, generator, use_cache=True, keep=None, dtype=tor
             return seq[:, max(0, seq.size(1) - n):]
         return torch.cat([seq[:, :pin], seq[:, seq.size(1) - max(0, n - pin):]], dim=1)
 
-    def mixed(logits):  # (rows or 2 rows, V) -> (rows, V): guided, and the `never` ids masked
-        if uncond is not None:
-            cond, free = logits[:rows].float(), logits[rows:].float()
-            logits = free + guidance * (cond - free)
-        return logits if never is None else logits.float().index_fill(1, never, float("-inf"))
+    def mixed(logits):  # (G rows, V) -> (rows, V): guided or mixed, and the `never` ids masked
+        return masked(logits if combine is None else combine(logits), never)
 
     logits = forward(last(seq, block))  # prefill (with a cache) or the first full forward
     min_p = getattr(settings, "min_p", None)
@@ -128,7 +126,7 @@ def decode(model, ctx, settings, generator, use_cache=True, keep=None, dtype=tor
         yield nxt
         if step + 1 == settings.max_new_tokens:
             return
-        fed = nxt if uncond is None else torch.cat([nxt, nxt])
+        fed = nxt if groups == 1 else nxt.repeat(groups)
         seq = torch.cat([last(seq, block - 1), fed[:, None]], dim=1)  # (B, <= block)
         if cache is None:
             logits = forward(seq)  # already trimmed to the last block_size characters
@@ -140,6 +138,29 @@ def decode(model, ctx, settings, generator, use_cache=True, keep=None, dtype=tor
         else:  # window full: rebuild the cache from the last `keep` characters
             cache.reset()
             logits = forward(last(seq, keep))
+
+
+def masked(logits, never):
+    """logits (B, V) with the `never` ids (a long tensor, or None) at -inf: a labelled run's label characters."""
+    return logits if never is None else logits.float().index_fill(1, never, float("-inf"))
+
+
+def guided(guidance):
+    """Classifier-free guidance as a combine: logits (2B, V), the labelled rows then the same under NULL -> (B, V)
+    uncond + guidance * (cond - uncond)."""
+    def combine(logits):
+        cond, free = logits.float().chunk(2)
+        return free + guidance * (cond - free)
+    return combine
+
+
+def mixed_labels(weights):
+    """A log-linear mix of labels as a combine: logits (G B, V), one group of B rows per label -> (B, V)
+    sum_i w_i log_softmax(logits_i) (weights (G,), summing to 1: a product of experts, renormalised by the sampler)."""
+    def combine(logits):
+        logp = torch.log_softmax(logits.float(), dim=-1).view(len(weights), -1, logits.size(-1))  # (G, B, V)
+        return (weights.to(logp.device)[:, None, None] * logp).sum(0)
+    return combine
 
 
 class StopFilter:

@@ -33,10 +33,11 @@ from chargpt.model.transformer import CharGPT
 from chargpt.runs.checkpoint import load_model, run_settings, unwrap
 from chargpt.runtime import pick_decode_compile, pick_device
 from chargpt.sampling import constraints, forms
-from chargpt.sampling.decode import StepRunner, StopFilter, decode, through_filters
+from chargpt.sampling.beam import TextSteps
+from chargpt.sampling.decode import StepRunner, StopFilter, decode, guided, mixed_labels, through_filters
 from chargpt.sampling.options import sample_options
 from chargpt.sampling.speculate import CorpusLookup, Drafts, Meter, PromptLookup, TrainingText, decode_speculative
-from chargpt.sampling.translate import iter_sample_search, make_steps, source_ids, translate
+from chargpt.sampling.translate import beam_hypotheses, iter_sample_search, make_steps, source_ids, translate
 from chargpt.threads import ThreadTuner, parse_threads
 
 MAX_FORM_SEARCH = 5_000_000  # characters of a run's text searched for where a form's shape starts (form_start): the
@@ -250,6 +251,8 @@ class Generator:
         if rules and rules.pattern and rules.pattern.unproven:
             self.log(rules.pattern.unproven)
         ids = self.vocab.encode(context)
+        if settings.beam is not None:
+            return self._beam(ids, prompt_seen, rules, settings, options.num_samples)
         steer = rules.steer(ids, rows, settings.max_new_tokens, self.device) if rules else None
         # what decoding will write: a form ends its sample (--compile auto weighs that, not --max-new-tokens)
         writes = min(settings.max_new_tokens, rules.program.most) if rules and rules.program else \
@@ -265,18 +268,15 @@ class Generator:
 
     def _steps(self, ids, settings, rows, generator, use_cache, steer, writes):
         """sampling.decode over `rows` copies of the context's ids: each step's ids (rows,), a run with labels
-        reading its label first (and, guided, beside each row the same with NULL first)."""
-        head, guided = self._label_head(settings)
-        ctx = torch.tensor([head[:1] + ids] * rows, dtype=torch.long, device=self.device)  # (B, T)
-        runner = self.decode_runner(writes * rows * (2 if guided else 1))[0] if use_cache else None
+        reading its label first (and, guided or mixed, beside each row the same under NULL or the other labels)."""
+        heads, never, combine = self._heads(settings)
+        ctx = torch.tensor([[h] + ids for h in heads] if heads else [ids], dtype=torch.long,
+                           device=self.device).repeat_interleave(rows, dim=0)  # (G rows, T): head by head
+        runner = self.decode_runner(writes * rows * max(1, len(heads)))[0] if use_cache else None
         labelled = {}
-        if head:  # the label stays first in the window; guided: beside each row, the same with NULL first
-            uncond = ctx.clone() if guided else None
-            if guided:
-                uncond[:, 0] = head[1]
-            labelled = dict(pin=1, never=torch.tensor(head[2:], device=self.device), uncond=uncond,
-                            guidance=settings.guidance or 1.0)
-        if self.speculates(rows, guided, use_cache):
+        if heads:  # the label stays first in the window
+            labelled = dict(pin=1, never=never, extra=ctx[rows:] if len(heads) > 1 else None, combine=combine)
+        if self.speculates(rows, len(heads) > 1, use_cache):
             always = self.speculate == "on"
             if self.drafted is None or self.drafted.always != always:
                 self.drafted = Meter(always=always)
@@ -286,22 +286,52 @@ class Generator:
             return self._threaded(decode_speculative(self.model, ctx, settings, generator, drafts, meter,
                                                      dtype=self.dtype, runner=runner, steer=steer,
                                                      pin=labelled.get("pin", 0), never=labelled.get("never")))
-        return self._threaded(decode(self.model, ctx, settings, generator, use_cache=use_cache, dtype=self.dtype,
-                                     runner=runner, steer=steer, **labelled))
+        return self._threaded(decode(self.model, ctx[:rows], settings, generator, use_cache=use_cache,
+                                     dtype=self.dtype, runner=runner, steer=steer, **labelled))
 
     def _threaded(self, steps):
         return steps if self.threads is None else self.threads.run(steps)
 
-    def _label_head(self, settings):
-        """-> ([the label's id, NULL's id, every label id] or [] for a run without labels, whether to guide)."""
+    def _heads(self, settings):
+        """-> (the label id each head reads first: [] for a run without labels, one for a label, the label and NULL
+        for guidance, one per label of a mix; every label id (never written), or None; the combine that makes one
+        row's logits of the heads' (sampling.decode.guided or mixed_labels), or None)."""
+        mix = settings.label_mix
         if self.labels is None:
-            if settings.label:
+            if mix:
                 raise ConfigError(f"this run was trained without {param('labels')}, so it has no labels; drop "
                                   f"{param('label')}")
-            return [], False
+            return [], None, None
         stoi = self.vocab.stoi
-        return ([stoi[self.labels.token(settings.label)], stoi[self.labels.null],
-                 *(stoi[c] for c in self.labels.chars())], (settings.guidance or 1.0) != 1.0)
+        never = torch.tensor([stoi[c] for c in self.labels.chars()], device=self.device)
+        if mix is not None and mix.single is None:
+            heads = [stoi[self.labels.token(name)] for name in mix.names]
+            return heads, never, mixed_labels(torch.tensor(mix.weights))
+        label = stoi[self.labels.token(mix.single if mix else None)]
+        if (settings.guidance or 1.0) != 1.0:
+            return [label, stoi[self.labels.null]], never, guided(settings.guidance)
+        return [label], never, None
+
+    def _beam(self, ids, prompt_seen, rules, settings, keep):
+        """--beam: the `keep` likeliest continuations of the context's ids (chargpt/sampling/beam.py), a Decoding
+        whose pieces come once the search has ended, each sample whole."""
+        heads, never, combine = self._heads(settings)
+        ctx = torch.tensor([[h] + ids for h in heads] if heads else [ids], dtype=torch.long, device=self.device)
+        steer = rules.steer(ids, 1, settings.max_new_tokens, self.device) if rules else None
+        step = TextSteps(self.model, ctx, combine=combine, pin=1 if heads else 0, never=never, steer=steer,
+                         stops=settings.stop, before=prompt_seen, chars=self.vocab.chars, dtype=self.dtype)
+        samples = []
+
+        def pieces():
+            found = beam_hypotheses(step, 1, len(self.vocab), settings.max_new_tokens, settings.beam,
+                                    settings.length_penalty, keep)[0]
+            for k, (_, hyp, logp) in enumerate(found):
+                cut = StopFilter(prompt_seen, settings.stop)
+                text = cut.feed(self.vocab.decode(hyp)) + cut.flush()
+                samples.append(constraints.Sample(text, logp / len(hyp) if hyp else None, row=k))
+                if text:
+                    yield k, text
+        return Decoding(self._threaded(pieces()), rows=keep, scored=samples)
 
     def items(self, n=1, prompt="", options=None, *, new_only=False, known=None, **overrides):
         """A run trained with --items: n items (each cut at its first newline), each starting with `prompt` (one
@@ -373,6 +403,13 @@ class Generator:
             raise ChargptError(f"this model was trained on sentence pairs: its prompt is the sentence to translate; "
                                f"give {param('prompt')} some text")
         ids = source_ids(self.model, self.vocab, [source], name="the prompt")
+        if settings.beam is not None:  # translation's beam search, its best num_samples each as one piece
+            step, room = make_steps(self.model, self.vocab, ids, use_cache, self.dtype)
+            found = beam_hypotheses(step, 1, self.vocab.stoi[END], min(room, settings.max_new_tokens),
+                                    settings.beam, settings.length_penalty, num_samples)[0]
+            yield from through_filters([StopFilter("", settings.stop) for _ in found], [
+                [(k, self.vocab.decode(hyp).replace(SEP, "")) for k, (_, hyp, _) in enumerate(found)]])
+            return
         step, room = make_steps(self.model, self.vocab, ids * num_samples, use_cache, self.dtype)
         filters = [StopFilter("", settings.stop) for _ in range(num_samples)]
         found = self._threaded(iter_sample_search(step, num_samples, self.vocab.stoi[END],
@@ -407,8 +444,9 @@ class Decoding:
     copies) the N samples are decoded first, ranked (constraints.rank: copies(text) -> a novelty Report, or None for
     no copy check), and the best `keep` yielded, each as one piece."""
 
-    def __init__(self, pieces, steer=None, rows=0, best_of=None):
+    def __init__(self, pieces, steer=None, rows=0, best_of=None, scored=None):
         self.steer, self.rows, self.best_of, self.samples = steer, rows, best_of, None
+        self.scored = scored  # the samples as the pieces' source scored them (a beam search), filled as it ends
         self._pieces = self._ranked(pieces) if best_of else self._kept(pieces)
 
     def __iter__(self):
@@ -423,6 +461,9 @@ class Decoding:
             if self.rows:
                 texts[i] += piece
             yield i, piece
+        if self.scored is not None:
+            self.samples = self.scored
+            return
         self.samples = constraints.samples_of(texts, *(self.steer.scores() if self.steer else (None, None)),
                                               ended=self.steer.ended_of(texts) if self.steer else None)
 

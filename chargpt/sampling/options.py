@@ -34,7 +34,7 @@ class SampleOptions:
     def __post_init__(self):
         if not isinstance(self.settings, SampleSettings):
             raise ConfigError(f"settings must be a SampleSettings, got {type(self.settings).__name__}")
-        check_sample_options(self.num_samples, self.seed, self.settings.best_of)
+        check_sample_options(self.num_samples, self.seed, self.settings.best_of, self.settings.beam)
 
     @classmethod
     def of(cls, **options):
@@ -76,9 +76,9 @@ def sample_options(options=None, **overrides):
     return options.replace(**overrides) if overrides else options
 
 
-def check_sample_options(num_samples, seed, best_of=None):
+def check_sample_options(num_samples, seed, best_of=None, beam=None):
     """The Generator options that are not SampleSettings: how many samples, and the seed (None: random); and that
-    best_of, if given (SampleSettings checks it alone), keeps no more samples than it writes."""
+    best_of or beam, if given (SampleSettings checks each alone), keeps no more samples than it writes."""
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or not 1 <= num_samples <= MAX_INT:
         raise ConfigError(f"{param('num_samples')} must be from 1 to 2**63 - 1, got {num_samples!r:.40}")
     if seed is not None:
@@ -86,3 +86,6 @@ def check_sample_options(num_samples, seed, best_of=None):
     if best_of is not None and best_of < num_samples:
         raise ConfigError(f"{param('best_of')} ({best_of}) must be at least {param('num_samples')} ({num_samples}): "
                           f"best-of keeps the best num_samples of best_of samples")
+    if beam is not None and beam < num_samples:
+        raise ConfigError(f"{param('beam')} ({beam}) must be at least {param('num_samples')} ({num_samples}): the beam "
+                          f"returns the best num_samples of the beam hypotheses it keeps")

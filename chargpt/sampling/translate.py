@@ -56,7 +56,15 @@ def iter_sample_search(step, n, end_id, max_len, generator=None, temperature=0.0
 
 @torch.no_grad()
 def beam_search(step, n, end_id, max_len, beam=4, alpha=1.0):
-    """-> for each of n sources the best of `beam` hypotheses kept per step (ids, END not included).
+    """-> for each of n sources the best of `beam` hypotheses kept per step (ids, END not included); beam_hypotheses
+    says how. Beam 1 is greedy."""
+    return [found[0][1] if found else [] for found in beam_hypotheses(step, n, end_id, max_len, beam, alpha)]
+
+
+@torch.no_grad()
+def beam_hypotheses(step, n, end_id, max_len, beam=4, alpha=1.0, keep=1):
+    """-> for each of n sources its `keep` best finished hypotheses, best first, as (score, ids, log-probability): the
+    one search translation and text share (text: chargpt/sampling/beam.py, whose step gives every row an END column).
 
     A hypothesis that ends scores its log-probability / length ** alpha (length normalisation: without it,
     every extra character costs probability and short outputs win; END counts in the length). A source stops
@@ -67,7 +75,7 @@ def beam_search(step, n, end_id, max_len, beam=4, alpha=1.0):
     scores = torch.full((n, K), float("-inf"))
     scores[:, 0] = 0.0  # a source's K rows start as one hypothesis (K copies of it would fill the beam)
     logp = torch.log_softmax(step(None, torch.arange(n).repeat_interleave(K)).float().cpu(), dim=-1)  # (n*K, V)
-    finished = [[] for _ in range(n)]  # per source: (normalised score, ids)
+    finished = [[] for _ in range(n)]  # per source: (normalised score, ids, log-probability)
     for t in range(max_len):
         V = logp.size(-1)
         total = (scores[:, :, None] + logp.view(len(live), K, V)).view(len(live), K * V)
@@ -82,11 +90,12 @@ def beam_search(step, n, end_id, max_len, beam=4, alpha=1.0):
                 seq = hyps[j][parent]
                 if tok == end_id:
                     if rank < K:  # only an END among the K best counts, as in fairseq
-                        finished[b].append((score / (len(seq) + 1) ** alpha, seq))
+                        finished[b].append((score / (len(seq) + 1) ** alpha, seq, score))
                 else:
                     cands.append((score, seq + [tok], j * K + parent, tok))
             if t + 1 == max_len:
-                finished[b] += [(score / len(seq) ** alpha, seq) for score, seq, _, _ in cands]
+                finished[b] += [(score / len(seq) ** alpha, seq, score) for score, seq, _, _ in cands
+                                if score > float("-inf")]
             if len(finished[b]) >= K or t + 1 == max_len or not cands:
                 continue
             cands += [(float("-inf"),) + cands[0][1:]] * (K - len(cands))  # pad a tiny vocabulary's beam
@@ -99,7 +108,7 @@ def beam_search(step, n, end_id, max_len, beam=4, alpha=1.0):
             break
         live, hyps, scores = next_live, next_hyps, torch.tensor(next_scores)
         logp = torch.log_softmax(step(torch.tensor(toks), torch.tensor(rows)).float().cpu(), dim=-1)
-    return [max(f, key=lambda x: x[0])[1] if f else [] for f in finished]
+    return [sorted(f, key=lambda x: -x[0])[:keep] for f in finished]
 
 
 class DecoderSteps:

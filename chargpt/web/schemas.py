@@ -18,6 +18,7 @@ from chargpt.errors import ConfigError
 from chargpt.sampling.options import SETTINGS, SampleOptions
 from chargpt.web.body import RequestError
 from chargpt.web.limits import (
+    MAX_BEAM,
     MAX_GUIDANCE,
     MAX_INSIDE_CHARS,
     MAX_LABEL_CHARS,
@@ -81,6 +82,9 @@ class GenerateRequest(Request):
     # it by classifier-free guidance >= 1; a label the run does not have is a 400 once the run is loaded (write.start)
     label: str | None = Field(None, max_length=MAX_LABEL_CHARS)
     guidance: float | None = Field(None, le=MAX_GUIDANCE)
+    # beam search (chargpt/sampling/beam.py): the likeliest text, num_samples of the beam's best; this server's width
+    beam: int | None = Field(None, le=MAX_BEAM)
+    length_penalty: float = SampleSettings.length_penalty
 
     _options: SampleOptions | None = PrivateAttr(None)
 

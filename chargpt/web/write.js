@@ -37,18 +37,38 @@ export function renderWriteMode() {
   renderLabels(r);
 }
 
+const MIX = "⟨mix⟩";  // the picker's (mix) entry: no label is named so (a label's name never holds ⟨ or ⟩)
+
 function renderLabels(r) {
   // a run trained with --labels: its labels to write in ("(none)": unconditioned), rebuilt only when the run's
   // labels change (the choice stays when it still exists); Guidance shown only once a label is chosen
   const names = (r && Array.isArray(r.labels)) ? r.labels : [], pick = $("label");
   if (pick.dataset.names !== names.join("\n")) {
     const was = pick.value;
-    pick.replaceChildren(el("option", {value: "", text: "(none)"}), ...names.map((n) => el("option", {value: n, text: n})));
-    pick.value = names.includes(was) ? was : "";
+    pick.replaceChildren(el("option", {value: "", text: "(none)"}), ...names.map((n) => el("option", {value: n, text: n})),
+                         ...(names.length > 1 ? [el("option", {value: MIX, text: "(mix)"})] : []));
+    pick.value = names.includes(was) || (was === MIX && names.length > 1) ? was : "";
     pick.dataset.names = names.join("\n");
+    // (mix): a slider per label, its weight from 0 (left out) to 100, shown beside it; all start equal
+    $("mix-weights").replaceChildren(...names.map((n) => {
+      const slider = el("input", {type: "range", min: "0", max: "100", step: "1", value: "50"}), shown = el("output", {text: "50"});
+      slider.dataset.label = n;
+      slider.setAttribute("aria-label", `weight of ${n}`);
+      slider.addEventListener("input", () => { shown.textContent = slider.value; });
+      return el("label", {}, n, " ", slider, " ", shown);
+    }));
   }
+  const mixing = pick.value === MIX;
   $("label-pick").hidden = !names.length;
-  $("guidance-pick").hidden = !names.length || !pick.value;
+  $("guidance-pick").hidden = !names.length || !pick.value || mixing;  // guidance steers towards one label
+  $("mix-pick").hidden = !mixing;
+}
+
+function mixSpec() {
+  // the sliders as --label's mix, a:50,b:25 (the server normalises the weights); a weight of 0 leaves a label out
+  const parts = [...$("mix-weights").querySelectorAll("input")].filter((s) => Number(s.value) > 0)
+    .map((s) => `${s.dataset.label}:${s.value}`);
+  return parts.length ? parts.join(",") : null;
 }
 
 function writeSettings() {
@@ -61,10 +81,15 @@ function writeSettings() {
                 stop: stop ? [unescapeStop(stop)] : [], form: text("form"), acrostic: text("acrostic"),
                 ban: text("ban") === null ? null : unescapeStop(text("ban")), regex: text("regex"),
                 best_of: pairs ? null : numberOrNull("best-of")};
-  if (!$("label-pick").hidden && $("label").value) {  // --labels: the style to write in, and how strongly
+  if (!$("label-pick").hidden && $("label").value === MIX) {  // --labels: a mix of styles, weighted
+    const spec = mixSpec();
+    if (spec !== null) body.label = spec;
+  } else if (!$("label-pick").hidden && $("label").value) {  // --labels: the style to write in, and how strongly
     body.label = $("label").value;
     body.guidance = numberOrNull("guidance");
   }
+  const beam = numberOrNull("beam");
+  if (beam !== null) body.beam = beam;
   if (body.best_of !== null) body.min_span = numberOrNull("min-span");  // best-of's copy check: the box's span
   return Object.fromEntries(Object.entries(body).filter(([, v]) => v !== null));
 }

@@ -51,10 +51,10 @@ async def start(s, path, req, prompts=None):
                 for k, p in enumerate([req.prompt] if prompts is None else prompts)]
         if gen.task == "pairs" and not all(prompt for prompt, _ in seen):
             raise RequestError(400, "this run was trained on sentence pairs: type a sentence for it to translate")
-        check_label(gen, req.label)
         options = req.options()
-        scored = given(options.settings)
-        if scored:
+        check_label(gen, options.settings.label_mix)
+        scored = given(options.settings) or options.settings.beam is not None  # a beam scores what it finds
+        if given(options.settings):
             for prompt, _ in seen:
                 check_constraints(gen, options.settings, prompt)
         copies = await run_in_threadpool(copy_check, s, path, req.min_span) if req.best_of else None
@@ -118,15 +118,17 @@ def check_constraints(gen, settings, prompt):
         raise RequestError(400, str(e)) from None
 
 
-def check_label(gen, label):
-    """A label the run was not trained with: a 400 before any decoding, naming the run's labels (a run without
-    labels: that it has none)."""
-    if not label:
+def check_label(gen, mix):
+    """A label (or a label of a mix: config.decoding.LabelMix) the run was not trained with: a 400 before any
+    decoding, naming the run's labels (a run without labels: that it has none)."""
+    if not mix:
         return
     if gen.labels is None:
-        raise RequestError(400, f"label {label!r:.60}: this run was trained without labels; leave label out")
+        raise RequestError(400, f"label {', '.join(mix.names)!r:.60}: this run was trained without labels; leave "
+                                f"label out")
     try:
-        gen.labels.token(label)
+        for name in mix.names:
+            gen.labels.token(name)
     except ChargptError as e:
         raise RequestError(400, str(e)) from None
 
