@@ -258,6 +258,10 @@ class TrainConfig:
     label_smoothing: float = opt(0.0, "spread this much of each target's probability over the whole vocabulary "
                                       "in the training loss (0.1 in the 2017 paper; 0: plain cross-entropy); the "
                                       "losses reported are plain cross-entropy either way")
+    # fill in the middle (chargpt/data/fim.py)
+    fim: float = opt(0.0, "lay out this share of training windows prefix-suffix-middle with private marker characters, "
+                          "so that sample.py --suffix TEXT writes what goes between --prompt and TEXT (0.5 is usual; "
+                          "0: off)")
     cpu_defaults: ClassVar[dict] = CPU_DEFAULTS
 
     def __post_init__(self):
@@ -361,6 +365,10 @@ class SampleSettings:
     label: str | None = opt(None, "a run trained with --labels: write in this label's style [default: none]")
     guidance: float | None = opt(None, "with --label: classifier-free guidance F >= 1, logits = uncond + F x (cond - "
                                        "uncond), two forward passes a character; 1: plain --label [default: 1]")
+    # fill in the middle (chargpt/sampling/infill.py): a run trained with --fim
+    suffix: str | None = opt(None, "a run trained with --fim: the text after the gap; the sample is what goes between "
+                                   "--prompt and it, ending where the model closes the middle; \\n and \\t mean "
+                                   "newline and tab, as in --prompt [default: none]")
 
     def __post_init__(self):
         # a lone string would otherwise be read as one stop string per character

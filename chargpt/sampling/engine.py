@@ -16,6 +16,7 @@ Every entry point takes (prompt, options, ...): options is one chargpt.sampling.
 was made, and keyword overrides (as above) make one from the defaults (or from the options given), checked there once.
 """
 
+import dataclasses
 import sys
 
 import numpy as np
@@ -23,6 +24,7 @@ import torch
 
 from chargpt.config.flags import param
 from chargpt.data.corpus import share_compile_cache
+from chargpt.data.fim import FimMarkers
 from chargpt.data.items import acrostic_items, check_item_options, corpus_items, is_items_run, sample_items
 from chargpt.data.labels import LabelSet
 from chargpt.data.pairs import END, SEP
@@ -32,7 +34,7 @@ from chargpt.model.quantize import check_precision, inference_model, uses_dynami
 from chargpt.model.transformer import CharGPT
 from chargpt.runs.checkpoint import load_model, run_settings, unwrap
 from chargpt.runtime import pick_decode_compile, pick_device
-from chargpt.sampling import constraints, forms
+from chargpt.sampling import constraints, forms, infill
 from chargpt.sampling.decode import StepRunner, StopFilter, decode, through_filters
 from chargpt.sampling.options import sample_options
 from chargpt.sampling.speculate import CorpusLookup, Drafts, Meter, PromptLookup, TrainingText, decode_speculative
@@ -61,6 +63,7 @@ class Generator:
         self.compile, self.quantized = compile, quantized  # --compile auto|on|off; torch's dynamic int8 modules?
         self.runner = None  # the compiled StepRunner, once one is asked for: compiled once and kept
         self.labels = LabelSet.from_meta(self.meta)  # a run trained with --labels: its labels (chargpt/data/labels.py)
+        self.fim = FimMarkers.from_meta(self.meta)  # a run trained with --fim: its markers (chargpt/data/fim.py)
         self.items_run = is_items_run(self.meta)  # a run trained with --items: it writes items (see items())
         self.form_starts = {}  # form -> where the run's text starts text of its shape (form_start)
         # a CPU's decode steps run at the thread count measured fastest as they run (chargpt/threads.py): on a
@@ -181,7 +184,7 @@ class Generator:
         starts = self.form_starts[form]
         return starts[int(torch.randint(len(starts), (1,), generator=generator))] if starts else None
 
-    def prompt_text(self, prompt, unknown="error"):
+    def prompt_text(self, prompt, unknown="error", what="prompt"):
         """The prompt as the model will see it after the unknown-character policy: 'error' raises naming
         each unknown character and its position, 'skip' drops them, 'replace' maps them to the first of
         U+FFFD, '?' or a space that the vocabulary has (else its first character). A run with labels refuses its
@@ -189,14 +192,20 @@ class Generator:
         refuses its pair markers."""
         reserved = set(self.reserved())
         forged = next((c for c in prompt if c in reserved), None) if reserved else None
-        if forged is not None:
-            raise ChargptError(f"the prompt holds U+{ord(forged):04X}, a private-use character this run reserves for "
+        if forged is not None and self.labels and forged in self.labels.chars():
+            raise ChargptError(f"the {what} holds U+{ord(forged):04X}, a private-use character this run reserves for "
                                f"its labels; remove it (a label is chosen with {param('label')})")
+        if forged is not None:
+            raise ChargptError(f"the {what} holds U+{ord(forged):04X}, a private-use character this run reserves for "
+                               f"filling in the middle; remove it (the gap is where {param('prompt')} ends and "
+                               f"{param('suffix')} starts)")
         return self.vocab.decode(self.vocab.encode(prompt, unknown=unknown))
 
-    def reserved(self):
-        """The characters a sample never writes and a prompt never holds: a labelled run's label characters."""
-        return "".join(self.labels.chars()) if self.labels else ""
+    def reserved(self, infilling=False):
+        """The characters a sample never writes and a prompt never holds: a labelled run's label characters, a FIM
+        run's markers (END aside when `infilling`: writing it ends the middle)."""
+        markers = [c for c in self.fim.chars() if not (infilling and c == self.fim.end)] if self.fim else []
+        return "".join([*(self.labels.chars() if self.labels else []), *markers])
 
     def unknown_warning(self, prompt, unknown):
         """One line for stderr saying what 'skip' or 'replace' did to the prompt, or '' if nothing."""
@@ -225,6 +234,8 @@ class Generator:
         options = sample_options(options, **overrides)
         settings, rows = options.settings, options.settings.best_of or options.num_samples
         prompt_seen = self.prompt_text(prompt, options.unknown)
+        if settings.suffix is not None and self.fim is None:
+            raise infill.no_fim()
         generator = torch.Generator()  # its own RNG: sampling never touches torch's global one
         if options.seed is None:
             generator.seed()
@@ -240,20 +251,29 @@ class Generator:
                                   f"{param('label')}")
             pieces = self._stream_pairs(prompt_seen, settings, options.num_samples, generator, options.use_cache)
             return Decoding(pieces, rows=options.num_samples)
-        context = prompt_seen or self.form_start(settings.form, generator) or self.start_text()
-        rules = constraints.plan(settings, self.vocab, context, score=score, reserved=self.reserved())
+        gap = None if settings.suffix is None else infill.plan(
+            self.fim, self.vocab, prompt_seen, self.prompt_text(settings.suffix, options.unknown, "suffix"),
+            self.model.config.block_size, 1 if self.labels else 0)
+        if gap is not None and gap.note:
+            self.log(gap.note)
+        context = prompt_seen or (None if gap else self.form_start(settings.form, generator)) or self.start_text()
+        if gap is not None and settings.allow:  # END closes the middle: --allow keeps it writable
+            settings = dataclasses.replace(settings, allow=settings.allow + gap.end)
+        rules = constraints.plan(settings, self.vocab, context, score=score, reserved=self.reserved(gap is not None))
         if rules and rules.program and rules.program.need[0] > settings.max_new_tokens:
             self.log(f"note: the form needs at least {rules.program.need[0]} characters; "
                      f"{param('max_new_tokens', settings.max_new_tokens)} cuts it short")
         if rules and rules.pattern and rules.pattern.unproven:
             self.log(rules.pattern.unproven)
-        ids = self.vocab.encode(context)
+        ids = gap.ids if gap is not None else self.vocab.encode(context)
         steer = rules.steer(ids, rows, settings.max_new_tokens, self.device) if rules else None
         # what decoding will write: a form ends its sample (--compile auto weighs that, not --max-new-tokens)
         writes = min(settings.max_new_tokens, rules.program.most) if rules and rules.program else \
             settings.max_new_tokens
-        steps = self._steps(ids, settings, rows, generator, options.use_cache, steer, writes)
-        filters = [StopFilter(prompt_seen, settings.stop) for _ in range(rows)]
+        steps = self._steps(ids, settings, rows, generator, options.use_cache, steer, writes,
+                            pin=len(ids) if gap is not None else 0)
+        stops = (*settings.stop, gap.end) if gap is not None else settings.stop  # the middle ends at END
+        filters = [StopFilter(prompt_seen, stops) for _ in range(rows)]
         pieces = through_filters(filters, self._chosen(steps, steer))
         if settings.best_of:
             if copies is None:
@@ -261,19 +281,21 @@ class Generator:
             return Decoding(pieces, steer, rows, best_of=(settings.best_of, options.num_samples, copies or None))
         return Decoding(pieces, steer, rows)
 
-    def _steps(self, ids, settings, rows, generator, use_cache, steer, writes):
+    def _steps(self, ids, settings, rows, generator, use_cache, steer, writes, pin=0):
         """sampling.decode over `rows` copies of the context's ids: each step's ids (rows,), a run with labels
-        reading its label first (and, guided, beside each row the same with NULL first)."""
+        reading its label first (and, guided, beside each row the same with NULL first); the first `pin` ids (an
+        infill's context) stay in the window as it slides, after the label."""
         head, guided = self._label_head(settings)
         ctx = torch.tensor([head[:1] + ids] * rows, dtype=torch.long, device=self.device)  # (B, T)
         runner = self.decode_runner(writes * rows * (2 if guided else 1))[0] if use_cache else None
-        labelled = {}
+        unwritten = [self.vocab.stoi[c] for c in self.reserved(settings.suffix is not None)]
+        labelled = dict(pin=pin + (1 if head else 0),
+                        never=torch.tensor(unwritten, device=self.device) if unwritten else None)
         if head:  # the label stays first in the window; guided: beside each row, the same with NULL first
             uncond = ctx.clone() if guided else None
             if guided:
                 uncond[:, 0] = head[1]
-            labelled = dict(pin=1, never=torch.tensor(head[2:], device=self.device), uncond=uncond,
-                            guidance=settings.guidance or 1.0)
+            labelled.update(uncond=uncond, guidance=settings.guidance or 1.0)
         if self.speculates(rows, guided, use_cache):
             always = self.speculate == "on"
             if self.drafted is None or self.drafted.always != always:

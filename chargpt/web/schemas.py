@@ -81,6 +81,9 @@ class GenerateRequest(Request):
     # it by classifier-free guidance >= 1; a label the run does not have is a 400 once the run is loaded (write.start)
     label: str | None = Field(None, max_length=MAX_LABEL_CHARS)
     guidance: float | None = Field(None, le=MAX_GUIDANCE)
+    # fill in the middle: a run trained with --fim (chargpt/sampling/infill.py) writes what goes between the prompt
+    # and this text; a run without is a one-line 400 when it decodes (write.start)
+    suffix: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
 
     _options: SampleOptions | None = PrivateAttr(None)
 
