@@ -3,15 +3,21 @@
     python train.py --data data/tang_poems.txt --fim 0.5
     python sample.py --prompt "床前明月光，" --suffix "举头望明月，低头思故乡。" --form "_____，"
 
-With probability RATE a training window is cut at two random points into prefix, middle and suffix and laid out
-PRE prefix SUF suffix MID middle END (PSM, as Bavarian et al. 2022, "Efficient Training of Language Models to Fill in
-the Middle": the prefix and suffix are read in text order, so the cache a sampler builds for them is the cache of
-plain text, and the middle is written left to right after both). The four markers are private to the model, as
+With probability RATE a training window is cut into prefix, middle and suffix and laid out
+PRE SUF suffix MID prefix middle END: the suffix-prefix-middle order (SPM) of Bavarian et al. 2022, "Efficient
+Training of Language Models to Fill in the Middle". SPM rather than PSM because there the middle goes on straight
+from the prefix, as text does: everything the model learns left to right carries over to writing the middle, and
+only where to stop (END, where the text reaches the suffix) needs the suffix. With PSM a small character model must
+first learn to find where the prefix ended from across the suffix; in a measured tiny run it had not (it wrote the
+line from its start again), where SPM filled the gaps. Laid out this way, where the prefix ends and the middle
+begins is invisible in training, so the two cut points drawn are where the middle ends and where the suffix ends: the
+text after the suffix follows END as plain text, so that END is not always the window's last character (a model
+would learn to close the middle by its position, not by reaching the suffix). The four markers are private to the model, as
 labels' are (chargpt/data/labels.py): characters of Unicode's plane-16 private-use area, added to the vocabulary,
 recorded in the checkpoint's metadata (META_KEY), never written by a sample (END aside, which ends an infill and is
 not written) and refused in a prompt. The window keeps its length: the layout takes the window's first block_size
-+ 1 - 4 characters, so END is always inside it. The targets that follow the prefix or the suffix (SUF, MID) are not
-learned (IGNORE_INDEX): where a window was cut is chance, not text. The other windows, and every validation window,
++ 1 - 4 characters, so END is always inside it. The markers are never targets (IGNORE_INDEX), END aside: what
+precedes MID is where the window was cut, which is chance, not text. The other windows, and every validation window,
 are plain left-to-right text, so a FIM run's validation loss compares with any other run's.
 """
 
@@ -32,7 +38,7 @@ LAST = 0x10FFFD
 
 @dataclass(frozen=True)
 class FimMarkers:
-    """The four characters a FIM run lays its examples out with: PRE prefix SUF suffix MID middle END."""
+    """The four characters a FIM run lays its examples out with: PRE SUF suffix MID prefix middle END."""
     pre: str
     suf: str
     mid: str
@@ -85,8 +91,8 @@ class FimMarkers:
         return [self.pre, self.suf, self.mid, self.end]
 
     def context(self, before, after):
-        """The text a FIM model reads before it writes the middle."""
-        return f"{self.pre}{before}{self.suf}{after}{self.mid}"
+        """The text a FIM model reads before it writes the middle (which goes on from `before`)."""
+        return f"{self.pre}{self.suf}{after}{self.mid}{before}"
 
 
 def check_settings(cfg):
@@ -109,15 +115,15 @@ def check_room(block_size):
                           f"text between them); raise {param('block_size')}")
 
 
-def layout_index(keep, length, i, j):
+def layout_index(keep, length, cut, stop):
     """Where each position of a FIM row comes from, for a row of `length` ids whose first `keep` stay in front (a
-    label) and whose text is cut at i <= j (offsets into the text): an index into the row followed by the four
-    markers (length, length+1, ... for PRE, SUF, MID, END). -> (length,) int64: [keep] PRE text[:i] SUF text[j:m]
-    MID text[i:j] END, where m = length - keep - 4 (the text that fits beside the markers)."""
+    label) and whose text is cut at cut <= stop (offsets into the text): an index into the row followed by the four
+    markers (length, length+1, ... for PRE, SUF, MID, END). -> (length,) int64: [keep] PRE SUF text[cut:stop] MID
+    text[:cut] END text[stop:m], where m = length - keep - 4 (the text that fits beside the markers)."""
     m = length - keep - len(ROLES)
     t = np.arange(keep, keep + m)
     pre, suf, mid, end = length, length + 1, length + 2, length + 3
-    return np.concatenate([np.arange(keep), [pre], t[:i], [suf], t[j:], [mid], t[i:j], [end]]).astype(np.int64)
+    return np.concatenate([np.arange(keep), [pre, suf], t[cut:stop], [mid], t[:cut], [end], t[stop:]]).astype(np.int64)
 
 
 class FimBatches:
@@ -145,7 +151,7 @@ class FimBatches:
         if not len(rows):
             return x, y
         seq = torch.cat([x[:, :1], y], dim=1)  # (B, T+1): the window, its label first where it has one
-        index = torch.from_numpy(np.stack([layout_index(self.keep, T + 1, *cuts[r]) for r in rows]))
+        index = torch.from_numpy(np.stack([layout_index(self.keep, T + 1, *map(int, cuts[r])) for r in rows]))
         ext = torch.cat([seq[rows], self.marker_ids.to(seq.device).expand(len(rows), -1)], dim=1)
         laid = torch.gather(ext, 1, index.to(seq.device))  # (rows, T+1)
         seq = seq.clone()
@@ -157,6 +163,7 @@ class FimBatches:
 
 
 def unlearned(targets, pre, suf, mid):
-    """A laid-out row's targets with PRE, SUF and MID ignored: what precedes each is where the window was cut."""
+    """A laid-out row's targets with PRE, SUF and MID ignored: where the window was cut is chance, not text (and SUF
+    always follows PRE)."""
     hide = (targets == pre) | (targets == suf) | (targets == mid)
     return targets.masked_fill(hide, IGNORE_INDEX)

@@ -1,5 +1,5 @@
 """Fill in the middle at sampling time: a run trained with --fim (chargpt/data/fim.py) given --suffix AFTER reads
-PRE prompt SUF suffix MID and writes the middle, which ends where the model writes END (not written) or at
+PRE SUF suffix MID prompt and writes the middle on from the prompt, which ends where the model writes END (not written) or at
 --max-new-tokens; a --form or a pattern ends it where it is complete.
 
     python sample.py --prompt "name: ann; age: " --suffix "; city: oslo" --temperature 0
@@ -19,7 +19,7 @@ from chargpt.errors import ConfigError
 @dataclass(frozen=True)
 class Infill:
     """One infill's context as the model reads it, and what decoding needs of it."""
-    ids: list  # PRE prompt SUF suffix MID, in the run's ids
+    ids: list  # PRE SUF suffix MID prompt, in the run's ids
     end: str  # the character that closes the middle: a stop string the text never shows
     note: str  # "" or the line saying how much of the prompt and the suffix the context holds
 
