@@ -3,22 +3,25 @@
     python train.py --data data/tang_poems.txt --fim 0.5
     python sample.py --prompt "床前明月光，" --suffix "举头望明月，低头思故乡。" --form "_____，"
 
-With probability RATE a training window is cut into prefix, middle and suffix and laid out
-PRE SUF suffix MID prefix middle END: the suffix-prefix-middle order (SPM) of Bavarian et al. 2022, "Efficient
-Training of Language Models to Fill in the Middle". SPM rather than PSM because there the middle goes on straight
-from the prefix, as text does: everything the model learns left to right carries over to writing the middle, and
-only where to stop (END, where the text reaches the suffix) needs the suffix. With PSM a small character model must
-first learn to find where the prefix ended from across the suffix; in a measured tiny run it had not (it wrote the
-line from its start again), where SPM filled the gaps. Laid out this way, where the prefix ends and the middle
-begins is invisible in training, so the two cut points drawn are where the middle ends and where the suffix ends: the
-text after the suffix follows END as plain text, so that END is not always the window's last character (a model
-would learn to close the middle by its position, not by reaching the suffix). The four markers are private to the model, as
-labels' are (chargpt/data/labels.py): characters of Unicode's plane-16 private-use area, added to the vocabulary,
-recorded in the checkpoint's metadata (META_KEY), never written by a sample (END aside, which ends an infill and is
-not written) and refused in a prompt. The window keeps its length: the layout takes the window's first block_size
-+ 1 - 4 characters, so END is always inside it. The markers are never targets (IGNORE_INDEX), END aside: what
-precedes MID is where the window was cut, which is chance, not text. The other windows, and every validation window,
-are plain left-to-right text, so a FIM run's validation loss compares with any other run's.
+With probability RATE a training window is cut into prefix, middle and suffix and laid out PRE SUF suffix MID prefix
+middle END: the suffix-prefix-middle order (SPM) of Bavarian et al. 2022, "Efficient Training of Language Models to
+Fill in the Middle". SPM rather than PSM because there the middle goes on straight from the prefix, as text does:
+everything the model learns left to right carries over to writing the middle, and only where to stop (END, where the
+text reaches the suffix) needs the suffix. With PSM a small character model must first learn to find where the prefix
+ended from across the suffix; in a measured tiny run it had not (it wrote the line from its start again), where SPM
+filled the gaps. Laid out this way, where the prefix ends and the middle begins is invisible in training, so the two
+cut points drawn are where the middle ends and where the suffix ends: the text after the suffix follows END as plain
+text, so that END is not always the window's last character (a model would learn to close the middle by its
+position, not by reaching the suffix). The window keeps its length: the layout takes its first block_size + 1 - 4
+characters.
+
+The four markers are private to the model, as labels' are (chargpt/data/labels.py): characters of Unicode's plane-16
+private-use area, added to the vocabulary, recorded in the checkpoint's metadata (META_KEY), never written by a sample
+(END aside, which ends an infill and is not written) and refused in a prompt. A corpus that holds one of them as text
+keeps it as text: the markers are the next free characters instead, said at start. The markers are never targets
+(IGNORE_INDEX), END aside: what precedes MID is where the window was cut, which is chance, not text. The other windows,
+and every validation window, are plain left-to-right text, so a FIM run's validation loss compares with any other
+run's.
 """
 
 from dataclasses import dataclass

@@ -1,6 +1,6 @@
 """Fill in the middle at sampling time: a run trained with --fim (chargpt/data/fim.py) given --suffix AFTER reads
-PRE SUF suffix MID prompt and writes the middle on from the prompt, which ends where the model writes END (not written) or at
---max-new-tokens; a --form or a pattern ends it where it is complete.
+PRE SUF suffix MID prompt and writes the middle on from the prompt, which ends where the model writes END (not
+written) or at --max-new-tokens; a --form or a pattern ends it where it is complete.
 
     python sample.py --prompt "name: ann; age: " --suffix "; city: oslo" --temperature 0
 

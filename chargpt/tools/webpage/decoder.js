@@ -410,7 +410,11 @@ Nothing here allocates per character: the buffers are made once for the model. M
       this.sampler = new C.Sampler(this.model.V);
       this.cond = new Float32Array(this.model.V); this.work = new Float32Array(this.model.V);
       this.labels = meta.labels || null;  // a run trained with --labels: {null, names: {name: its character}}
-      this.never = this.labels ? [this.labels.null, ...Object.values(this.labels.names)].map((c) => this.stoi.get(c)) : null;
+      // never written: a labels run's label characters, and a --fim run's markers (the page writes left to right: it
+      // does not fill in the middle, which sample.py --suffix does)
+      const fim = meta.fim ? Object.values(meta.fim) : [];
+      const never = [...(this.labels ? [this.labels.null, ...Object.values(this.labels.names)] : []), ...fim];
+      this.never = never.length ? never.map((c) => this.stoi.get(c)) : null;
       this.queue = Promise.resolve();  // one generation at a time: they share the cache
       this.epoch = 0;  // stop() ends every generation begun before it
     }
@@ -458,7 +462,7 @@ Nothing here allocates per character: the buffers are made once for the model. M
           const free = pass(1);
           for (let i = 0; i < V; i++) out[i] = Math.fround(free[i] + Math.fround(g * Math.fround(this.cond[i] - free[i])));
         }
-        if (head) for (const id of head.never) out[id] = -Infinity;
+        for (const id of (head ? head.never : this.never) || []) out[id] = -Infinity;
         return out;
       };
       let logits = forward((r) => m.prefill(seqs[r]));
@@ -483,6 +487,9 @@ Nothing here allocates per character: the buffers are made once for the model. M
       if (o.signal && o.signal.aborted) throw abortError();
       const ids = this.encode(prompt || "", o.unknown);
       let head = null;
+      if (this.never && ids.some((i) => this.never.includes(i)) && !this.labels) {
+        throw new Error("the prompt holds a fill-in-the-middle marker, a character this run keeps to itself; remove it");
+      }
       if (!this.labels && o.label) throw new Error("this run was trained without labels, so it has no labels; drop label");
       if (this.labels) {
         if (ids.some((i) => this.never.includes(i))) {
