@@ -204,3 +204,32 @@ def test_the_completions_api_fills_the_gap_and_refuses_a_run_without_fim(runs):
         client.completions.create(model="fim0.0", prompt="name: ", suffix="; age")
     assert e.value.body["param"] == "suffix"
     assert re.search(r"drop suffix", e.value.body["message"])
+
+
+def test_the_exports_keep_the_markers_as_vocabulary_entries(runs, tmp_path):
+    """Hugging Face: the markers are characters of its tokenizer, and greedy transformers fills the gap as chargpt
+    does, ended by END as eos_token_id; GGUF, ONNX and the web page export the run (each checks its logits)."""
+    need("transformers")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from chargpt.tools.export import export
+    root, _ = runs
+    gen = chargpt.load(root / "fim0.5", device="cpu", dtype="float32")
+    export(root / "fim0.5", to=tmp_path / "hf", log=lambda _: None)
+    assert "it fills in the middle (trained with --fim): the prompt U+100000 U+100001 SUFFIX U+100002 PREFIX" in \
+        (tmp_path / "hf" / "README.md").read_text(encoding="utf-8")
+    model, tok = AutoModelForCausalLM.from_pretrained(tmp_path / "hf"), AutoTokenizer.from_pretrained(tmp_path / "hf")
+    ids = tok(gen.fim.context("\nname: fay; age: ", "; city: riga\n"), return_tensors="pt").input_ids
+    assert ids.tolist()[0] == gen.vocab.encode(gen.fim.context("\nname: fay; age: ", "; city: riga\n"))
+    out = model.generate(ids, do_sample=False, max_new_tokens=10, eos_token_id=gen.vocab.stoi[gen.fim.end])
+    assert tok.decode(out[0, ids.shape[1]:]) == "64" + gen.fim.end
+    need("gguf")
+    need("onnx")
+    need("onnxruntime")
+    from chargpt.tools.gguf import export_gguf
+    from chargpt.tools.onnx import export_onnx
+    from chargpt.tools.webpage import export_web
+    export_gguf(root / "fim0.5", tmp_path / "fim.gguf", log=lambda _: None)
+    export_onnx(root / "fim0.5", tmp_path / "onnx", log=lambda _: None)
+    export_web(root / "fim0.5", tmp_path / "fim.html", log=lambda _: None)
+    assert (tmp_path / "fim.gguf").stat().st_size and (tmp_path / "onnx").is_dir() and (tmp_path / "fim.html").is_file()

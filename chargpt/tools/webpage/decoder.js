@@ -444,8 +444,9 @@ Nothing here allocates per character: the buffers are made once for the model. M
      * picks each (the logits are a buffer of its own to change). head, a labels run's: {never: ids never chosen,
      * uncond: the context with NULL first (guided), or none, guidance}; the label, first in context, stays first in
      * the window. Guided, each step computes the two rows, with the label and with NULL, in caches of their own, and
-     * chooses from uncond + guidance x (cond - uncond), in float32, as decode() mixes its batch's two halves. */
-    * ids(context, maxNew, choose, head = null) {
+     * chooses from uncond + guidance x (cond - uncond), in float32, as decode() mixes its batch's two halves. never:
+     * the ids never chosen (a labels run's labels, a --fim run's markers; none: the raw logits the export checks). */
+    * ids(context, maxNew, choose, head = null, never = head ? head.never : null) {
       if (maxNew <= 0) return;
       const m = this.model, block = m.block, keep = Math.max(1, Math.floor((3 * block) / 4)), V = m.V;
       const pin = head ? 1 : 0, uncond = head && head.uncond, g = head ? head.guidance : 1, out = this.work;
@@ -462,7 +463,7 @@ Nothing here allocates per character: the buffers are made once for the model. M
           const free = pass(1);
           for (let i = 0; i < V; i++) out[i] = Math.fround(free[i] + Math.fround(g * Math.fround(this.cond[i] - free[i])));
         }
-        for (const id of (head ? head.never : this.never) || []) out[id] = -Infinity;
+        if (never) for (const id of never) out[id] = -Infinity;
         return out;
       };
       let logits = forward((r) => m.prefill(seqs[r]));
@@ -541,7 +542,7 @@ Nothing here allocates per character: the buffers are made once for the model. M
       const steer = call.planned ? new C.Steer(call.planned, o.maxNewTokens, this.model.V, call.steered) : null;
       const choose = (logits) => this.sampler.choose(steer ? steer.apply(logits) : logits, o, call.rand);
       let text = "", last = now(), formEnded = false;
-      for (const id of this.ids(call.context, o.maxNewTokens, choose, call.head)) {
+      for (const id of this.ids(call.context, o.maxNewTokens, choose, call.head, this.never)) {
         const piece = filter.feed(this.chars[id]);
         if (piece) { text += piece; onText(piece); }
         if (steer && steer.chose(id)) { formEnded = true; break; }  // the form is complete: the sample ends
