@@ -49,6 +49,7 @@ function renderLabels(r) {
   }
   $("label-pick").hidden = !names.length;
   $("guidance-pick").hidden = !names.length || !pick.value;
+  $("suffix-pick").hidden = !(r && r.fim);  // --fim: the text after the gap, the sample fills it
 }
 
 function writeSettings() {
@@ -65,6 +66,7 @@ function writeSettings() {
     body.label = $("label").value;
     body.guidance = numberOrNull("guidance");
   }
+  if (!$("suffix-pick").hidden && $("suffix").value) body.suffix = $("suffix").value;  // fill in the middle
   if (body.best_of !== null) body.min_span = numberOrNull("min-span");  // best-of's copy check: the box's span
   return Object.fromEntries(Object.entries(body).filter(([, v]) => v !== null));
 }
