@@ -233,3 +233,18 @@ def test_the_exports_keep_the_markers_as_vocabulary_entries(runs, tmp_path):
     export_onnx(root / "fim0.5", tmp_path / "onnx", log=lambda _: None)
     export_web(root / "fim0.5", tmp_path / "fim.html", log=lambda _: None)
     assert (tmp_path / "fim.gguf").stat().st_size and (tmp_path / "onnx").is_dir() and (tmp_path / "fim.html").is_file()
+
+
+def test_a_labelled_run_fills_in_the_middle_with_its_label_first(tmp_path):
+    for label, text in (("a", "abc abc cab\n"), ("b", "xyz zyx xzy\n")):
+        (tmp_path / "texts" / label).mkdir(parents=True)
+        (tmp_path / "texts" / label / "t.txt").write_text(text * 150, encoding="utf-8")
+    said = []
+    chargpt.train(data=str(tmp_path / "texts"), labels="folders", fim=0.5, out_dir=str(tmp_path / "run"),
+                  cache_dir=str(tmp_path / "cache"), max_iters=4, eval_interval=4, log=said.append, **TINY_RUN_KW)
+    gen = chargpt.load(tmp_path / "run", device="cpu")
+    assert gen.labels is not None and gen.fim is not None and any(s.startswith("fill in the middle") for s in said)
+    for guidance in (None, 2.0):
+        texts = gen.generate("abc ", suffix=" cab", label="a", guidance=guidance, max_new_tokens=30, num_samples=3,
+                             seed=0)
+        assert all(len(t) <= 30 and not any(c in t for c in gen.reserved()) for t in texts)
