@@ -248,3 +248,20 @@ def test_a_labelled_run_fills_in_the_middle_with_its_label_first(tmp_path):
         texts = gen.generate("abc ", suffix=" cab", label="a", guidance=guidance, max_new_tokens=30, num_samples=3,
                              seed=0)
         assert all(len(t) <= 30 and not any(c in t for c in gen.reserved()) for t in texts)
+
+
+def test_the_repl_fills_in_the_middle_with_slash_suffix(runs):
+    import io
+
+    from chargpt.cli.repl import repl
+    from chargpt.sampling.options import sample_options
+    root, _ = runs
+    session = b"/suffix ; city: riga\n/temp 0\n/len 10\nname: fay; age: \n"
+    for run, fills in (("fim0.5", True), ("fim0.0", False)):
+        out, err = io.StringIO(), io.StringIO()
+        repl(chargpt.load(root / run, device="cpu", dtype="float32"), sample_options(None, seed=1),
+             inp=io.BytesIO(session), out=out, err=err)
+        text = out.getvalue()  # the prompt, the middle, the suffix (a line without the newline before it that the
+        assert not fills or text.startswith("name: fay; age: 64") and text.endswith("; city: riga\n"), text  # gaps had)
+        said = re.search(r"trained without (--)?fim", err.getvalue())  # named as from Python here: no CLI around
+        assert bool(said) == (not fills) and (fills or text == "")
