@@ -182,6 +182,9 @@ def test_init_from_teaches_a_base_without_fim_and_resume_cannot(runs, tmp_path):
     assert taught.vocab.chars[:len(base.vocab)] == base.vocab.chars  # the base's ids kept, the markers after
     assert taught.vocab.chars[len(base.vocab):] == taught.fim.chars()
     assert len(taught.generate("name: ", suffix="; age: 31", max_new_tokens=4, seed=0)[0]) <= 4
+    chargpt.train(data=str(root / "table.txt"), out_dir=str(tmp_path / "taught"), resume=True, max_iters=6,
+                  cache_dir=str(root / "cache"), log=lambda _: None, device="cpu", threads=1)  # it goes on
+    assert chargpt.load(tmp_path / "taught/latest.safetensors", device="cpu").vocab == taught.vocab
 
 
 def test_the_completions_api_fills_the_gap_and_refuses_a_run_without_fim(runs):
@@ -265,3 +268,10 @@ def test_the_repl_fills_in_the_middle_with_slash_suffix(runs):
         assert not fills or text.startswith("name: fay; age: 64") and text.endswith("; city: riga\n"), text  # gaps had)
         said = re.search(r"trained without (--)?fim", err.getvalue())  # named as from Python here: no CLI around
         assert bool(said) == (not fills) and (fills or text == "")
+
+
+def test_eval_scores_a_fim_run_on_its_own_validation_split(runs):
+    from chargpt.tools.evaluate import evaluate
+    root, _ = runs
+    got = evaluate(root / "fim0.5", device="cpu", progress=False)
+    assert abs(got["loss"] - chargpt.load(root / "fim0.5", device="cpu").meta["val_loss"]) < 0.05, got
