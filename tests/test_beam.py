@@ -112,6 +112,7 @@ def test_beam_with_a_label_reads_the_label_first(monkeypatch):
     (["--beam", "0"], r"--beam must be from 1 to 1000"),
     (["--beam", "2", "--length-penalty", "-1"], r"--length-penalty must be from 0 to 10"),
     (["--beam", "2", "--regex", "[a-z]+"], r"--beam cannot search under --regex"),
+    (["--beam", "2", "--suffix", "end"], r"--beam does not fill in the middle \(--suffix\)"),
 ])
 def test_what_beam_cannot_do_is_one_line(tiny_run, args, pattern):
     result = invoke(sample_cli, ["--checkpoint", tiny_run, "--device", "cpu", *args])

@@ -452,8 +452,8 @@ def your_files():
 
 def fake_get(name, data_dir="data", log=print, **kw):
     """chargpt data get without the network: a small stand-in with the published file's name."""
-    text = "".join(f"春眠不覺曉，處處聞啼鳥。\n床前明月光，疑是地上霜。{i}\n\n" for i in range(200)) if name == "tang" \
-        else english()
+    poem = "春眠不覺曉，處處聞啼鳥。\n床前明月光，疑是地上霜。舉頭望明月，低頭思故鄉。"  # what the docs' prompts use
+    text = "".join(f"{poem}{i}\n\n" for i in range(200)) if name == "tang" else english()
     path = Path(data_dir) / corpora.lookup(name).filename
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")

@@ -78,7 +78,8 @@ def test_json_one_object_per_sample(ckpt):
     rec = records[0]
     assert (rec["prompt"], rec["text"], rec["seed"]) == ("ab", "cde", 1)
     off = dict.fromkeys(["min_p", "repetition_penalty", "no_repeat_ngram", "ban", "allow", "form", "acrostic", "regex",
-                         "grammar", "json_schema", "best_of", "label", "guidance"])  # no constraint given; no label
+                         "grammar", "json_schema", "best_of", "label", "guidance",
+                         "suffix"])  # no constraint given; no label; no suffix (fill in the middle)
     assert rec["settings"] == {"max_new_tokens": 9, "temperature": 0.0, "top_k": 3, "top_p": None, "stop": ["f"],
                                **off, "beam": None, "length_penalty": 1.0, "num_samples": 2, "unknown": "error"}
 

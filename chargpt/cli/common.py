@@ -170,7 +170,7 @@ def _sample_settings(flags):
     """The SampleSettings flags given (None: not given) -> SampleSettings, checked as it is made."""
     given = {k: v for k, v in flags.items() if v is not None}
     given["stop"] = tuple(map(textio.unescape, flags.get("stop") or ()))
-    given.update({k: textio.unescape(given[k]) for k in ("ban", "allow") if k in given})  # --ban '\n'
+    given.update({k: textio.unescape(given[k]) for k in ("ban", "allow", "suffix") if k in given})  # --ban '\n'
     given.update({k: read_pattern(given[k], k) for k in ("grammar", "json_schema") if k in given})  # files
     return SampleSettings(**given)
 

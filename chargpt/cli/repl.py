@@ -23,7 +23,8 @@ from chargpt.sampling.constraints import given
 HELP = ("commands: /temp T  /topk K (0: off)  /topp P (1: off)  /len N  /seed S  /show  /help  /quit; "
         "constraints: /form PATTERN|NAME  /acrostic CHARS  /ban CHARS  /allow CHARS (alone: off)  /regex RE  "
         "/minp P (0: off)  /rep F (1: off)  /norepeat N (0: off)  /bestof N (1: off)  /beam N (0: off); a run trained "
-        "with --labels: /label NAME or a:0.7,b:0.3 (alone: none)  /guidance F (1: off); anything else is a prompt")
+        "with --labels: /label NAME or a:0.7,b:0.3 (alone: none)  /guidance F (1: off); with --fim: /suffix TEXT (the "
+        "text after the gap; alone: none); anything else is a prompt")
 PAIRS_HELP = HELP.replace("anything else is a prompt", "anything else is a sentence to translate (one per line)")
 PAIRS_EMPTY = ("this model was trained on sentence pairs: type a source sentence, one per line, and it writes the "
                "translation")
@@ -34,7 +35,8 @@ SETTERS = {"/temp": ("temperature", float, None), "/topk": ("top_k", int, 0), "/
            "/bestof": ("best_of", int, 1), "/form": ("form", str, ""), "/acrostic": ("acrostic", str, ""),
            "/ban": ("ban", textio.unescape, ""), "/allow": ("allow", textio.unescape, ""),
            "/regex": ("regex", str, ""),
-           "/label": ("label", str, ""), "/guidance": ("guidance", float, 1.0), "/beam": ("beam", int, 0)}
+           "/label": ("label", str, ""), "/guidance": ("guidance", float, 1.0), "/beam": ("beam", int, 0),
+           "/suffix": ("suffix", textio.unescape, "")}
 SKIP_BYTES = 64 << 20  # the most skipped of one too-long input line before the input counts as endless
 SKIP_CHUNK = 1 << 20  # read at a time while skipping: memory stays bounded
 
@@ -175,7 +177,7 @@ def _answer(gen, line, options, out, err):
         err.write("\n[stopped]")
     except ChargptError as e:
         err.write(f"\nerror: {e}")
-    out.write("\n")
+    out.write((options.settings.suffix or "") + "\n")  # an infill: the text after the gap it filled
     out.flush()
     if scored and pieces.samples:
         err.write(score_line(pieces.samples[0], 0, 1, options.settings.best_of) + "\n")

@@ -89,9 +89,10 @@ def stream_samples(gen, prompt, options, out):
         if i == 0:
             out.write(piece)
             out.flush()
-    out.write("\n")
+    after = shown_suffix(options)
+    out.write(after + "\n")
     for i in range(1, n):
-        out.write(textio.format_sample(i, n, seed, prompt, texts[i]))
+        out.write(textio.format_sample(i, n, seed, prompt, texts[i] + after))
     out.flush()
     return texts
 
@@ -105,7 +106,7 @@ def all_samples(gen, prompt, options, target):
     novelty = sample_records(target.novelty, n, target.as_json, target.say)
     extra = [{**(novelty(i, t) if novelty else {}), **drafts_record(gen)} for i, t in enumerate(texts)]
     if not target.as_json:
-        return "".join(textio.format_sample(i, n, seed, textio.shown_prompt(gen, prompt), t)
+        return "".join(textio.format_sample(i, n, seed, textio.shown_prompt(gen, prompt), t + shown_suffix(options))
                        for i, t in enumerate(texts))
     record = options.record()
     return "".join(json.dumps({"sample": i, "prompt": prompt, "text": t, "seed": seed, "settings": record, **x},
@@ -135,7 +136,8 @@ def write_scored(gen, prompt, options, target, copies=None):
                                   ensure_ascii=target.ascii_json) + "\n"
                        for i, (s, x) in enumerate(zip(run.samples, found)))
     else:
-        body = "".join("\n" if live and not i else textio.format_sample(i, n, seed, shown, s.text)
+        after = shown_suffix(options)
+        body = "".join(after + "\n" if live and not i else textio.format_sample(i, n, seed, shown, s.text + after)
                        for i, s in enumerate(run.samples))
     target.write(body, n)  # the samples end their line before the scores follow (in a terminal, on the same screen)
     for i, s in enumerate(run.samples if not target.as_json else ()):
@@ -146,6 +148,12 @@ def drafts_record(gen):
     """A --json record's `drafts`: what speculative decoding did in the call (verifies, characters drafted, kept,
     and written in all), where it speculated (one sample at a time: chargpt/sampling/speculate.py); else nothing."""
     return {"drafts": gen.speculated.stats()} if gen.speculated is not None else {}
+
+
+def shown_suffix(options):
+    """What is printed after a sample: the text after the gap it fills (--suffix), or nothing. A --json record's
+    text is the middle alone, its settings hold the suffix."""
+    return options.settings.suffix or ""
 
 
 DROPPED = {"copied": "copies the training text", "repetitive": "repeats itself", "near-duplicate": "a near-duplicate"}

@@ -259,6 +259,10 @@ class TrainConfig:
     label_smoothing: float = opt(0.0, "spread this much of each target's probability over the whole vocabulary "
                                       "in the training loss (0.1 in the 2017 paper; 0: plain cross-entropy); the "
                                       "losses reported are plain cross-entropy either way")
+    # fill in the middle (chargpt/data/fim.py)
+    fim: float = opt(0.0, "lay out this share of training windows prefix-suffix-middle with private marker characters, "
+                          "so that sample.py --suffix TEXT writes what goes between --prompt and TEXT (0.5 is usual; "
+                          "0: off)")
     cpu_defaults: ClassVar[dict] = CPU_DEFAULTS
 
     def __post_init__(self):
@@ -370,6 +374,10 @@ class SampleSettings:
                                  "--num-samples returns the best beams [default: off]")
     length_penalty: float = opt(1.0, "with --beam and --stop: a finished hypothesis scores its log-probability / "
                                      "length ** ALPHA (0: the total, which favours short texts; 1: per character)")
+    # fill in the middle (chargpt/sampling/infill.py): a run trained with --fim
+    suffix: str | None = opt(None, "a run trained with --fim: the text after the gap; the sample is what goes between "
+                                   "--prompt and it, ending where the model closes the middle; \\n and \\t mean "
+                                   "newline and tab, as in --prompt [default: none]")
 
     def __post_init__(self):
         # a lone string would otherwise be read as one stop string per character

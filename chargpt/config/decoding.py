@@ -87,6 +87,9 @@ def check_decoding(s):
     pattern = next((n for n in ("regex", "grammar", "json_schema") if getattr(s, n) is not None), None)
     if s.beam is not None and pattern:  # its matcher's state cannot be forked when the beam reselects hypotheses
         raise ConfigError(f"{param('beam')} cannot search under {param(pattern)}; sample it instead (drop --beam)")
+    if s.beam is not None and s.suffix is not None:
+        raise ConfigError(f"{param('beam')} does not fill in the middle ({param('suffix')}); sample the gap instead "
+                          f"(drop --beam)")
     mix = LabelMix.parse(s.label) if s.label else None
     if mix is not None and mix.single is None and s.guidance not in (None, 1.0):
         raise ConfigError(f"{param('guidance')} steers towards one label, not a mix; drop it, or give "

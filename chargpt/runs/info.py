@@ -16,6 +16,7 @@ from safetensors import safe_open
 
 from chargpt.config import ModelConfig
 from chargpt.config.architecture import describe_model
+from chargpt.data.fim import FimMarkers
 from chargpt.data.labels import LabelSet
 from chargpt.runs.checkpoint import read_meta, run_settings
 from chargpt.runs.rundir import LATEST, METRICS, read_step_rows, resolve
@@ -90,6 +91,7 @@ def run_info(path, preview=PREVIEW_CHARS):
         "processes": processes, "evaluations": len(rows), "saved_at": latest.get("saved_at"),
         "init_from": read_lineage(meta),  # the run it started from (--init-from), or None
         "labels": list(labels.names) if (labels := LabelSet.from_meta(meta)) else None,  # --labels
+        "fim": FimMarkers.from_meta(meta) is not None,  # --fim: it fills in the middle (sample.py --suffix)
         "val_loss_by_label": next((r["val_loss_by_label"] for r in reversed(rows)
                                    if isinstance(r.get("val_loss_by_label"), dict)), None),  # the last evaluation's
         "files": {f.name: f.stat().st_size for f in files if f.is_file() and not f.name.startswith(".")},
@@ -173,6 +175,8 @@ def format_info(info):
                        f"{_validates(t)})" if t else info["corpus"] or "unknown"),
             *([("started from", _started_from(info["init_from"]))] if info.get("init_from") else []),
             *([("labels", _labels(info))] if info.get("labels") else []),
+            *([("fills in", "the middle: sample.py --prompt BEFORE --suffix AFTER (trained with --fim)")]
+              if info.get("fim") else []),
             ("saved", info["saved_at"] or "unknown"),
             ("files", ", ".join(f"{name} {_size(n)}" for name, n in info["files"].items()))]
     width = max(len(k) for k, _ in rows + [("training config", "")])

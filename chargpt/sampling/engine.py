@@ -16,6 +16,7 @@ Every entry point takes (prompt, options, ...): options is one chargpt.sampling.
 was made, and keyword overrides (as above) make one from the defaults (or from the options given), checked there once.
 """
 
+import dataclasses
 import sys
 
 import numpy as np
@@ -23,6 +24,7 @@ import torch
 
 from chargpt.config.flags import param
 from chargpt.data.corpus import share_compile_cache
+from chargpt.data.fim import FimMarkers
 from chargpt.data.items import acrostic_items, check_item_options, corpus_items, is_items_run, sample_items
 from chargpt.data.labels import LabelSet
 from chargpt.data.pairs import END, SEP
@@ -32,7 +34,7 @@ from chargpt.model.quantize import check_precision, inference_model, uses_dynami
 from chargpt.model.transformer import CharGPT
 from chargpt.runs.checkpoint import load_model, run_settings, unwrap
 from chargpt.runtime import pick_decode_compile, pick_device
-from chargpt.sampling import constraints, forms
+from chargpt.sampling import constraints, forms, infill
 from chargpt.sampling.beam import TextSteps
 from chargpt.sampling.decode import StepRunner, StopFilter, decode, guided, mixed_labels, through_filters
 from chargpt.sampling.options import sample_options
@@ -62,6 +64,7 @@ class Generator:
         self.compile, self.quantized = compile, quantized  # --compile auto|on|off; torch's dynamic int8 modules?
         self.runner = None  # the compiled StepRunner, once one is asked for: compiled once and kept
         self.labels = LabelSet.from_meta(self.meta)  # a run trained with --labels: its labels (chargpt/data/labels.py)
+        self.fim = FimMarkers.from_meta(self.meta)  # a run trained with --fim: its markers (chargpt/data/fim.py)
         self.items_run = is_items_run(self.meta)  # a run trained with --items: it writes items (see items())
         self.form_starts = {}  # form -> where the run's text starts text of its shape (form_start)
         # a CPU's decode steps run at the thread count measured fastest as they run (chargpt/threads.py): on a
@@ -183,7 +186,7 @@ class Generator:
         starts = self.form_starts[form]
         return starts[int(torch.randint(len(starts), (1,), generator=generator))] if starts else None
 
-    def prompt_text(self, prompt, unknown="error"):
+    def prompt_text(self, prompt, unknown="error", what="prompt"):
         """The prompt as the model will see it after the unknown-character policy: 'error' raises naming
         each unknown character and its position, 'skip' drops them, 'replace' maps them to the first of
         U+FFFD, '?' or a space that the vocabulary has (else its first character). A run with labels refuses its
@@ -191,14 +194,20 @@ class Generator:
         refuses its pair markers."""
         reserved = set(self.reserved())
         forged = next((c for c in prompt if c in reserved), None) if reserved else None
-        if forged is not None:
-            raise ChargptError(f"the prompt holds U+{ord(forged):04X}, a private-use character this run reserves for "
+        if forged is not None and self.labels and forged in self.labels.chars():
+            raise ChargptError(f"the {what} holds U+{ord(forged):04X}, a private-use character this run reserves for "
                                f"its labels; remove it (a label is chosen with {param('label')})")
+        if forged is not None:
+            raise ChargptError(f"the {what} holds U+{ord(forged):04X}, a private-use character this run reserves for "
+                               f"filling in the middle; remove it (the gap is where {param('prompt')} ends and "
+                               f"{param('suffix')} starts)")
         return self.vocab.decode(self.vocab.encode(prompt, unknown=unknown))
 
-    def reserved(self):
-        """The characters a sample never writes and a prompt never holds: a labelled run's label characters."""
-        return "".join(self.labels.chars()) if self.labels else ""
+    def reserved(self, infilling=False):
+        """The characters a sample never writes and a prompt never holds: a labelled run's label characters, a FIM
+        run's markers (END aside when `infilling`: writing it ends the middle)."""
+        markers = [c for c in self.fim.chars() if not (infilling and c == self.fim.end)] if self.fim else []
+        return "".join([*(self.labels.chars() if self.labels else []), *markers])
 
     def unknown_warning(self, prompt, unknown):
         """One line for stderr saying what 'skip' or 'replace' did to the prompt, or '' if nothing."""
@@ -228,6 +237,8 @@ class Generator:
         settings, rows = options.settings, options.settings.best_of or options.num_samples
         prompt_seen = self.prompt_text(prompt, options.unknown)
         self.speculated = None
+        if settings.suffix is not None and self.fim is None:
+            raise infill.no_fim()
         generator = torch.Generator()  # its own RNG: sampling never touches torch's global one
         if options.seed is None:
             generator.seed()
@@ -243,22 +254,31 @@ class Generator:
                                   f"{param('label')}")
             pieces = self._stream_pairs(prompt_seen, settings, options.num_samples, generator, options.use_cache)
             return Decoding(pieces, rows=options.num_samples)
-        context = prompt_seen or self.form_start(settings.form, generator) or self.start_text()
-        rules = constraints.plan(settings, self.vocab, context, score=score, reserved=self.reserved())
+        gap = None if settings.suffix is None else infill.plan(
+            self.fim, self.vocab, prompt_seen, self.prompt_text(settings.suffix, options.unknown, "suffix"),
+            self.model.config.block_size, 1 if self.labels else 0)
+        if gap is not None and gap.note:
+            self.log(gap.note)
+        context = prompt_seen or (None if gap else self.form_start(settings.form, generator)) or self.start_text()
+        if gap is not None and settings.allow:  # END closes the middle: --allow keeps it writable
+            settings = dataclasses.replace(settings, allow=settings.allow + gap.end)
+        rules = constraints.plan(settings, self.vocab, context, score=score, reserved=self.reserved(gap is not None))
         if rules and rules.program and rules.program.need[0] > settings.max_new_tokens:
             self.log(f"note: the form needs at least {rules.program.need[0]} characters; "
                      f"{param('max_new_tokens', settings.max_new_tokens)} cuts it short")
         if rules and rules.pattern and rules.pattern.unproven:
             self.log(rules.pattern.unproven)
-        ids = self.vocab.encode(context)
+        ids = gap.ids if gap is not None else self.vocab.encode(context)
         if settings.beam is not None:
             return self._beam(ids, prompt_seen, rules, settings, options.num_samples)
         steer = rules.steer(ids, rows, settings.max_new_tokens, self.device) if rules else None
         # what decoding will write: a form ends its sample (--compile auto weighs that, not --max-new-tokens)
         writes = min(settings.max_new_tokens, rules.program.most) if rules and rules.program else \
             settings.max_new_tokens
-        steps = self._steps(ids, settings, rows, generator, options.use_cache, steer, writes)
-        filters = [StopFilter(prompt_seen, settings.stop) for _ in range(rows)]
+        steps = self._steps(ids, settings, rows, generator, options.use_cache, steer, writes,
+                            pin=len(ids) if gap is not None else 0)
+        stops = (*settings.stop, gap.end) if gap is not None else settings.stop  # the middle ends at END
+        filters = [StopFilter(prompt_seen, stops) for _ in range(rows)]
         pieces = through_filters(filters, self._chosen(steps, steer))
         if settings.best_of:
             if copies is None:
@@ -266,16 +286,17 @@ class Generator:
             return Decoding(pieces, steer, rows, best_of=(settings.best_of, options.num_samples, copies or None))
         return Decoding(pieces, steer, rows)
 
-    def _steps(self, ids, settings, rows, generator, use_cache, steer, writes):
+    def _steps(self, ids, settings, rows, generator, use_cache, steer, writes, pin=0):
         """sampling.decode over `rows` copies of the context's ids: each step's ids (rows,), a run with labels
-        reading its label first (and, guided or mixed, beside each row the same under NULL or the other labels)."""
-        heads, never, combine = self._heads(settings)
+        reading its label first (and, guided or mixed, beside each row the same under NULL or the other labels); the
+        first `pin` ids (an infill's context) stay in the window as it slides, after the label."""
+        heads, combine = self._heads(settings)
         ctx = torch.tensor([[h] + ids for h in heads] if heads else [ids], dtype=torch.long,
                            device=self.device).repeat_interleave(rows, dim=0)  # (G rows, T): head by head
         runner = self.decode_runner(writes * rows * max(1, len(heads)))[0] if use_cache else None
-        labelled = {}
+        labelled = dict(pin=pin + (1 if heads else 0), never=self._never(settings))
         if heads:  # the label stays first in the window
-            labelled = dict(pin=1, never=never, extra=ctx[rows:] if len(heads) > 1 else None, combine=combine)
+            labelled.update(extra=ctx[rows:] if len(heads) > 1 else None, combine=combine)
         if self.speculates(rows, len(heads) > 1, use_cache):
             always = self.speculate == "on"
             if self.drafted is None or self.drafted.always != always:
@@ -292,30 +313,36 @@ class Generator:
     def _threaded(self, steps):
         return steps if self.threads is None else self.threads.run(steps)
 
+    def _never(self, settings):
+        """The ids a sample never writes (a long tensor), or None: the reserved characters (a FIM run's END aside
+        while it fills a gap: writing it ends the middle)."""
+        unwritten = [self.vocab.stoi[c] for c in self.reserved(settings.suffix is not None)]
+        return torch.tensor(unwritten, device=self.device) if unwritten else None
+
     def _heads(self, settings):
         """-> (the label id each head reads first: [] for a run without labels, one for a label, the label and NULL
-        for guidance, one per label of a mix; every label id (never written), or None; the combine that makes one
-        row's logits of the heads' (sampling.decode.guided or mixed_labels), or None)."""
+        for guidance, one per label of a mix; the combine that makes one row's logits of the heads'
+        (sampling.decode.guided or mixed_labels), or None)."""
         mix = settings.label_mix
         if self.labels is None:
             if mix:
                 raise ConfigError(f"this run was trained without {param('labels')}, so it has no labels; drop "
                                   f"{param('label')}")
-            return [], None, None
+            return [], None
         stoi = self.vocab.stoi
-        never = torch.tensor([stoi[c] for c in self.labels.chars()], device=self.device)
         if mix is not None and mix.single is None:
             heads = [stoi[self.labels.token(name)] for name in mix.names]
-            return heads, never, mixed_labels(torch.tensor(mix.weights))
+            return heads, mixed_labels(torch.tensor(mix.weights))
         label = stoi[self.labels.token(mix.single if mix else None)]
         if (settings.guidance or 1.0) != 1.0:
-            return [label, stoi[self.labels.null]], never, guided(settings.guidance)
-        return [label], never, None
+            return [label, stoi[self.labels.null]], guided(settings.guidance)
+        return [label], None
 
     def _beam(self, ids, prompt_seen, rules, settings, keep):
         """--beam: the `keep` likeliest continuations of the context's ids (chargpt/sampling/beam.py), a Decoding
         whose pieces come once the search has ended, each sample whole."""
-        heads, never, combine = self._heads(settings)
+        heads, combine = self._heads(settings)
+        never = self._never(settings)
         ctx = torch.tensor([[h] + ids for h in heads] if heads else [ids], dtype=torch.long, device=self.device)
         steer = rules.steer(ids, 1, settings.max_new_tokens, self.device) if rules else None
         step = TextSteps(self.model, ctx, combine=combine, pin=1 if heads else 0, never=never, steer=steer,

@@ -27,6 +27,7 @@ plus --target-data) or the run's own validation pairs. Pairs longer than the con
 characters the model never saw stand in as above and are not scored.
 """
 
+import dataclasses
 import math
 import sys
 from collections import Counter
@@ -37,8 +38,9 @@ from torch.nn import functional as F
 from tqdm import tqdm
 
 from chargpt.data.corpus import corpus_sources, encode_corpus, iter_text, split_of
+from chargpt.data.fim import FimMarkers
 from chargpt.data.pairs import END, SEP, context_needed, encode_pairs, pair_stream, split_pairs
-from chargpt.data.tokenizer import codepoints
+from chargpt.data.tokenizer import Vocab, codepoints
 from chargpt.errors import ConfigError, DataError
 from chargpt.model.quantize import check_precision, inference_model
 from chargpt.runs.checkpoint import load_model, run_settings
@@ -165,6 +167,8 @@ def run_split(meta, vocab, block_size):
         raise DataError("this checkpoint records no training run, so it has no validation split; pass --data FILE")
     corpus = encode_corpus(cfg.data, cfg.encoding, cfg.encoding_errors, cfg.cache_dir,
                            log=lambda m: print(m, file=sys.stderr))  # stdout may be --json
+    if (fim := FimMarkers.from_meta(meta)) is not None:  # --fim: its markers follow the text's characters (same ids)
+        corpus = dataclasses.replace(corpus, vocab=Vocab(corpus.vocab.chars + fim.chars()))
     if run_vocab(meta, corpus.vocab) == vocab:  # a run started with --init-from: its ids in the run's vocabulary
         corpus = in_vocab(corpus, vocab)
     if corpus.vocab != vocab:

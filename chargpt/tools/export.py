@@ -42,6 +42,7 @@ from chargpt import __version__
 from chargpt.config import ExportSettings, SampleSettings
 from chargpt.config.architecture import describe_model
 from chargpt.config.flags import param
+from chargpt.data.fim import FimMarkers
 from chargpt.data.labels import LabelSet, rendered, token_strings
 from chargpt.data.pairs import END, SEP
 from chargpt.errors import ChargptError, ConfigError, Interrupted
@@ -206,6 +207,11 @@ def model_card(meta, model, name, transformers_version):
         notes.append("its sinusoidal positions are stored as the fixed `wpe` table (fine-tuning would train them)")
     if cfg.emb_scale:
         notes.append(f"its embedding scale sqrt({cfg.n_embd}) is folded into `wte`")
+    if (fim := FimMarkers.from_meta(meta)) is not None:  # --fim: its markers are characters of the vocabulary
+        pre, suf, mid, end = (f"U+{ord(c):04X}" for c in fim.chars())
+        notes.append(f"it fills in the middle (trained with --fim): the prompt {pre} {suf} SUFFIX {mid} PREFIX "
+                     f"(each marker one character) writes what goes between PREFIX and SUFFIX, ended by {end} "
+                     f"(pass its id as eos_token_id)")
     if meta["task"] == "pairs":
         usage = (f'ids = tok("Good morning." + "\\u{ord(SEP):04x}", return_tensors="pt").input_ids  # source, then '
                  f"the separator\nout = model.generate(ids)  # greedy, stops at the end marker "

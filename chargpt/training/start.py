@@ -245,6 +245,10 @@ def _build(settings, given, dist, device, log, claimed, extra_sinks, logfile, re
                                                               dist, counts, tuner)
     sizing_lines = [*sizing_lines, softmax_line] if softmax_line else sizing_lines
     threads = tuner.best if tuner is not None and tuner.measured else threads
+    if origin.meta is not None and cfg.fim and task.fim is not None and "fim" not in origin.meta:
+        raise ConfigError(f"--resume: the run in {out_dir} trained without {param('fim')}, so its vocabulary has no "
+                          f"fill-in-the-middle markers; teach it in a new run: {param('init_from')} {out_dir} "
+                          f"{param('fim')} {cfg.fim:g}")
     if origin.meta is not None and origin.meta["vocab"] != corpus.vocab:
         raise ConfigError(f"--resume: the corpus's vocabulary ({len(corpus.vocab)} characters) differs from "
                           f"the checkpoint's ({len(origin.meta['vocab'])}); resume with the same --data")
@@ -276,7 +280,9 @@ def _build(settings, given, dist, device, log, claimed, extra_sinks, logfile, re
     budget = fit_budget(cfg, state, step_s, period, chars_per_step / cfg.grad_accum, log,
                         fit_warmup=fresh and "warmup_iters" not in chosen,
                         fit_iters=fresh and "eval_iters" not in chosen, larger=larger)
-    validator = Validator(cfg, state, period, eval_steps(cfg, period, state.budget_step), model, batches, device,
+    # --fim lays out training windows for fill in the middle; evaluation reads plain text (FimBatches.plain)
+    validator = Validator(cfg, state, period, eval_steps(cfg, period, state.budget_step), model,
+                          getattr(batches, "plain", batches), device,
                           dtype, dist, budget.eval_fit,
                           passes=pass_steps(period, int(corpus.length * (1 - cfg.val_fraction)), chars_per_step))
     about = dict(corpus=corpus.name, corpus_key=corpus.key, hardware=hardware(device, dtype, threads, cfg),
@@ -284,6 +290,8 @@ def _build(settings, given, dist, device, log, claimed, extra_sinks, logfile, re
                  closing_prompt=getattr(task, "closing_prompt", None))  # the key: novelty; the playground's prompt
     if getattr(task, "labels", None) is not None:  # --labels: each label's character (chargpt/data/labels.py)
         about["labels"] = task.labels.to_meta()
+    if getattr(task, "fim", None) is not None:  # --fim: its four markers (chargpt/data/fim.py)
+        about["fim"] = task.fim.to_meta()
     if origin.lineage:  # the run this one started from (--init-from)
         about[init_from.LINEAGE] = origin.lineage
     checkpointer = Checkpointer(out_dir, dist, model, optimizer, scaler, data_gen, device, corpus.vocab, mcfg, cfg,

@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 
 from chargpt.config.flags import param
-from chargpt.data import labels
+from chargpt.data import fim, labels
 from chargpt.data.corpus import (
     Batches,
     check_blocks_length,
@@ -36,6 +36,7 @@ SHOWN_PAIRS = 5  # validation pairs translated when a pairs run ends
 
 def make_task(cfg):
     labels.check_settings(cfg)
+    fim.check_settings(cfg)
     return Pairs() if cfg.task == "pairs" else Text()
 
 
@@ -44,13 +45,34 @@ class Text:
     # a list (--items: chargpt.data.items), several labelled texts (--labels: chargpt.data.labels)
     items = labels = None
     labels_from = None  # the metadata of the run this one continues or starts from: its labels keep their ids
+    fim = None  # fill in the middle (--fim: chargpt.data.fim): the run's markers, and what choosing them said
+    fim_note = ""
 
     def encode(self, cfg, block_size, log):
         if cfg.labels:
-            return self._encode_labelled(cfg, log)
+            return self._with_fim(self._encode_labelled(cfg, log), cfg)
         fits = split_sizes if cfg.val_split == "tail" else check_blocks_length  # checked before anything is cached
-        return encode_corpus(cfg.data, cfg.encoding, cfg.encoding_errors, cfg.cache_dir, log=log,
-                             check_length=None if cfg.items else lambda n: fits(n, cfg.val_fraction, block_size))
+        return self._with_fim(encode_corpus(cfg.data, cfg.encoding, cfg.encoding_errors, cfg.cache_dir, log=log,
+                                            check_length=None if cfg.items else
+                                            lambda n: fits(n, cfg.val_fraction, block_size)), cfg)
+
+    def _with_fim(self, corpus, cfg):
+        """The corpus with the FIM markers added to its vocabulary: a run with --fim, or one that continues or
+        starts from a FIM run (its markers stay, and keep their characters)."""
+        previous = fim.FimMarkers.from_meta(self.labels_from)
+        if previous is None and not cfg.fim:
+            return corpus
+        base = self.labels_from["vocab"].chars if self.labels_from else []
+        self.fim, self.fim_note = fim.FimMarkers.choose([*corpus.vocab.chars, *base], previous)
+        clash = next((c for c in self.fim.chars() if c in corpus.vocab.stoi), None)
+        if clash is not None:
+            raise DataError(f"{cfg.data} holds U+{ord(clash):04X}, which the run it starts from marks fill in the "
+                            f"middle with; remove it from the text")
+        vocab = Vocab(corpus.vocab.chars + self.fim.chars())
+        if vocab.id_dtype != corpus.vocab.id_dtype:
+            raise DataError(f"{len(corpus.vocab):,} characters and the 4 fill-in-the-middle markers do not fit in "
+                            f"65,535 ids; drop {param('fim')}")
+        return dataclasses.replace(corpus, vocab=vocab)
 
     def _encode_labelled(self, cfg, log):
         """The labelled texts, grouped by label, as one corpus, and the labels' characters added to its
@@ -82,14 +104,24 @@ class Text:
                                           device)
             self.split, self.closing_prompt, self.eval_iters = batches.split, cfg.sample_prompt or "", cfg.eval_iters
             self.label_batches = batches
-            return batches
+            return self._fim_batches(batches, corpus, cfg, mcfg)
         if cfg.items:
             self.items = items_layout(ids, corpus.vocab, cfg.val_fraction, mcfg.block_size)
             self.split, self.closing_prompt = self.items.corpus_split, cfg.sample_prompt or ""  # where they are
-            return Batches(self.items.ids, cfg.val_fraction, mcfg.block_size, cfg.batch_size, device, self.items.split)
+            return self._fim_batches(Batches(self.items.ids, cfg.val_fraction, mcfg.block_size, cfg.batch_size,
+                                             device, self.items.split), corpus, cfg, mcfg)
         self.split = split_of(ids, corpus.vocab, cfg.val_fraction, mcfg.block_size, cfg.val_split)
         self.closing_prompt = cfg.sample_prompt or val_snippet(ids, self.split, corpus.vocab)
-        return Batches(ids, cfg.val_fraction, mcfg.block_size, cfg.batch_size, device, self.split)
+        return self._fim_batches(Batches(ids, cfg.val_fraction, mcfg.block_size, cfg.batch_size, device, self.split),
+                                 corpus, cfg, mcfg)
+
+    def _fim_batches(self, batches, corpus, cfg, mcfg):
+        """--fim: that share of the training windows laid out for fill in the middle (a label stays first)."""
+        if not cfg.fim:
+            return batches
+        fim.check_room(mcfg.block_size)
+        return fim.FimBatches(batches, cfg.fim, [corpus.vocab.stoi[c] for c in self.fim.chars()],
+                              keep=1 if cfg.labels else 0)
 
     def describe_split(self, corpus, cfg, known=()):
         """Start-up lines: which text validates, and a warning when it holds characters training never shows (and,
@@ -98,6 +130,10 @@ class Text:
         lines = self.items.describe(self.chars_per_example) if self.items else [self.split.describe(corpus.length)]
         if self.labels is not None:
             lines.insert(0, labels.describe(self.spans, cfg))
+        if cfg.fim:
+            lines.append(fim.describe(cfg.fim))
+        if self.fim_note:
+            lines.append(self.fim_note)
         unseen = [vocab.chars[int(i)] for i in unseen_in_training(self.ids, self.split, len(vocab))]
         unseen = [c for c in unseen if c not in known]
         if unseen:

@@ -71,6 +71,7 @@ class Runs:
                 "block_size": m["block_size"], "layers": m["n_layer"], "heads": m["n_head"], "width": m["n_embd"],
                 "task": info["task"], "arch": info["arch"],
                 "labels": info.get("labels"),  # --labels: the names Write's Label picker offers (None: no labels)
+                "fim": info.get("fim"),  # --fim: Write offers a box for the text after the gap (suffix)
                 "novelty_min_span": default_min_span(info["vocab_size"]),  # Mark copied text's default for it
                 "budget": finite({k: getattr(info["train_config"], k, None) for k in ("max_iters", "max_time")}),
                 "info": info}

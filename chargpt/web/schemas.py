@@ -85,6 +85,9 @@ class GenerateRequest(Request):
     # beam search (chargpt/sampling/beam.py): the likeliest text, num_samples of the beam's best; this server's width
     beam: int | None = Field(None, le=MAX_BEAM)
     length_penalty: float = SampleSettings.length_penalty
+    # fill in the middle: a run trained with --fim (chargpt/sampling/infill.py) writes what goes between the prompt
+    # and this text; a run without is a one-line 400 when it decodes (write.start)
+    suffix: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
 
     _options: SampleOptions | None = PrivateAttr(None)
 

@@ -62,6 +62,7 @@ function renderLabels(r) {
   $("label-pick").hidden = !names.length;
   $("guidance-pick").hidden = !names.length || !pick.value || mixing;  // guidance steers towards one label
   $("mix-pick").hidden = !mixing;
+  $("suffix-pick").hidden = !(r && r.fim);  // --fim: the text after the gap, the sample fills it
 }
 
 function mixSpec() {
@@ -90,6 +91,7 @@ function writeSettings() {
   }
   const beam = numberOrNull("beam");
   if (beam !== null) body.beam = beam;
+  if (!$("suffix-pick").hidden && $("suffix").value) body.suffix = $("suffix").value;  // fill in the middle
   if (body.best_of !== null) body.min_span = numberOrNull("min-span");  // best-of's copy check: the box's span
   return Object.fromEntries(Object.entries(body).filter(([, v]) => v !== null));
 }

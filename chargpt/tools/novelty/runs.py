@@ -62,9 +62,10 @@ def _same_vocab(corpus, meta, run):
     """The corpus, if its vocabulary is the run's: the guard for runs saved before they recorded their corpus key.
     A run started from another (--init-from) trains in the base's vocabulary extended by its corpus's characters,
     so there the corpus's characters need only be among the run's (the text is scored in the corpus's own ids); so
-    does a run trained with --labels, whose vocabulary adds its labels (chargpt/data/labels.py) to the corpus's."""
+    does a run trained with --labels or --fim, whose vocabulary adds its labels (chargpt/data/labels.py) or its markers
+    (chargpt/data/fim.py) to the corpus's."""
     from chargpt.training.init_from import read_lineage
-    within = (read_lineage(meta) is not None or meta.get("labels") is not None) and \
+    within = (read_lineage(meta) is not None or meta.get("labels") is not None or meta.get("fim") is not None) and \
         all(c in meta["vocab"].stoi for c in corpus.vocab.chars)
     if corpus.vocab != meta["vocab"] and not within:
         raise CorpusMissing(f"the corpus found for {run} has a different vocabulary ({len(corpus.vocab):,} "

@@ -10,14 +10,15 @@ and fetches nothing (its Content-Security-Policy forbids it). window.chargpt.gen
 
 The page writes with sample.py's constraints (a form, an acrostic, banned and allowed characters: sampling.js), from
 forms.py's own table of named forms and, per form, where the run's text starts text of its shape (form_starts: what a
-form without a prompt is conditioned on, as sample.py's); a run trained with --labels offers its labels, and guides
-with one as sample.py does. What the decoder does not compute is refused by name before anything is read: the
-encoder-decoder and a run trained on sentence pairs (it translates; the page writes text). int8 prints what it costs
-in loss, teacher-forced on the run's validation text (check.loss_gap). Before the file appears, the page's own
-decoder is run under node on the written file and must reproduce chargpt's logits step by step (check.py; without
-node the weights are read back and checked in Python, and it says so). The file is written under a temporary name
-beside --to and renamed into place, with export.py's handling of SIGTERM and failed writes: a broken or half-written
-page is never left.
+form without a prompt is conditioned on, as sample.py's); a run trained with --labels offers its labels, and guides with
+one as sample.py does; a run trained with --fim writes left to right there, its markers never written (the page does not
+fill in the middle: sample.py --suffix does). What the decoder does not compute is refused by name before anything is
+read: the encoder-decoder and a run trained on sentence pairs (it translates; the page writes text). int8 prints what it
+costs in loss, teacher-forced on the run's validation text (check.loss_gap). Before the file appears, the page's own
+decoder is run under node on the written file and must reproduce chargpt's logits step by step (check.py; without node
+the weights are read back and checked in Python, and it says so). The file is written under a temporary name beside --to
+and renamed into place, with export.py's handling of SIGTERM and failed writes: a broken or half-written page is never
+left.
 """
 
 import contextlib
@@ -31,6 +32,7 @@ from chargpt import __version__
 from chargpt.config import ExportSettings, SampleSettings
 from chargpt.config.architecture import describe_model
 from chargpt.config.flags import param
+from chargpt.data.fim import FimMarkers
 from chargpt.data.labels import LabelSet
 from chargpt.errors import ChargptError, ConfigError
 from chargpt.platforms import STOP_SIGNALS, replace
@@ -148,6 +150,7 @@ def describe(model, vocab, meta, tensors, weights, name):
         "letters": "".join("1" if c.isalpha() else "0" for c in vocab.chars),  # forms' _: Python's str.isalpha
         "forms": form_table(), "form_starts": form_starts(gen, vocab),
         "labels": labels.to_meta() if labels else None,
+        "fim": fim.to_meta() if (fim := FimMarkers.from_meta(meta)) else None,  # never written: the page writes on
         "defaults": {"temperature": SampleSettings.temperature, "max_new_tokens": SampleSettings.max_new_tokens,
                      "guidance": SampleSettings.guidance or 1.0},
         "info": {"name": name[:200], "corpus": corpus[:200] if isinstance(corpus, str) else None,

@@ -45,7 +45,7 @@ function masks(gen, decoder, prompt, options, forced, withLogits) {
     out.masks.push(steer && steer.last ? Array.from(steer.last.keys()).filter((i) => steer.last[i]) : null);
     return forced ? forced[out.ids.length] : id;
   };
-  for (const id of gen.ids(call.context, o.maxNewTokens, choose, call.head)) {
+  for (const id of gen.ids(call.context, o.maxNewTokens, choose, call.head, gen.never)) {
     out.ids.push(id);
     if (steer && steer.chose(id)) { out.ended = true; break; }
   }

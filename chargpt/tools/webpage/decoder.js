@@ -410,7 +410,11 @@ Nothing here allocates per character: the buffers are made once for the model. M
       this.sampler = new C.Sampler(this.model.V);
       this.cond = new Float32Array(this.model.V); this.work = new Float32Array(this.model.V);
       this.labels = meta.labels || null;  // a run trained with --labels: {null, names: {name: its character}}
-      this.never = this.labels ? [this.labels.null, ...Object.values(this.labels.names)].map((c) => this.stoi.get(c)) : null;
+      // never written: a labels run's label characters, and a --fim run's markers (the page writes left to right: it
+      // does not fill in the middle, which sample.py --suffix does)
+      const fim = meta.fim ? Object.values(meta.fim) : [];
+      const never = [...(this.labels ? [this.labels.null, ...Object.values(this.labels.names)] : []), ...fim];
+      this.never = never.length ? never.map((c) => this.stoi.get(c)) : null;
       this.queue = Promise.resolve();  // one generation at a time: they share the cache
       this.epoch = 0;  // stop() ends every generation begun before it
     }
@@ -440,8 +444,9 @@ Nothing here allocates per character: the buffers are made once for the model. M
      * picks each (the logits are a buffer of its own to change). head, a labels run's: {never: ids never chosen,
      * uncond: the context with NULL first (guided), or none, guidance}; the label, first in context, stays first in
      * the window. Guided, each step computes the two rows, with the label and with NULL, in caches of their own, and
-     * chooses from uncond + guidance x (cond - uncond), in float32, as decode() mixes its batch's two halves. */
-    * ids(context, maxNew, choose, head = null) {
+     * chooses from uncond + guidance x (cond - uncond), in float32, as decode() mixes its batch's two halves. never:
+     * the ids never chosen (a labels run's labels, a --fim run's markers; none: the raw logits the export checks). */
+    * ids(context, maxNew, choose, head = null, never = head ? head.never : null) {
       if (maxNew <= 0) return;
       const m = this.model, block = m.block, keep = Math.max(1, Math.floor((3 * block) / 4)), V = m.V;
       const pin = head ? 1 : 0, uncond = head && head.uncond, g = head ? head.guidance : 1, out = this.work;
@@ -458,7 +463,7 @@ Nothing here allocates per character: the buffers are made once for the model. M
           const free = pass(1);
           for (let i = 0; i < V; i++) out[i] = Math.fround(free[i] + Math.fround(g * Math.fround(this.cond[i] - free[i])));
         }
-        if (head) for (const id of head.never) out[id] = -Infinity;
+        if (never) for (const id of never) out[id] = -Infinity;
         return out;
       };
       let logits = forward((r) => m.prefill(seqs[r]));
@@ -483,6 +488,9 @@ Nothing here allocates per character: the buffers are made once for the model. M
       if (o.signal && o.signal.aborted) throw abortError();
       const ids = this.encode(prompt || "", o.unknown);
       let head = null;
+      if (this.never && ids.some((i) => this.never.includes(i)) && !this.labels) {
+        throw new Error("the prompt holds a fill-in-the-middle marker, a character this run keeps to itself; remove it");
+      }
       if (!this.labels && o.label) throw new Error("this run was trained without labels, so it has no labels; drop label");
       if (this.labels) {
         if (ids.some((i) => this.never.includes(i))) {
@@ -534,7 +542,7 @@ Nothing here allocates per character: the buffers are made once for the model. M
       const steer = call.planned ? new C.Steer(call.planned, o.maxNewTokens, this.model.V, call.steered) : null;
       const choose = (logits) => this.sampler.choose(steer ? steer.apply(logits) : logits, o, call.rand);
       let text = "", last = now(), formEnded = false;
-      for (const id of this.ids(call.context, o.maxNewTokens, choose, call.head)) {
+      for (const id of this.ids(call.context, o.maxNewTokens, choose, call.head, this.never)) {
         const piece = filter.feed(this.chars[id]);
         if (piece) { text += piece; onText(piece); }
         if (steer && steer.chose(id)) { formEnded = true; break; }  // the form is complete: the sample ends

@@ -6,8 +6,10 @@ character.
                         stream_options, user; chargpt's own, beside OpenAI's (the openai client's extra_body):
                         top_k, unknown, the constraints form, acrostic, ban, allow, min_p, repetition_penalty,
                         no_repeat_ngram and best-of's min_span, for a run trained with --labels label and
-                        guidance; a pattern by vLLM's names, guided_regex, guided_grammar (Lark) or guided_json
-                        (a JSON schema), or OpenAI's response_format (json_object or json_schema)}
+                        guidance; suffix, for a run trained with --fim: the completion fills the gap between the
+                        prompt and it (chargpt/sampling/infill.py; "" is no suffix); a pattern by vLLM's names,
+                        guided_regex, guided_grammar (Lark) or guided_json (a JSON schema), or OpenAI's
+                        response_format (json_object or json_schema)}
                         -> a text_completion {id, object, created, model, choices [{text, index, logprobs: null,
                         finish_reason}], usage}; with stream: true its chunks as server-sent events (`data: {chunk}`
                         lines, then `data: [DONE]`; stream_options.include_usage adds a last chunk with usage)
@@ -26,7 +28,7 @@ when a choice wrote max_tokens characters, else "stop" (a stop string; a transla
 characters (each prompt once, as seen after `unknown`).
 
 OpenAI's fields this server does not support are 400s naming them, unless absent or at OpenAI's default: logprobs
-(any value but null), echo, suffix, logit_bias (but {}), frequency_penalty and presence_penalty
+(any value but null), echo, logit_bias (but {}), frequency_penalty and presence_penalty
 (but 0: OpenAI's are additive penalties by count, not sample.py's --repetition-penalty, so they are not mapped to
 it); so is a prompt of token ids. The Authorization header carries the server's key where it asks for one
 (chargpt serve --api-key: middleware.ApiKey, a 401 in OpenAI's shape), and is ignored otherwise. Errors have
@@ -65,7 +67,7 @@ from chargpt.web.schemas import GenerateRequest, Request, one_line
 DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE = 16, 1.0  # OpenAI's, for an absent (or null) field
 
 # OpenAI's fields that are not supported: accepted only absent, null or at these values (OpenAI's defaults)
-UNSUPPORTED = {"logprobs": (), "echo": (False,), "suffix": ("",), "logit_bias": ({},), "frequency_penalty": (0,),
+UNSUPPORTED = {"logprobs": (), "echo": (False,), "logit_bias": ({},), "frequency_penalty": (0,),
                "presence_penalty": (0,)}
 # chargpt's own fields: /api/generate's of the same names and meaning (GenerateRequest checks them)
 SAME = ("top_k", "unknown", "form", "acrostic", "ban", "allow", "min_p", "repetition_penalty", "no_repeat_ngram",
@@ -109,6 +111,9 @@ class CompletionRequest(Request):
     min_span: int | None = Field(None, ge=1, le=MAX_NOVELTY_CHARS)
     label: str | None = Field(None, max_length=MAX_LABEL_CHARS)  # --labels: GenerateRequest checks both
     guidance: float | None = Field(None, le=MAX_GUIDANCE)
+    # OpenAI's: the text after the completion, for a run trained with --fim ("" and null: none; a run without FIM
+    # given one is a 400 naming --fim, write.check_suffix)
+    suffix: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
     # a pattern, by vLLM's names (its extra_body fields), or OpenAI's response_format for JSON: pattern() maps them
     guided_regex: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
     guided_grammar: str | None = Field(None, max_length=MAX_PROMPT_CHARS)
@@ -167,7 +172,7 @@ class CompletionRequest(Request):
             "max_new_tokens": DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens,
             "temperature": DEFAULT_TEMPERATURE if self.temperature is None else self.temperature,
             "num_samples": self.choices_per_prompt(), "best_of": None if self.best_of == 1 else self.best_of,
-            **{k: getattr(self, k) for k in SAME}, **self.pattern()})
+            "suffix": self.suffix or None, **{k: getattr(self, k) for k in SAME}, **self.pattern()})
 
 
 def parse(body):

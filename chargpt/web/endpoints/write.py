@@ -2,14 +2,15 @@
 
   POST /api/generate  {run, prompt, max_new_tokens, temperature, top_k, top_p, num_samples, seed, unknown, stop,
                       form, acrostic, ban, allow, regex, grammar, json_schema, best_of, repetition_penalty,
-                      no_repeat_ngram, min_p, min_span, label, guidance}
+                      no_repeat_ngram, min_p, min_span, label, guidance, suffix}
                       -> events: start {id, seed, prompt, task}, text [[sample, piece]...], done {stopped, chars,
                       seconds, error, scores}; for a pairs run the prompt is the source and the text its translation
                       alone. Under a constraint or best_of, `scores` has each sample's (constraints.Sample.record:
                       logprob, removed, and for best-of its row and why it was dropped) and `copy_check` whether
                       best-of could check for copies of the training text; best-of's samples come ranked, each as
                       one piece once all are written. A form or pattern the run's vocabulary cannot write is a 400,
-                      and so is a label the run was not trained with (--labels: GET /api/runs/{name} lists its labels).
+                      and so is a label the run was not trained with (--labels: GET /api/runs/{name} lists its labels),
+                      and a suffix (fill in the middle: the text after the gap) for a run trained without --fim.
   POST /api/stop      {id}: cancel that generation
   GET  /api/status    generations running and the limit
 """
@@ -25,6 +26,7 @@ from starlette.routing import Route
 from chargpt.data.tokenizer import describe_chars
 from chargpt.errors import ChargptError, ConfigError
 from chargpt.sampling.constraints import given, plan
+from chargpt.sampling.infill import no_fim
 from chargpt.web.body import RequestError, read_json
 from chargpt.web.schemas import GenerateRequest, StopRequest
 from chargpt.web.stream import Generation
@@ -51,6 +53,7 @@ async def start(s, path, req, prompts=None):
                 for k, p in enumerate([req.prompt] if prompts is None else prompts)]
         if gen.task == "pairs" and not all(prompt for prompt, _ in seen):
             raise RequestError(400, "this run was trained on sentence pairs: type a sentence for it to translate")
+        check_suffix(gen, req.suffix, req.unknown)
         options = req.options()
         check_label(gen, options.settings.label_mix)
         scored = given(options.settings) or options.settings.beam is not None  # a beam scores what it finds
@@ -131,6 +134,19 @@ def check_label(gen, mix):
             gen.labels.token(name)
     except ChargptError as e:
         raise RequestError(400, str(e)) from None
+
+
+def check_suffix(gen, suffix, unknown):
+    """A suffix (fill in the middle) for a run trained without --fim, or one that holds a character the model never
+    saw or a marker of its own: a 400 before any decoding, named as the JSON fields."""
+    if suffix is None:
+        return
+    try:
+        if gen.fim is None:
+            raise contextvars.Context().run(no_fim)
+        gen.prompt_text(suffix, unknown, "suffix")
+    except ChargptError as e:
+        raise RequestError(400, str(e), param="suffix") from None
 
 
 def copy_check(s, path, min_span):
