@@ -21,6 +21,7 @@ import sys
 import numpy as np
 import torch
 
+from chargpt.config import SampleSettings
 from chargpt.config.flags import param
 from chargpt.data.corpus import share_compile_cache
 from chargpt.data.items import acrostic_items, check_item_options, corpus_items, is_items_run, sample_items
@@ -33,6 +34,7 @@ from chargpt.model.transformer import CharGPT
 from chargpt.runs.checkpoint import load_model, run_settings, unwrap
 from chargpt.runtime import pick_decode_compile, pick_device
 from chargpt.sampling import constraints, forms
+from chargpt.sampling import suggest as suggestions
 from chargpt.sampling.decode import StepRunner, StopFilter, decode, through_filters
 from chargpt.sampling.options import sample_options
 from chargpt.sampling.speculate import CorpusLookup, Drafts, Meter, PromptLookup, TrainingText, decode_speculative
@@ -299,6 +301,20 @@ class Generator:
         stoi = self.vocab.stoi
         return ([stoi[self.labels.token(settings.label)], stoi[self.labels.null],
                  *(stoi[c] for c in self.labels.chars())], (settings.guidance or 1.0) != 1.0)
+
+    def suggest(self, text="", k=5, words=3, *, label=None, unknown="error"):
+        """-> the suggestions after `text` (chargpt/sampling/suggest.py: Suggestions): the k likeliest next characters
+        with their probabilities at temperature 1, and the `words` likeliest word completions (2-4 ideographs for
+        Chinese). A run trained with --labels suggests in `label`'s style (None: unconditioned); unknown: the
+        prompt's policy for characters the model never saw."""
+        query = suggestions.Query(text, k, words, label)
+        if self.task == "pairs":
+            raise ChargptError("this model translates (it was trained on sentence pairs); suggestions are for text "
+                               "models")
+        seen = self.prompt_text(query.text, unknown)
+        head = self._label_head(SampleSettings(label=query.label))[0]
+        return suggestions.suggest(self.model, self.vocab.chars, self.vocab.encode(seen or self.start_text()), query,
+                                   text=seen, head=head[:1], never=head[2:], dtype=self.dtype)
 
     def items(self, n=1, prompt="", options=None, *, new_only=False, known=None, **overrides):
         """A run trained with --items: n items (each cut at its first newline), each starting with `prompt` (one
