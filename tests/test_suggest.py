@@ -191,3 +191,18 @@ def test_a_bad_request_is_one_line(client, body, status, message):
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert error.startswith(message) and "\n" not in error, error
+
+
+def test_the_benchmark_times_the_endpoint_over_varied_texts(toy):
+    need("starlette")
+    need("uvicorn")
+    from chargpt.bench.suggest import PARAGRAPH, measure, percentile, report, texts
+    from chargpt.web import server
+    cut = texts(10)
+    assert len(set(cut)) == 10 and len(cut[-1]) > len(PARAGRAPH) - 5 and any(t.endswith(" ") for t in cut)
+    with server.running(server.create_app(toy, device="cpu")) as url:
+        results = measure(url, "toy", 4)  # the paragraph has characters the toy run never saw: replaced
+    assert len(results) == 4 and all(trip > 0 and ms > 0 for trip, ms in results)
+    assert percentile([5, 1, 4, 2, 3], 50) == 3 and percentile(list(range(1, 101)), 95) == 95
+    table = report(results, "toy", "cpu", 4)
+    assert "| round trip (what the page waits for) |" in table and "| the server's suggestions (`ms`) |" in table
