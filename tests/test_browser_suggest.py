@@ -121,3 +121,17 @@ def test_a_reply_to_an_older_text_is_never_shown_and_the_box_can_switch_it_off(p
     typed(page, "cat d")
     page.wait_for_timeout(400)  # past the pause: nothing is asked with suggestions off
     assert len(page.asked) == 2 and page.is_hidden("#suggestions")
+
+
+def test_tab_before_the_chips_come_adds_the_first_of_them_when_they_come(page):
+    typed(page, "cat ")
+    suggested_for(page, "cat ")  # chips on screen, then the text changes: they are for an older text now
+    held = []
+    page.route("**/api/suggest", lambda route: route.continue_() if held else held.append(route))
+    typed(page, "cat log d")
+    while not held:
+        page.wait_for_timeout(20)
+    page.keyboard.press("Tab")  # waits for the chips of "cat log d" instead of leaving the box
+    assert page.input_value("#prompt") == "cat log d" and page.evaluate("document.activeElement.id") == "prompt"
+    held[0].continue_()
+    page.wait_for_function("() => document.getElementById('prompt').value === 'cat log dog'")
