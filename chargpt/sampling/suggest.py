@@ -19,6 +19,7 @@ hypotheses of unequal length; the product alone would always prefer the shortest
 their characters' probabilities. Every part is bounded: k, the completions asked for, a word's length and the steps.
 """
 
+import math
 import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
@@ -182,7 +183,7 @@ def _words(step, cache, logp, inside, blocked, steps, n):
             break
         scores = [s for s, _ in keep]
         live, logp = _advance(step, cache, live, [ri for _, ri in keep], logp.device)
-    return [(w, float(torch.tensor(s).exp())) for s, w in done]
+    return [(w, math.exp(s)) for s, w in done]
 
 
 def _ideographs(step, cache, logp, inside, blocked, steps, n):
@@ -203,7 +204,7 @@ def _ideographs(step, cache, logp, inside, blocked, steps, n):
         scores = [s for s, _ in keep]
         live, logp = _advance(step, cache, live, [ri for _, ri in keep], logp.device)
     done.sort(key=lambda d: -d[0])
-    return [(w, float(torch.tensor(s).exp())) for _, s, w in done[:n]]
+    return [(w, math.exp(s)) for _, s, w in done[:n]]
 
 
 def _advance(step, cache, live, picks, device):
