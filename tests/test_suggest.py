@@ -206,3 +206,20 @@ def test_the_benchmark_times_the_endpoint_over_varied_texts(toy):
     assert percentile([5, 1, 4, 2, 3], 50) == 3 and percentile(list(range(1, 101)), 95) == 95
     table = report(results, "toy", "cpu", 4)
     assert "| round trip (what the page waits for) |" in table and "| the server's suggestions (`ms`) |" in table
+
+
+def test_the_search_runs_one_forward_a_step_through_the_thread_tuner_and_finds_the_same():
+    from chargpt.sampling.suggest import suggest
+    gen = Generator(random_model(), Vocab("\n abcdefghijklmnopqrstuvwxyz"), "cpu", threads="auto")
+    steps = []
+
+    def run(it):  # what ThreadTuner.run does: each next() is one timed step
+        for out in it:
+            steps.append(out)
+            yield out
+    ids = gen.vocab.encode("the ca")
+    found = suggest(gen.model, gen.vocab.chars, ids, Query("the ca", 3, 2), text="the ca", run=run)
+    assert found == suggest(gen.model, gen.vocab.chars, ids, Query("the ca", 3, 2), text="the ca")
+    assert steps[-1] == found and len(steps) >= 3 and not any(steps[:-1])  # a prefill, search steps, the answer
+    assert gen.suggest("the ca", k=3, words=2) == found
+    assert gen.suggest_threads is not None and gen.suggest_threads is not gen.threads  # its own, timed apart

@@ -109,5 +109,5 @@ def main(argv=None, prog=None, write=None):
         proc.wait(timeout=30)
     print(text)
     if args.write:
-        write(text, machine_kind(device), f"{prog or 'python -m chargpt.bench'} suggest "
-                                                  f"--checkpoint {args.checkpoint} --requests {args.requests}")
+        write(text, machine_kind(device), f"{prog or 'python -m chargpt.bench suggest'} "
+                                          f"--checkpoint {args.checkpoint} --requests {args.requests}")

@@ -68,6 +68,7 @@ class Generator:
         # a CPU's decode steps run at the thread count measured fastest as they run (chargpt/threads.py): on a
         # machine where another process holds a core, one thread writes many times faster than two
         self.threads = ThreadTuner.of(threads) if self.device.type == "cpu" else None
+        self.suggest_threads = None  # suggest()'s own ThreadTuner, made on first use
         self.speculate = check_speculate(speculate)  # auto|on|off: drafts checked in one forward (speculate.py)
         self.draft_index = None  # the training text's suffix array for drafts, found on first use (False: none)
         self.drafted = None  # speculate.Meter: the last call's counts (.stats()), and whether drafting pays here
@@ -313,8 +314,11 @@ class Generator:
                                "models")
         seen = self.prompt_text(query.text, unknown)
         head = self._label_head(SampleSettings(label=query.label))[0]
+        if self.threads is not None and self.suggest_threads is None:  # its own: a suggestion's steps are not
+            self.suggest_threads = ThreadTuner(self.threads.counts)  # decoding's, and are timed apart from them
         return suggestions.suggest(self.model, self.vocab.chars, self.vocab.encode(seen or self.start_text()), query,
-                                   text=seen, head=head[:1], never=head[2:], dtype=self.dtype)
+                                   text=seen, head=head[:1], never=head[2:], dtype=self.dtype,
+                                   run=self.suggest_threads.run if self.suggest_threads else None)
 
     def items(self, n=1, prompt="", options=None, *, new_only=False, known=None, **overrides):
         """A run trained with --items: n items (each cut at its first newline), each starting with `prompt` (one

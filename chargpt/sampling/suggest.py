@@ -19,6 +19,7 @@ hypotheses of unequal length; the product alone would always prefer the shortest
 their characters' probabilities. Every part is bounded: k, the completions asked for, a word's length and the steps.
 """
 
+import collections
 import math
 import unicodedata
 from dataclasses import dataclass
@@ -118,20 +119,27 @@ def partial_word(text, cjk):
     return text[n:]
 
 
-@torch.no_grad()
-def suggest(model, chars, ids, query, *, text="", head=(), never=(), dtype=torch.float32):
+def suggest(model, chars, ids, query, *, text="", head=(), never=(), dtype=torch.float32, run=None):
     """The suggestions after `ids` (the text's ids, as the model reads them) -> Suggestions.
 
     chars: the vocabulary's characters (id -> character); text: the text as typed (its end decides the kind and the
     partial word); head: ids the model reads first and that stay in its window (a label run's label); never: ids
-    never offered (a label run's label characters)."""
+    never offered (a label run's label characters); run: how the forward steps are run, steps -> steps (a
+    threads.ThreadTuner's run: each step at the thread count measured fastest here); None: as they come."""
+    steps = _steps(model, chars, ids, query, text, list(head), never, dtype)
+    return collections.deque((run or iter)(steps), maxlen=1)[0]  # None after each forward; the suggestions last
+
+
+@torch.no_grad()
+def _steps(model, chars, ids, query, text, head, never, dtype):
+    """suggest() one forward at a time: yields None after each (a prefill, a batched step), then the Suggestions."""
     device, block = next(model.parameters()).device, model.config.block_size
     vocab_chars = "".join(chars)
     word_ok, ideograph = (m.to(device) for m in char_classes(vocab_chars))
     blocked = torch.zeros(len(chars), dtype=torch.bool, device=device)
     if len(never):
         blocked[torch.as_tensor(list(never), device=device)] = True
-    head, ids = list(head), list(ids)
+    ids = list(ids)
 
     def window(n):  # the last n ids of the text, the head kept first
         return head + ids[max(0, len(ids) - max(0, n - len(head))):]
@@ -144,27 +152,31 @@ def suggest(model, chars, ids, query, *, text="", head=(), never=(), dtype=torch
     full = window(block)
     cache = KVCache(model.config, 1, device=device, dtype=dtype)
     logp = forward(torch.tensor([full], device=device), cache)  # (1, V)
+    yield None
     top = logp[0].exp().topk(min(query.k, len(chars)))
     found = tuple((chars[i], p) for p, i in zip(top.values.tolist(), top.indices.tolist()) if p > 0)
     cjk = is_cjk(text, found[0][0] if found else "")
     if not query.words:
-        return Suggestions(found, (), "cjk" if cjk else "words")
+        yield Suggestions(found, (), "cjk" if cjk else "words")
+        return
     # at most half the window ahead, so that the search still reads the text (a 16-character window: 8 ahead)
     steps = min(max(CJK_LENGTHS) if cjk else MAX_WORD_CHARS, max(1, (block - len(head)) // 2))
     if len(full) + steps > block:  # no room ahead in the window: the search reads a shorter end of the text
         cache = KVCache(model.config, 1, device=device, dtype=dtype)
         logp = forward(torch.tensor([window(block - steps)], device=device), cache)
+        yield None
     typed = partial_word(text, cjk)
     search = _ideographs if cjk else _words
-    words = search(lambda idx: forward(idx, cache), cache, logp, ideograph if cjk else word_ok, blocked, steps,
-                   query.words)
+    words = yield from search(lambda idx: forward(idx, cache), cache, logp, ideograph if cjk else word_ok, blocked,
+                              steps, query.words)
     added = ["".join(chars[i] for i in w) for w, _ in words]
-    return Suggestions(found, tuple(Completion(a, typed + a, p) for a, (_, p) in zip(added, words)),
-                       "cjk" if cjk else "words")
+    yield Suggestions(found, tuple(Completion(a, typed + a, p) for a, (_, p) in zip(added, words)),
+                      "cjk" if cjk else "words")
 
 
 def _words(step, cache, logp, inside, blocked, steps, n):
-    """Alphabetic completions: -> [(ids, probability)] of the n likeliest words ended by a boundary. A word's score
+    """Alphabetic completions (a generator: None after each step) -> [(ids, probability)] of the n likeliest words
+    ended by a boundary. A word's score
     is its log-probability with the boundary's; partial words below the n-th score found are dropped."""
     ends = ~inside & ~blocked  # a boundary: any character that is not a word character (the reserved ones aside)
     live, done, scores = [[]], [], [0.0]  # live[r]: the ids of cache row r's partial word, scores[r] its log-prob
@@ -183,12 +195,13 @@ def _words(step, cache, logp, inside, blocked, steps, n):
             break
         scores = [s for s, _ in keep]
         live, logp = _advance(step, cache, live, [ri for _, ri in keep], logp.device)
+        yield None
     return [(w, math.exp(s)) for s, w in done]
 
 
 def _ideographs(step, cache, logp, inside, blocked, steps, n):
-    """CJK completions: -> [(ids, probability)] of the n best runs of 2 to 4 ideographs by log-probability per
-    character (their probability: the product of their characters')."""
+    """CJK completions (a generator: None after each step) -> [(ids, probability)] of the n best runs of 2 to 4
+    ideographs by log-probability per character (their probability: the product of their characters')."""
     live, done, scores = [[]], [], [0.0]
     for t in range(steps + 1):
         if t in CJK_LENGTHS:
@@ -203,6 +216,7 @@ def _ideographs(step, cache, logp, inside, blocked, steps, n):
             break
         scores = [s for s, _ in keep]
         live, logp = _advance(step, cache, live, [ri for _, ri in keep], logp.device)
+        yield None
     done.sort(key=lambda d: -d[0])
     return [(w, math.exp(s)) for _, s, w in done[:n]]
 
