@@ -1,6 +1,7 @@
 """Screenshots of the web playground for the README, from real runs.
 
-    python train.py && python scripts/web_screenshots.py     # -> docs/web-write.png, web-inside.png, web-runs.png
+    python train.py && python scripts/web_screenshots.py     # -> docs/web-write.png, web-inside.png, web-runs.png,
+                                                             #    web-suggest.png
     python scripts/web_screenshots.py --checkpoints runs/ --out /tmp/shots
     python scripts/web_screenshots.py --only suggest         # -> docs/web-suggest.png alone
 
