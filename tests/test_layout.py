@@ -29,7 +29,8 @@ LAYERS = [
     ["model.dropout", "model.adaptive", "model.transformer", "training.optim", "model.quantize", "sampling.decode",
      "data.corpus", "data.pairs", "runs.checkpoint", "training.sizing", "model.inside", "config.settings",
      "config.helptext", "training.init_from", "sampling.translate", "sampling.constraints", "data.items",
-     "data.labels", "threads", "sampling.speculate", "sampling.beam", "data.fim", "sampling.infill"],
+     "data.labels", "threads", "sampling.speculate", "sampling.beam", "data.fim", "sampling.infill",
+     "sampling.suggest"],
     # 3: what uses a model: sampling engine, evaluation, novelty, run information, and training's parts
     ["sampling.engine", "tools.evaluate", "runs.info", "runs.plot", "tools.export", "tools.webpage",
      "tools.ggufread", "tools.gguf", "tools.onnx",

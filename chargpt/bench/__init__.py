@@ -10,12 +10,14 @@ profile of a small training step, and learning at a fixed time budget.
     python -m chargpt.bench quality --data data/tinyshakespeare.txt --max-time 120 [--candidates FILE]
     python -m chargpt.bench pairs --data data/tang_poems.txt --max-time 300   # decoder vs encoder-decoder
     python -m chargpt.bench novelty --chars 1000000 [--data FILE]   # the novelty index: build and scoring cost
+    python -m chargpt.bench suggest --checkpoint RUN    # the playground's suggestions: latency of POST /api/suggest
     python -m chargpt.bench.serve                # the playground's stream against the library and sample.py
 
 The modules: speed.py (peak, train, compile, decode, vocab; profile), nanogpt.py (against nanoGPT's train.py),
 quality.py (a fixed time budget per candidate setting), pairs.py (decoder-only against encoder-decoder on
-couplets), novelty.py (the novelty index, its own flags: python -m chargpt.bench novelty --help), serve.py (the
-web playground's stream); this file is the command and the results file.
+couplets), novelty.py (the novelty index, its own flags: python -m chargpt.bench novelty --help), suggest.py (the
+playground's suggestions as a person types, its own flags too), serve.py (the web playground's stream); this file is
+the command and the results file.
 """
 
 import argparse
@@ -48,6 +50,9 @@ def main(argv=None, prog=None):
     if given[:1] == ["novelty"]:  # its own flags (chargpt/bench/novelty.py)
         from chargpt.bench.novelty import main as novelty_main
         return novelty_main(given[1:], f"{prog or 'python -m chargpt.bench'} novelty")
+    if given[:1] == ["suggest"]:  # its own flags (chargpt/bench/suggest.py)
+        from chargpt.bench.suggest import main as suggest_main
+        return suggest_main(given[1:], f"{prog or 'python -m chargpt.bench'} suggest", write=write_results)
     from chargpt.bench.speed import PARTS, machine_kind, profile, speed
     p = argparse.ArgumentParser(prog=prog or "python -m chargpt.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

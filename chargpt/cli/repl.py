@@ -6,7 +6,8 @@ Commands between prompts change the settings: /temp 0.5, /topk 40, /topp 0.9, /l
 constraint or best-of, each sample's scores follow it on stderr. An empty line samples from the default start (a
 pairs model translates each line: for it, an empty line is an error that says so). Ctrl-C stops the current sample
 only (at the input prompt it just clears the line); Ctrl-D (end of input) exits. Text goes to stdout, everything
-else (the "> " prompt, messages) to stderr, so the samples can be piped or logged on their own.
+else (the "> " prompt, messages) to stderr, so the samples can be piped or logged on their own. /suggest TEXT lists
+the likeliest next characters after TEXT and the words it likeliest completes (chargpt/sampling/suggest.py), on stderr.
 """
 
 import itertools
@@ -24,7 +25,8 @@ HELP = ("commands: /temp T  /topk K (0: off)  /topp P (1: off)  /len N  /seed S 
         "constraints: /form PATTERN|NAME  /acrostic CHARS  /ban CHARS  /allow CHARS (alone: off)  /regex RE  "
         "/minp P (0: off)  /rep F (1: off)  /norepeat N (0: off)  /bestof N (1: off)  /beam N (0: off); a run trained "
         "with --labels: /label NAME or a:0.7,b:0.3 (alone: none)  /guidance F (1: off); with --fim: /suffix TEXT (the "
-        "text after the gap; alone: none); anything else is a prompt")
+        "text after the gap; alone: none); /suggest TEXT: the next characters and words after TEXT; anything else is "
+        "a prompt")
 PAIRS_HELP = HELP.replace("anything else is a prompt", "anything else is a sentence to translate (one per line)")
 PAIRS_EMPTY = ("this model was trained on sentence pairs: type a source sentence, one per line, and it writes the "
                "translation")
@@ -84,6 +86,8 @@ def repl(gen, options, inp=None, out=None, err=None):
                 err.write(f"seed = {seed}\n")
             except (ValueError, ChargptError):
                 err.write("usage: /seed N, a whole number from 0 to 2**63 - 1\n")
+        elif word == "/suggest":  # the text as typed after the command: its spaces count
+            _suggest(gen, line.lstrip()[len("/suggest "):] if arg else None, options, err)
         elif word == "/label" and (bad := _bad_label(gen, arg.strip())):
             err.write(f"error: {bad}\n")
         elif word in SETTERS:
@@ -145,6 +149,22 @@ def _set(options, word, arg):
         return options.replace(**{key: value}), f"{key} = {value}"
     except ChargptError as e:
         return options, f"invalid value for {word}: {e}"
+
+
+def _suggest(gen, text, options, err):
+    """/suggest TEXT: the next characters with their probabilities, and the word completions, on one line each (on
+    stderr, with the other messages: the samples alone go to stdout). TEXT as typed, \\n a newline."""
+    if text is None:
+        err.write("usage: /suggest TEXT (\\n for a newline): the likeliest next characters and words after TEXT\n")
+        return
+    try:
+        found = gen.suggest(textio.unescape(text), label=options.settings.label, unknown=options.unknown)
+    except ChargptError as e:
+        err.write(f"error: {e}\n")
+        return
+    err.write("next: " + "  ".join(f"{c!r} {p:.1%}" for c, p in found.chars) + "\n")
+    if found.words:
+        err.write("words: " + "  ".join(f"{w.word} {w.p:.1%}" for w in found.words) + "\n")
 
 
 def _answer(gen, line, options, out, err):

@@ -22,6 +22,7 @@ import sys
 import numpy as np
 import torch
 
+from chargpt.config import SampleSettings
 from chargpt.config.flags import param
 from chargpt.data.corpus import share_compile_cache
 from chargpt.data.fim import FimMarkers
@@ -35,6 +36,7 @@ from chargpt.model.transformer import CharGPT
 from chargpt.runs.checkpoint import load_model, run_settings, unwrap
 from chargpt.runtime import pick_decode_compile, pick_device
 from chargpt.sampling import constraints, forms, infill
+from chargpt.sampling import suggest as suggestions
 from chargpt.sampling.beam import TextSteps
 from chargpt.sampling.decode import StepRunner, StopFilter, decode, guided, mixed_labels, through_filters
 from chargpt.sampling.options import sample_options
@@ -70,6 +72,7 @@ class Generator:
         # a CPU's decode steps run at the thread count measured fastest as they run (chargpt/threads.py): on a
         # machine where another process holds a core, one thread writes many times faster than two
         self.threads = ThreadTuner.of(threads) if self.device.type == "cpu" else None
+        self.suggest_threads = None  # suggest()'s own ThreadTuner, made on first use
         self.speculate = check_speculate(speculate)  # auto|on|off: drafts checked in one forward (speculate.py)
         self.draft_index = None  # the training text's suffix array for drafts, found on first use (False: none)
         self.drafted = None  # speculate.Meter: what the calls learned of whether drafting pays here
@@ -359,6 +362,26 @@ class Generator:
                 if text:
                     yield k, text
         return Decoding(self._threaded(pieces()), rows=keep, scored=samples)
+
+    def suggest(self, text="", k=5, words=3, *, label=None, unknown="error"):
+        """-> the suggestions after `text` (chargpt/sampling/suggest.py: Suggestions): the k likeliest next characters
+        with their probabilities at temperature 1, and the `words` likeliest word completions (2-4 ideographs for
+        Chinese). A run trained with --labels suggests in `label`'s style (None: unconditioned); unknown: the
+        prompt's policy for characters the model never saw."""
+        query = suggestions.Query(text, k, words, label)
+        if self.task == "pairs":
+            raise ChargptError("this model translates (it was trained on sentence pairs); suggestions are for text "
+                               "models")
+        seen = self.prompt_text(query.text, unknown)
+        heads = self._heads(SampleSettings(label=query.label))[0]
+        if len(heads) > 1:
+            raise ConfigError(f"suggestions follow one label's style, not a mix; give {param('label')} one name")
+        if self.threads is not None and self.suggest_threads is None:  # its own: a suggestion's steps are not
+            self.suggest_threads = ThreadTuner(self.threads.counts)  # decoding's, and are timed apart from them
+        never = [self.vocab.stoi[c] for c in self.reserved()]  # labels' and a FIM run's markers
+        return suggestions.suggest(self.model, self.vocab.chars, self.vocab.encode(seen or self.start_text()), query,
+                                   text=seen, head=heads, never=never, dtype=self.dtype,
+                                   run=self.suggest_threads.run if self.suggest_threads else None)
 
     def items(self, n=1, prompt="", options=None, *, new_only=False, known=None, **overrides):
         """A run trained with --items: n items (each cut at its first newline), each starting with `prompt` (one

@@ -16,6 +16,7 @@ from chargpt.config import SampleSettings
 from chargpt.data.tokenizer import UNKNOWN_POLICIES
 from chargpt.errors import ConfigError
 from chargpt.sampling.options import SETTINGS, SampleOptions
+from chargpt.sampling.suggest import MAX_K, MAX_WORDS
 from chargpt.web.body import RequestError
 from chargpt.web.limits import (
     MAX_BEAM,
@@ -129,6 +130,16 @@ class NoveltyRequest(Request):
     run: str
     text: str = Field(max_length=MAX_NOVELTY_CHARS)
     min_span: int | None = Field(None, ge=1, le=MAX_NOVELTY_CHARS)  # None: chargpt.tools.novelty's default
+
+
+class SuggestRequest(Request):
+    """/api/suggest's body: the text typed so far, and how many next characters (k) and word completions to list."""
+    run: str
+    text: str = Field("", max_length=MAX_PROMPT_CHARS)
+    k: int = Field(5, ge=1, le=MAX_K)
+    words: int = Field(3, ge=0, le=MAX_WORDS)
+    unknown: Literal[UNKNOWN_POLICIES] = "error"
+    label: str | None = Field(None, max_length=MAX_LABEL_CHARS)
 
 
 class StopRequest(Request):

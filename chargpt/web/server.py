@@ -44,6 +44,7 @@ The API (JSON in, JSON out; generation as server-sent events), by the endpoints 
   GET  /api/status                  write.py    generations running and the limit
   POST /api/inside                  inside.py   surprise, expected characters, attention maps (decoder-only runs)
   POST /api/novelty                 novelty.py  how much of a text is copied from the run's training text
+  POST /api/suggest                 suggest.py  the likeliest next characters and word completions of a text
   GET  /api/corpora, /api/train     train.py    the texts to train on; the training running or last finished
   POST /api/train, /api/train/upload  train.py  start a training; upload a text (its bytes, checked to be UTF-8)
   POST /api/train/stop, .../resume  train.py    stop it (it saves, as Ctrl-C); resume a run

@@ -5,6 +5,7 @@
 import {$, current, el, fmt, state, status, translates} from "./common.js";
 import {api, generate} from "./api.js";
 import {onAnalyse} from "./inside.js";
+import {initSuggest} from "./suggest.js";
 
 let showView;  // the page's view switch (main.js), for Look inside →
 
@@ -270,5 +271,6 @@ export function initWrite(views) {
   $("stop-button").addEventListener("click", onStop);
   $("to-inside").addEventListener("click", toInside);
   $("label").addEventListener("change", () => renderLabels(current()));
+  initSuggest();  // suggestions as a person types in the prompt box (suggest.js)
   $("prompt").addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) onGenerate(); });
 }

@@ -3,9 +3,9 @@ whose handlers reach the server's shared parts through request.app.state (runs, 
 by chargpt/web/server.py's create_app). A new feature (an OpenAI-compatible API, training started from the page)
 is a new module here, added to FEATURES; nothing else in the server changes for its routes."""
 
-from chargpt.web.endpoints import inside, novelty, openai, page, runs, train, write
+from chargpt.web.endpoints import inside, novelty, openai, page, runs, suggest, train, write
 
-FEATURES = (page, runs, write, inside, novelty, openai, train)
+FEATURES = (page, runs, write, inside, novelty, openai, train, suggest)
 
 
 def routes():

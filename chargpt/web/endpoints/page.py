@@ -9,7 +9,8 @@ from chargpt.web.body import RequestError, clipped
 
 WEB = Path(__file__).parent.parent  # index.html and PAGE_FILES: shipped as package data
 # what /static/ serves: the page's own files, never the package's Python (main.js imports the other modules)
-PAGE_FILES = ("main.js", "common.js", "api.js", "write.js", "inside.js", "runs.js", "train.js", "style.css")
+PAGE_FILES = ("main.js", "common.js", "api.js", "write.js", "inside.js", "runs.js", "train.js", "style.css",
+              "suggest.js")
 
 
 async def index(request):
