@@ -39,6 +39,72 @@ def gens(model=None):
             Generator(model, VOCAB, "cpu", speculate="off", threads=1))
 
 
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A run trained here (about a second) on a repetitive corpus, whose samples copy it: corpus drafts are kept."""
+    root = tmp_path_factory.mktemp("speculate")
+    (root / "corpus.txt").write_text(CORPUS_TEXT, encoding="utf-8")
+    kw = {**TINY_RUN_KW, "block_size": 32, "n_embd": 32}
+    chargpt.train(data=str(root / "corpus.txt"), out_dir=str(root / "run"), cache_dir=str(root / "cache"),
+                  max_iters=150, eval_interval=150, log=lambda *a: None, curves=False, **kw)
+    return root / "run"
+
+
+# --- the text is plain decoding's -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("kw", [dict(temperature=0.0), dict(temperature=0.0, ban="e"),
+                                dict(temperature=0.0, form="____ ___ _____\\n", ban="a"),
+                                dict(temperature=1.0), dict(temperature=0.8, top_k=5, top_p=0.9, min_p=0.05),
+                                dict(temperature=1.0, repetition_penalty=1.3, no_repeat_ngram=4)], ids=str)
+def test_speculation_writes_the_text_plain_decoding_writes(kw):
+    on, off = gens()
+    kept = drafted = 0
+    for seed, prompt in enumerate(("abcab", "the cat the cat the", "\n")):
+        # 60 characters in a 16-character window: drafts kept and dropped, and the window rebuilt on the way
+        opts = dict(max_new_tokens=60, seed=seed, **kw)
+        assert on.generate(prompt, **opts) == off.generate(prompt, **opts), (prompt, seed)
+        kept, drafted = kept + on.drafted.kept, drafted + on.drafted.drafted
+    assert kept > 0 or "no_repeat_ngram" in kw  # (that rule bans what a text-so-far draft proposes)
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=0.0), dict(temperature=0.0, ban="e", no_repeat_ngram=3),
+                                dict(temperature=1.0, repetition_penalty=1.3, top_k=8)], ids=str)
+def test_drafts_kept_and_dropped_leave_the_text_and_the_scores_of_plain_decoding(kw):
+    model = random_model()
+    ctx = torch.tensor([VOCAB.encode("the cat")])
+    settings = SampleSettings(max_new_tokens=40, **kw)
+    rules = plan(settings, VOCAB, VOCAB.decode(ctx[0].tolist()), score=True)
+    plain_steer, spec_steer = (rules.steer(ctx[0].tolist(), 1, 40, "cpu") for _ in range(2))
+    plain = list(decode(model, ctx, settings, torch.Generator().manual_seed(1), steer=plain_steer))
+    meter = Meter(always=True)
+    forced = Drafts([Oracle([int(c) for c in plain])])
+    spec = list(decode_speculative(model, ctx, settings, torch.Generator().manual_seed(1), forced, meter,
+                                   steer=spec_steer))
+    assert torch.equal(torch.cat(spec), torch.cat(plain))
+    assert 0 < meter.kept < meter.drafted  # drafts kept and dropped
+    for a, b in zip(plain_steer.scores(), spec_steer.scores()):  # the constraints saw the same characters
+        assert a is None and b is None or torch.allclose(a, b, atol=1e-5)
+
+
+def test_a_trained_model_copies_with_drafts_from_its_training_text_and_writes_the_same(run):
+    for_meta(chargpt.load(run, device="cpu").meta, log=lambda m: None)  # its novelty index, as --novelty builds it
+    on = chargpt.load(run, device="cpu", dtype="float32", speculate="on", threads=1)
+    off = chargpt.load(run, device="cpu", dtype="float32", speculate="off", threads=1)
+    assert on._draft_index()  # the training text drafts
+    for opts in (dict(temperature=0.0), dict(temperature=0.8, seed=3), dict(temperature=0.0, ban="q")):
+        text = on.generate("To be", max_new_tokens=120, **opts)
+        assert text == off.generate("To be", max_new_tokens=120, **opts)
+    stats = on.drafted.stats()
+    assert stats["kept"] > 0.5 * stats["chars"], stats  # most characters came from drafts
+
+
+def test_a_seed_reproduces_a_speculative_sample():
+    on, _ = gens()
+    opts = dict(max_new_tokens=50, temperature=0.9)
+    assert on.generate("abcab", seed=5, **opts) == on.generate("abcab", seed=5, **opts)
+    assert on.generate("abcab", seed=5, **opts) != on.generate("abcab", seed=6, **opts)
+
+
+# --- the distribution is the model's --------------------------------------------------------------------------------
 class Forced:
     """A draft source that proposes the same characters whatever the text: a stand-in for drafts that are right or
     wrong as often as a test needs."""
@@ -70,96 +136,6 @@ class Oracle:
         return 99, draft
 
 
-class ForcedTree:
-    """A draft source that proposes the same lines whatever the text: a tree that branches where a test needs."""
-
-    def __init__(self, lines):
-        self.found = lines
-
-    def add(self, c, live=True):
-        pass
-
-    def lines(self, k, deep):
-        return 99, [line[:deep] for line in self.found]
-
-
-class OracleTree(Oracle):
-    """Oracle's drafts as a tree: a short wrong line first, the right one (3rd character wrong) beside it, and a
-    line branching off it at the 2nd character."""
-
-    def lines(self, k, deep):
-        right = self.propose(k)[1][:deep]
-        wrong = [(c + 1) % len(MODEL_ALPHABET) for c in right]
-        return 99, [wrong[:2], right, right[:1] + wrong[1:3]]
-
-
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """A run trained here (about a second) on a repetitive corpus, whose samples copy it: corpus drafts are kept."""
-    root = tmp_path_factory.mktemp("speculate")
-    (root / "corpus.txt").write_text(CORPUS_TEXT, encoding="utf-8")
-    kw = {**TINY_RUN_KW, "block_size": 32, "n_embd": 32}
-    chargpt.train(data=str(root / "corpus.txt"), out_dir=str(root / "run"), cache_dir=str(root / "cache"),
-                  max_iters=150, eval_interval=150, log=lambda *a: None, curves=False, **kw)
-    return root / "run"
-
-
-# --- the text is plain decoding's -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("kw", [dict(temperature=0.0), dict(temperature=0.0, ban="e"),
-                                dict(temperature=0.0, form="____ ___ _____\\n", ban="a"),
-                                dict(temperature=1.0), dict(temperature=0.8, top_k=5, top_p=0.9, min_p=0.05),
-                                dict(temperature=1.0, repetition_penalty=1.3, no_repeat_ngram=4)], ids=str)
-def test_speculation_writes_the_text_plain_decoding_writes(kw):
-    on, off = gens()
-    kept = drafted = 0
-    for seed, prompt in enumerate(("abcab", "the cat the cat the", "\n")):
-        # 60 characters in a 16-character window: drafts kept and dropped, and the window rebuilt on the way
-        opts = dict(max_new_tokens=60, seed=seed, **kw)
-        assert on.generate(prompt, **opts) == off.generate(prompt, **opts), (prompt, seed)
-        kept, drafted = kept + on.drafted.kept, drafted + on.drafted.drafted
-    assert kept > 0 or "no_repeat_ngram" in kw  # (that rule bans what a text-so-far draft proposes)
-
-
-@pytest.mark.parametrize("source", [Oracle, OracleTree])
-@pytest.mark.parametrize("kw", [dict(temperature=0.0), dict(temperature=0.0, ban="e", no_repeat_ngram=3),
-                                dict(temperature=1.0, repetition_penalty=1.3, top_k=8)], ids=str)
-def test_drafts_kept_and_dropped_leave_the_text_and_the_scores_of_plain_decoding(kw, source):
-    model = random_model()
-    ctx = torch.tensor([VOCAB.encode("the cat")])
-    settings = SampleSettings(max_new_tokens=40, **kw)
-    rules = plan(settings, VOCAB, VOCAB.decode(ctx[0].tolist()), score=True)
-    plain_steer, spec_steer = (rules.steer(ctx[0].tolist(), 1, 40, "cpu") for _ in range(2))
-    plain = list(decode(model, ctx, settings, torch.Generator().manual_seed(1), steer=plain_steer))
-    meter = Meter(always=True)
-    forced = Drafts([source([int(c) for c in plain])])
-    spec = list(decode_speculative(model, ctx, settings, torch.Generator().manual_seed(1), forced, meter,
-                                   steer=spec_steer))
-    assert torch.equal(torch.cat(spec), torch.cat(plain))
-    assert 0 < meter.kept < meter.drafted  # drafts kept and dropped
-    for a, b in zip(plain_steer.scores(), spec_steer.scores()):  # the constraints saw the same characters
-        assert a is None and b is None or torch.allclose(a, b, atol=1e-5)
-
-
-def test_a_trained_model_copies_with_drafts_from_its_training_text_and_writes_the_same(run):
-    for_meta(chargpt.load(run, device="cpu").meta, log=lambda m: None)  # its novelty index, as --novelty builds it
-    on = chargpt.load(run, device="cpu", dtype="float32", speculate="on", threads=1)
-    off = chargpt.load(run, device="cpu", dtype="float32", speculate="off", threads=1)
-    assert on._draft_index()  # the training text drafts
-    for opts in (dict(temperature=0.0), dict(temperature=0.8, seed=3), dict(temperature=0.0, ban="q")):
-        text = on.generate("To be", max_new_tokens=120, **opts)
-        assert text == off.generate("To be", max_new_tokens=120, **opts)
-    stats = on.drafted.stats()
-    assert stats["kept"] > 0.5 * stats["chars"], stats  # most characters came from drafts
-
-
-def test_a_seed_reproduces_a_speculative_sample():
-    on, _ = gens()
-    opts = dict(max_new_tokens=50, temperature=0.9)
-    assert on.generate("abcab", seed=5, **opts) == on.generate("abcab", seed=5, **opts)
-    assert on.generate("abcab", seed=5, **opts) != on.generate("abcab", seed=6, **opts)
-
-
-# --- the distribution is the model's --------------------------------------------------------------------------------
 def chi_square_critical(df, z=3.719):
     """The chi-square value a fit exceeds with probability about 1e-4 (z: the normal's 1 - 1e-4 quantile), by
     Wilson and Hilferty's cube-root approximation."""
@@ -167,8 +143,7 @@ def chi_square_critical(df, z=3.719):
 
 
 @pytest.mark.parametrize("likely", [True, False], ids=["likely-draft", "unlikely-draft"])
-@pytest.mark.parametrize("tree", [False, True], ids=["line", "tree"])
-def test_the_characters_after_a_checked_draft_follow_the_model(likely, tree):
+def test_the_characters_after_a_checked_draft_follow_the_model(likely):
     """The 2nd and 3rd characters are chosen at drafted positions; their joint distribution, over 1,000 seeds, fits
     the model's exact one (computed by one batched forward over every first two characters). Keeping a draft without
     the check, or choosing from the whole distribution after a dropped one, fails it by far."""
@@ -188,9 +163,8 @@ def test_the_characters_after_a_checked_draft_follow_the_model(likely, tree):
     settings = SampleSettings(max_new_tokens=4, temperature=1.0)  # after the 1st, 2 drafted and 1 more
     n, counts = 1000, torch.zeros(V, V, dtype=torch.float64)
     for seed in range(n):
-        # a tree: the draft beside lines that branch off it at its 1st and 2nd characters
-        source = ForcedTree([[c2, c3], [(c2 + 1) % V, c3], [c2, (c3 + 1) % V]]) if tree else Forced([c2, c3])
-        out = decode_speculative(model, prompt, settings, torch.Generator().manual_seed(seed), Drafts([source]))
+        out = decode_speculative(model, prompt, settings, torch.Generator().manual_seed(seed),
+                                 Drafts([Forced([c2, c3])]))
         ids = [int(t) for t in out]
         counts[ids[1], ids[2]] += 1
     expected = joint * n
@@ -221,29 +195,6 @@ def test_a_rolled_back_cache_is_the_cache_of_plain_decoding():
         assert torch.allclose(model(nxt, cache=plain)[0], model(nxt, cache=spec)[0], atol=1e-5)
 
 
-def test_a_tree_of_drafts_gives_each_line_its_own_logits_and_keeps_the_cache_of_plain_decoding():
-    """Lines "or" and "ld" and "lf" branching after "hello w", in one forward: each position's logits are those of
-    the line from the root to it; keeping the line "ld" moves its positions into place."""
-    model = random_model()
-    ids = VOCAB.encode("hello wo")
-    tree = [VOCAB.stoi[c] for c in "orldf"]  # nodes 1-5: o, r (after o), l, d (after l), f (after l)
-    parents = [0, 1, 0, 3, 3]
-    plain, spec = KVCache(model.config, 1), KVCache(model.config, 1)
-    with torch.no_grad():
-        model(torch.tensor([ids[:7]]), cache=spec)
-        rows = model.verify(torch.tensor([[ids[7], *tree]]), spec, parents=parents)  # root "o", then the tree
-        for line, nodes in (("or", [1, 2]), ("ld", [3, 4]), ("lf", [3, 5])):
-            cache = KVCache(model.config, 1)
-            full = model(torch.tensor([ids + VOCAB.encode(line)]), cache=cache)[0]  # (1, 1, V): after the line
-            assert torch.allclose(rows[0, nodes[-1]], full[0, -1], atol=1e-5), line
-        spec.keep_path(7, [0, 3, 4])  # the root "o", then "l", "d" kept
-        spec.rollback(10)
-        model(torch.tensor([ids + VOCAB.encode("ld")]), cache=plain)
-        assert spec.pos == plain.pos == 10
-        for a, b in zip(plain.k + plain.v, spec.k + spec.v):
-            assert torch.allclose(a, b, atol=1e-5) and not b[:, :, 10:].any()
-
-
 def test_decoding_past_the_window_rebuilds_the_cache_as_plain_decoding_does():
     model = random_model()
     ctx = torch.tensor([VOCAB.encode("abcabcabcabca")])  # 13 of a 16-character window: drafts meet its end
@@ -264,34 +215,21 @@ def test_prompt_lookup_drafts_what_followed_the_longest_earlier_match():
     assert VOCAB.decode(look.propose(5)[1]) == "ababa"  # on past the text's end with the match's period
 
 
-def test_corpus_lookup_drafts_what_followed_the_longest_match_in_the_training_text_likeliest_first():
+def test_corpus_lookup_drafts_what_most_often_followed_the_longest_match_in_the_training_text():
     corpus = np.array(VOCAB.encode("the cat sat on the mat and the cat ran and the cat sat down and the cat sat up "),
                       dtype=np.uint8)
     same = np.arange(len(VOCAB))
     look = CorpusLookup(TrainingText(corpus, suffix_array(corpus), same, same), VOCAB.encode("so the c"))
-
-    def lines(k, deep=8):
-        depth, found = look.lines(k, deep)
-        return depth, [VOCAB.decode(line) for line in found]
-    depth, found = lines(7)
-    assert depth == len(" the c") and found == ["a", "at", "at ", "at s", "at sa", "at sat", "at sat "]  # 2 of 3
-    assert "at r" in lines(12)[1] and "at ra" not in lines(8)[1]  # the 1 in 3 branch, after the 2 in 3 line's start
-    assert all(len(line) <= 3 for line in lines(12, deep=3)[1])
+    depth, draft = look.propose(8)
+    assert depth == len(" the c") and VOCAB.decode(draft).startswith("at sat ")  # 2 of 3 occurrences go on "sat"
     for c in VOCAB.encode("at r"):  # followed one character at a time
         look.add(c)
-    assert lines(4)[1][-1] == "an a"
+    assert VOCAB.decode(look.propose(4)[1]) == "an a"
     look.add(VOCAB.stoi["x"])  # in no occurrence: the longest suffix that occurs (none here)
-    assert look.lines(4, 4) == (0, [])
+    assert look.propose(4) == (0, [])
     for c in VOCAB.encode(" the mat"):  # drafting paused: found again when it resumes
         look.add(c, live=False)
-    assert lines(4) == (len(" the mat"), [" ", " a", " an", " and"])
-
-
-def test_a_tree_takes_the_longer_match_s_lines_first_and_the_others_in_its_room():
-    tree = Drafts([Forced([5, 6, 7]), ForcedTree([[1, 2, 3, 9], [1, 4]])]).propose(6)
-    assert (tree.ids, tree.parents) == ([1, 2, 3, 9, 4, 5], [0, 1, 2, 3, 1, 0])  # both lines, then the room's last
-    assert not tree.is_line() and Drafts([Forced([5, 6, 7])]).propose(8).is_line()
-    assert len(Drafts([ForcedTree([[1, 2, 3]])]).propose(8, deep=2)) == 2  # no line past `deep`
+    assert look.propose(4) == (len(" the mat"), VOCAB.encode(" and"))
 
 
 # --- when it speculates ---------------------------------------------------------------------------------------------

@@ -77,15 +77,6 @@ class KVCache:
                 t[:, :, pos:self.pos].zero_()
             self.pos = pos
 
-    def keep_path(self, start, nodes):
-        """Move the cached positions start + nodes[d] to start + d (a tree of drafts' kept line, CharGPT.verify with
-        parents; nodes ascending, nodes[0] = 0): then rollback(start + len(nodes)) leaves the cache plain decoding
-        would have."""
-        if list(nodes) != list(range(len(nodes))):
-            at = start + torch.tensor(nodes, device=self.positions.device)
-            for t in (*self.k, *self.v):
-                t[:, :, start:start + len(nodes)] = t.index_select(2, at)
-
     def select(self, rows):
         """Keep the batch rows `rows` (N,) in that order (repeats allowed): beam search forks and drops rows."""
         self.k, self.v = [k[rows] for k in self.k], [v[rows] for v in self.v]
@@ -106,15 +97,6 @@ class Memory:
         if layer not in self.kv:
             self.kv[layer] = project(self.x)
         return self.kv[layer]
-
-    def keep_path(self, start, nodes):
-        """Move the cached positions start + nodes[d] to start + d (a tree of drafts' kept line, CharGPT.verify with
-        parents; nodes ascending, nodes[0] = 0): then rollback(start + len(nodes)) leaves the cache plain decoding
-        would have."""
-        if list(nodes) != list(range(len(nodes))):
-            at = start + torch.tensor(nodes, device=self.positions.device)
-            for t in (*self.k, *self.v):
-                t[:, :, start:start + len(nodes)] = t.index_select(2, at)
 
     def select(self, rows):
         """A Memory holding the batch rows `rows` (N,): one copy of the source per beam or live row."""
@@ -174,9 +156,8 @@ class Attention(nn.Module):
         B, T, _ = t.size()
         return t.view(B, T, self.n_head, self.n_embd // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
 
-    def forward(self, x, cache=None, key_mask=None, memory=None, attn_weights=None, step=None, tree=None):
-        """step: (pos (1,) long tensor, visible (1, block_size) bool) for CharGPT.decode_step's one position;
-        tree: (T, S) bool, which keys each of T new positions sees (CharGPT.verify of a tree of drafts)."""
+    def forward(self, x, cache=None, key_mask=None, memory=None, attn_weights=None, step=None):
+        """step: (pos (1,) long tensor, visible (1, block_size) bool) for CharGPT.decode_step's one position."""
         B, T, C = x.size()
         start = 0
         if step is not None:  # the static decode step: the same shapes at every position
@@ -195,9 +176,7 @@ class Attention(nn.Module):
                 start = cache.pos
                 k, v = cache.update(self.layer, k.to(cache.dtype), v.to(cache.dtype))  # (B, nh, S, hs)
                 q = q.to(k.dtype)
-        if tree is not None:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=tree)
-        elif attn_weights is None and self.use_fused(q):
+        if attn_weights is None and self.use_fused(q):
             y = self.fused(q, k, v, start, key_mask)
         else:
             y = self.reference(q, k, v, start, key_mask, attn_weights)
@@ -295,9 +274,9 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cache=None, key_mask=None, memory=None, attn_weights=None, step=None, tree=None):
+    def forward(self, x, cache=None, key_mask=None, memory=None, attn_weights=None, step=None):
         x = self.residual(x, self.ln_1, lambda h: self.attn(h, cache, key_mask, attn_weights=attn_weights,
-                                                             step=step, tree=tree))
+                                                             step=step))
         if memory is not None:
             x = self.residual(x, self.ln_x, lambda h: self.cross(h, memory=memory))
         return self.residual(x, self.ln_2, self.mlp)
@@ -379,25 +358,26 @@ class Transformer(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def embed(self, idx, start=0, positions=None):
-        """ids (B, T) at positions start .. start + T - 1 (or at `positions`, a (T,) long tensor) -> (B, T, C)."""
+    def embed(self, idx, start=0):
+        """ids (B, T) at positions start .. start + T - 1 -> (B, T, C)."""
         T = idx.size(1)
         if start + T > self.config.block_size:
             raise ValueError(f"cannot forward {start + T} positions: block_size is only {self.config.block_size}")
         tok = self.wte(idx)  # (B, T, C)
         if self.config.emb_scale:
             tok = tok * math.sqrt(self.config.n_embd)
-        if positions is None:
-            positions = torch.arange(start, start + T, dtype=torch.long, device=idx.device)
-        pos = self.wpe(positions) if self.config.pos_emb == "learned" else self.pe[positions]  # (T, C)
+        if self.config.pos_emb == "learned":
+            pos = self.wpe(torch.arange(start, start + T, dtype=torch.long, device=idx.device))  # (T, C)
+        else:
+            pos = self.pe[start:start + T]  # (T, C)
         return self.drop(tok + pos)
 
-    def decoder_stack(self, idx, cache=None, every=False, positions=None, **block_kw):
+    def decoder_stack(self, idx, cache=None, every=False, **block_kw):
         """ids (B, T) through the embeddings, the decoder blocks (self.h) and the final norm -> (B, T, C). With a
         KVCache, idx continues the cached positions, the cache advances past them, and only the last position
         comes out (B, 1, C): all that decoding needs (every=True: all T, for checking a speculative draft)."""
         start = cache.pos if cache is not None else 0
-        x = self.embed(idx, start, positions)  # (B, T, C)
+        x = self.embed(idx, start)  # (B, T, C)
         for block in self.h:
             x = block(x, cache, **block_kw)
         if cache is not None:
@@ -450,27 +430,13 @@ class CharGPT(Transformer):
         return self.head(self.decoder_stack(idx, cache, attn_weights=attn_weights), targets, loss_mask,
                          label_smoothing)
 
-    def verify(self, idx, cache, parents=None):
+    def verify(self, idx, cache):
         """idx (B, T) continuing the cached positions -> logits (B, T, V) at every one of them, in one forward:
         speculative decoding's check of a drafted text (chargpt/sampling/speculate.py). The head runs over all T at
         once: decoding is memory-bound, and a large vocabulary's head read once for T positions costs about what it
         costs for one. The cache advances past all T; KVCache.rollback takes back the positions after the first
-        character not kept.
-
-        parents: a tree of drafts rather than one line: parents[i] is the index in idx of position i + 1's parent
-        (position 0 is the root, the last character chosen). Each position then sits one past its parent and sees
-        the cached text and its own ancestors only, so its logits are those of the line from the root to it; the
-        cache holds the positions in idx's order until KVCache.keep_path moves the kept line into place."""
-        if parents is None:
-            return self.head(self.decoder_stack(idx, cache, every=True))[0]
-        T, start, device = idx.size(1), cache.pos, idx.device
-        depth, sees = [0], torch.eye(T, dtype=torch.bool, device=device)
-        for i, p in enumerate(parents, 1):
-            depth.append(depth[p] + 1)
-            sees[i] |= sees[p]  # its parent's ancestors, and itself
-        mask = torch.cat([torch.ones(T, start, dtype=torch.bool, device=device), sees], dim=1)  # (T, start + T)
-        positions = start + torch.tensor(depth, device=device)
-        return self.head(self.decoder_stack(idx, cache, every=True, positions=positions, tree=mask))[0]
+        character not kept."""
+        return self.head(self.decoder_stack(idx, cache, every=True))[0]
 
     def decode_step(self, idx, cache, pos):
         """One new character per row at position pos: idx (B, 1) ids, pos a (1,) long tensor (= cache.pos) ->

@@ -4,23 +4,18 @@ checked in one cached forward, with the text exactly that of plain decoding (cha
 A decode step on a CPU is bound by reading the weights and by per-call overhead: a forward over 8 positions costs
 little more than over one. A character model is very predictable inside a word, a name or a line it has seen, so a
 guess at the next few characters (a draft) is often right, and one forward over the draft gives the model's choice at
-every drafted position. Two sources guess, the one whose match is longer first:
+every drafted position. Two sources guess, and the one whose match is longer drafts:
     PromptLookup  the longest recent n-gram (3 to 8 characters) that occurred earlier in the text so far, and what
                   followed it there (prompt lookup, as vLLM's and llama.cpp's n-gram drafts);
     CorpusLookup  the longest suffix of the text found in the training text's suffix array (the novelty index,
-                  chargpt/tools/novelty) and what followed it there (as REST, retrieval-based speculative decoding,
-                  drafts from a datastore): the likeliest continuations, best first, as a tree (after "the c": "at"
-                  and "ould" both), so a draft whose first guess is wrong may still hold the character chosen.
-Their lines share their starts in one DraftTree, checked in one forward: each drafted position sees the cached text
-and its own ancestors only (CharGPT.verify with parents), and the kept line's positions move into place in the cache
-(KVCache.keep_path) before the rest are forgotten.
+                  chargpt/tools/novelty) and what most often followed it there (as REST, retrieval-based speculative
+                  decoding, drafts from a datastore), a character at a time while its share stays high.
 
 Exactness. Each drafted position's choice is made exactly as plain decoding makes it: the position's logits go
 through the labels' mask, the constraints (steer.logits: bans, forms, penalties) and sample_next (temperature, top-k,
 top-p, min-p) with one uniform number from the call's generator, and the character chosen is kept. The draft is kept
 while the choices equal it; at the first choice that differs, the choice is kept (it is the sample) and the rest of
-the draft is dropped (KVCache.rollback); in a tree, the choice moves to the child drafting it, if there is one. For
-a deterministic draft x this is the usual rule (keep x with probability
+the draft is dropped (KVCache.rollback). For a deterministic draft x this is the usual rule (keep x with probability
 p(x), else a character from p without x, renormalised), and because each choice uses the uniform plain decoding would
 use there, a seed gives the same text with speculation as without it, at every temperature (up to float rounding:
 a forward over several positions may round differently from several forwards over one). The constraints' state only
@@ -31,7 +26,6 @@ keep a different number of characters. auto (Meter) stops drafting while the dra
 MIN_CHARS_PER_VERIFY characters written per verify over the last WINDOW verifies) and tries again later.
 """
 
-import heapq
 from collections import deque
 
 import numpy as np
@@ -46,7 +40,6 @@ PROMPT_NGRAMS = (3, 8)  # n-grams of the text so far that prompt lookup matches,
 MATCH_CAP = 32  # characters of the text searched again for a match where it cannot grow (a match grows past it)
 SHARE = 0.4  # a corpus draft goes on while its next character followed the match in this share of the corpus
 SAMPLED = 32  # occurrences of a match read to find the most frequent next character (evenly spaced)
-BRANCH_SHARE = 0.05  # a drafted line goes in the tree while it followed the match in this share of the corpus
 WINDOW = 8  # auto: the verifies whose characters per verify decide whether drafting pays...
 # ...at least this many on the mean: measured on a 2-core EPYC, 4 x 192 and 2 x 128 models wrote as fast with drafts
 # as without at about 2.3-2.4 characters per verify, 0.8-0.9x as fast at 1.4-1.8 (benchmarks/RESULTS.md)...
@@ -228,81 +221,42 @@ class CorpusLookup:
         else:  # the match with c does not occur: the longest suffix that does, shorter than that
             self._find_again(self.depth)
 
-    def lines(self, k, deep):
-        """-> (the length of the match, lines of at most `deep` ids, likeliest first): a tree of k nodes at most,
-        grown best first by how often each line followed the match in the training text (the shares of the next
-        characters among SAMPLED occurrences, multiplied along the line), lines below BRANCH_SHARE left out."""
+    def propose(self, k):
+        """-> (the length of the match, up to k drafted ids)."""
         if self.depth is None:
             self._find_again()
-        if not self.depth:
-            return 0, []
-        heap, out, tie = [(-1.0, 0, (), self.lo, self.hi, self.depth)], [], 1
-        while heap and len(out) < k:
-            share, _, line, lo, hi, depth = heapq.heappop(heap)
-            if line:
-                out.append(line)
-            if len(line) >= deep:
-                continue
-            for c, part in self.remember(self._shares, lo, hi, depth):
-                if -share * part < BRANCH_SHARE:
-                    break  # the shares come largest first
-                ours = int(self.from_corpus[c])
-                if ours < 0:
-                    continue  # a character this model lacks
-                a, b = self._narrow(lo, hi, depth, c)
-                heapq.heappush(heap, (share * part, tie, (*line, ours), a, b, depth + 1))
-                tie += 1
-        return self.depth, [list(line) for line in out]
+        depth, lo, hi, out = self.depth, self.lo, self.hi, []
+        while depth and len(out) < k and hi > lo:
+            if hi - lo == 1:  # one occurrence: what follows it
+                s = int(self.sa[lo]) + depth
+                out += [int(self.from_corpus[c]) for c in self.text[s:s + k - len(out)].tolist()]
+                break
+            c = self.remember(self._most_often, lo, hi, depth)
+            if c < 0:
+                break
+            out.append(int(self.from_corpus[c]))
+            lo, hi = self._narrow(lo, hi, depth, c)
+            depth += 1
+        if -1 in out:
+            out = out[:out.index(-1)]  # a character this model lacks ends the draft
+        return self.depth, out
 
-    def _shares(self, lo, hi, depth):
-        """The characters at `depth` of the suffixes [lo, hi) with their shares (of SAMPLED of them, evenly spaced),
-        largest first; the text's end is none."""
+
+    def _most_often(self, lo, hi, depth):
+        """The character at `depth` of most of the suffixes [lo, hi) (of SAMPLED of them, evenly spaced), or -1
+        where none has a share of SHARE or past the text's end."""
         rows = np.arange(lo, hi) if hi - lo <= SAMPLED else np.linspace(lo, hi - 1, SAMPLED).astype(np.int64)
         at = self.sa[rows].astype(np.int64) + depth
         chars = self.text[np.minimum(at, self.n - 1)].astype(np.int64)
         chars[at >= self.n] = -1
         values, counts = np.unique(chars, return_counts=True)
-        order = np.argsort(-counts, kind="stable")
-        return tuple((int(values[i]), counts[i] / len(rows)) for i in order if values[i] >= 0)
-
-
-class DraftTree:
-    """Drafted lines that share their starts, as one tree checked in one forward (CharGPT.verify with parents):
-    node 0 is the root (the last character chosen), node i > 0 drafts ids[i - 1] after its parent parents[i - 1],
-    every parent before its children."""
-
-    def __init__(self):
-        self.ids, self.parents, self.children = [], [], {}  # children: (node, id) -> node
-
-    def __len__(self):
-        return len(self.ids)
-
-    def add(self, line, most):
-        """The line (ids after the root) as far as the tree holds at most `most` nodes besides the root."""
-        node = 0
-        for c in line:
-            child = self.children.get((node, c))
-            if child is None:
-                if len(self.ids) >= most:
-                    return
-                self.ids.append(c)
-                self.parents.append(node)
-                child = self.children[(node, c)] = len(self.ids)
-            node = child
-
-    def child(self, node, c):
-        """The node drafting c after `node`, or None."""
-        return self.children.get((node, c))
-
-    def is_line(self):
-        """One line, no branches: checked with the plain causal forward."""
-        return self.parents == list(range(len(self.parents)))
+        best = int(counts.argmax())
+        return int(values[best]) if counts[best] >= SHARE * len(rows) else -1
 
 
 class Drafts:
     """The draft sources of one sample: each learns every character written (add; live=False while drafting
-    pauses) and proposes lines; the source whose match is longer drafts first (the longer line on a tie), and the
-    others' lines fill the tree's room."""
+    pauses) and proposes a draft; the one whose match is longer drafts (the longer draft on a tie)."""
 
     def __init__(self, sources):
         self.sources = list(sources)
@@ -311,18 +265,10 @@ class Drafts:
         for source in self.sources:
             source.add(c, live)
 
-    def propose(self, k, deep=None):
-        """-> a DraftTree of at most k nodes and lines of at most `deep` characters (None: k)."""
-        tree, deep = DraftTree(), k if deep is None else deep
-        if k < 1 or deep < 1:
-            return tree
-        found = [source.lines(k, deep) if hasattr(source, "lines") else
-                 (lambda m: (m[0], [m[1][:deep]] if m[1] else []))(source.propose(min(k, deep)))
-                 for source in self.sources]
-        for _, lines in sorted(found, key=lambda m: (m[0], len(m[1][0]) if m[1] else 0), reverse=True):
-            for line in lines:
-                tree.add(line, k)
-        return tree
+    def propose(self, k):
+        if k < 1:
+            return []
+        return max((source.propose(k) for source in self.sources), key=lambda m: (m[0], len(m[1])), default=(0, []))[1]
 
 
 class Meter:
@@ -397,12 +343,12 @@ def decode_speculative(model, ctx, settings, generator, drafts, meter=None, keep
             return model(window, cache=cache)[0]
 
     min_p = getattr(settings, "min_p", None)
-    rows, tree, left = forward(last(block)), DraftTree(), settings.max_new_tokens  # the prefill
+    rows, draft, left = forward(last(block)), [], settings.max_new_tokens  # the prefill
     while True:
         start = cache.pos - rows.size(1)  # where the first of the fed characters is
-        node, path = 0, [0]  # the tree's node whose logits choose next; the nodes kept (the root first)
-        while True:
-            logits = rows[:, node].float()
+        j = 0
+        for j in range(rows.size(1)):
+            logits = rows[:, j].float()
             if never is not None:
                 logits = logits.index_fill(1, never, float("-inf"))
             if steer is not None:
@@ -417,26 +363,24 @@ def decode_speculative(model, ctx, settings, generator, drafts, meter=None, keep
             drafts.add(c, meter.on)
             yield nxt
             left -= 1
-            node = tree.child(node, c)
             if not left:  # the call's last round: counted as it ends
-                meter.record(len(tree), len(path) - 1 + (node is not None), last=node is not None)
+                matched = j < len(draft) and c == draft[j]
+                meter.record(len(draft), j + matched, last=matched)
                 return
-            if node is None:
+            if j == len(draft) or c != draft[j]:
                 break
-            path.append(node)
-        meter.record(len(tree), len(path) - 1)
-        cache.keep_path(start, path)  # the kept line's positions in order...
-        cache.rollback(start + len(path))  # ...and the dropped drafts' positions forgotten
+        meter.record(len(draft), j)
+        cache.rollback(start + j + 1)  # the positions of the dropped draft characters
         room = block - cache.pos
         if room <= 0:  # window full: rebuilt from the last `keep` characters, as decode does
             cache.reset()
-            rows, tree = forward(last(keep)), DraftTree()
+            rows, draft = forward(last(keep)), []
             continue
-        tree = drafts.propose(min(meter.draft_chars(draft_chars), room - 1), left - 1) if meter.on else DraftTree()
-        fed = torch.tensor([[c, *tree.ids]], dtype=torch.long, device=device)
-        if len(tree):
-            with autocast(device, dtype):  # (1, 1 + len(tree), V)
-                rows = model.verify(fed, cache, parents=None if tree.is_line() else tree.parents)
+        draft = drafts.propose(min(meter.draft_chars(draft_chars), room - 1, left - 1)) if meter.on else []
+        fed = torch.tensor([[c, *draft]], dtype=torch.long, device=device)
+        if draft:
+            with autocast(device, dtype):
+                rows = model.verify(fed, cache)  # (1, 1 + len(draft), V)
         elif runner is not None:
             with autocast(device, dtype):
                 rows = runner(fed, cache)[:, None]  # decode's compiled step
