@@ -21,6 +21,8 @@ from chargpt.sampling.engine import Generator
 from chargpt.sampling.speculate import (
     MIN_CHARS_PER_VERIFY,
     PAUSE,
+    PROBE,
+    REPROBE,
     WINDOW,
     CorpusLookup,
     Drafts,
@@ -245,18 +247,57 @@ def test_batches_and_guidance_decode_plainly(monkeypatch):
     assert Generator(random_model(), VOCAB, "cpu", speculate="auto").speculates()  # auto, on a CPU
 
 
-def test_auto_pauses_drafting_where_it_does_not_pay_and_tries_again():
-    meter = Meter()
-    for _ in range(WINDOW):
-        meter.record(drafted=4, kept=0)  # one character per verify: below MIN_CHARS_PER_VERIFY
-    assert not meter.on and MIN_CHARS_PER_VERIFY > 1
-    for _ in range(PAUSE):
-        meter.record(drafted=0, kept=0)
+class Clock:
+    """A clock a test moves: each round of decoding takes the seconds it is told."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def rounds(meter, clock, n, seconds, drafted=4, kept=0):
+    for _ in range(n):
+        clock.now += seconds
+        meter.record(drafted, kept)
+
+
+def test_auto_judges_drafts_by_the_clock_against_plain_decoding_and_pauses_where_they_do_not_pay():
+    """A plain step takes 1 s here and a verify 1.5 s: drafting pays where a verify writes more than 1.5
+    characters, whatever MIN_CHARS_PER_VERIFY says (the bar only before plain decoding has been timed)."""
+    clock = Clock()
+    meter = Meter(clock=clock)
+    rounds(meter, clock, WINDOW, 1.5, kept=0)  # 1 character per verify, nothing timed yet: below the bar
+    assert not meter.on and meter.pause == PAUSE and MIN_CHARS_PER_VERIFY > 1
+    rounds(meter, clock, PAUSE, 1.0, drafted=0)  # paused: plain steps, timed
+    assert meter.on and meter.plain == pytest.approx(1.0)
+    rounds(meter, clock, WINDOW, 1.5, kept=1)  # 2 characters per verify, below the bar, yet 0.75 s a character
+    assert meter.on and meter.wait == PAUSE  # it paid: the next pause back to its shortest
+    rounds(meter, clock, WINDOW, 1.5, kept=0)  # 1.5 s a character: slower than plain
+    assert not meter.on and meter.pause == PAUSE and meter.wait == 2 * PAUSE
+    rounds(meter, clock, PAUSE, 1.0, drafted=0)
+    rounds(meter, clock, WINDOW // 2, 1.5, kept=0)  # a dip inside a block that pays on the whole does not pause
+    rounds(meter, clock, WINDOW // 2, 1.5, kept=4)
     assert meter.on
-    always = Meter(always=True)
-    for _ in range(3 * WINDOW):
-        always.record(drafted=4, kept=0)
+    for _ in range(REPROBE - 1):
+        rounds(meter, clock, WINDOW, 1.5, kept=3)
+    assert not meter.on and meter.pause == PROBE  # paying blocks: plain decoding timed again, briefly
+    rounds(meter, clock, PROBE, 0.5, drafted=0)  # the machine got faster: plain steps now cost 0.5 s
+    assert meter.on and meter.plain == pytest.approx(0.5)
+    always = Meter(always=True, clock=clock)
+    rounds(always, clock, 3 * WINDOW, 1.5, kept=0)
     assert always.on
+
+
+def test_auto_times_plain_decoding_before_it_judges_drafts_that_clear_the_bar():
+    clock = Clock()
+    meter = Meter(clock=clock)
+    rounds(meter, clock, WINDOW, 1.0, kept=3)  # 4 characters per verify: above the bar, but nothing to compare
+    assert not meter.on and meter.pause == PROBE and meter.wait == PAUSE
+    rounds(meter, clock, PROBE, 0.2, drafted=0)  # plain steps of 0.2 s: faster than 0.25 s a drafted character
+    rounds(meter, clock, WINDOW, 1.0, kept=3)
+    assert not meter.on and meter.pause == PAUSE
 
 
 def test_auto_drafts_from_the_training_text_only_once_its_index_is_built(tmp_path):

@@ -26,6 +26,7 @@ keep a different number of characters. auto (Meter) stops drafting while the dra
 MIN_CHARS_PER_VERIFY characters written per verify over the last WINDOW verifies) and tries again later.
 """
 
+import time
 from collections import deque
 
 import numpy as np
@@ -40,12 +41,16 @@ PROMPT_NGRAMS = (3, 8)  # n-grams of the text so far that prompt lookup matches,
 MATCH_CAP = 32  # characters of the text searched again for a match where it cannot grow (a match grows past it)
 SHARE = 0.4  # a corpus draft goes on while its next character followed the match in this share of the corpus
 SAMPLED = 32  # occurrences of a match read to find the most frequent next character (evenly spaced)
-WINDOW = 8  # auto: the verifies whose characters per verify decide whether drafting pays...
-# ...at least this many on the mean: measured on a 2-core EPYC, 4 x 192 and 2 x 128 models wrote as fast with drafts
-# as without at about 2.3-2.4 characters per verify, 0.8-0.9x as fast at 1.4-1.8 (benchmarks/RESULTS.md)...
-MIN_CHARS_PER_VERIFY = 2.5
+WINDOW = 16  # auto: the verifies (a block of them) whose characters per verify decide whether drafting pays...
+# ...at least this many on the mean: measured on a 2-core EPYC (benchmarks/RESULTS.md), the default CPU run (3 x 160)
+# wrote 1.1x as fast with drafts as without at 2.5-2.7 characters per verify and 1.4x at 3.3, a 4 x 192 Tang model
+# 0.8x at 1.4; so drafts about break even near 2.2...
+MIN_CHARS_PER_VERIFY = 2.3
 LOOKBACK = 4096  # characters of the text so far that prompt lookup searches (at least; at most twice as many)
-PAUSE = 64  # ...else no drafts for this many characters, twice as many each time it does not pay
+PAUSE = 64  # ...else no drafts for this many characters, twice as many each time it does not pay (and half as
+# many again after each block that pays)
+PROBE = 32  # auto: characters written without drafts to time plain decoding, before judging drafts by the clock...
+REPROBE = 8  # ...and again after this many blocks that paid
 MEMO = 1 << 17  # searches of the training text remembered per model (TrainingText.memo): a text revisits the same
 # contexts (a word's start, a line's end) all the time, and a search costs tens of microseconds where a decode step
 # of a small model costs a few hundred; cleared when full, so memory stays bounded (tens of MB at most)
@@ -272,36 +277,76 @@ class Drafts:
 
 
 class Meter:
-    """How well drafting pays in one call: counts of verifies, drafted and kept characters; `on` says whether to
-    draft. always=True (--speculate on) drafts throughout; else drafting pauses for PAUSE characters (doubling) when
-    the last WINDOW verifies wrote fewer than MIN_CHARS_PER_VERIFY characters each on the mean."""
+    """How well drafting pays: counts of verifies, drafted and kept characters in one call; `on` says whether to
+    draft. always=True (--speculate on) drafts throughout. Else (auto) drafting is judged a block of WINDOW verifies
+    at a time, by the clock: the seconds a character took while drafting against the seconds it took without drafts,
+    measured in a short pause (PROBE characters) before the first judgement and again every REPROBE blocks; where
+    drafting was slower it pauses for PAUSE characters (twice as long each time it is slower again, half as long
+    again after each block that pays). Before the first plain measure, and where no clock is kept, a block writing
+    fewer than MIN_CHARS_PER_VERIFY characters per verify does not pay."""
 
-    def __init__(self, always=False):
-        self.always, self.on, self.pause, self.wait = always, True, 0, PAUSE
+    def __init__(self, always=False, clock=time.perf_counter):
+        self.always, self.on, self.pause, self.wait, self.clock = always, True, 0, PAUSE, clock
         self.recent = deque(maxlen=WINDOW)
+        self.block, self.block_s, self.block_chars = [], 0.0, 0  # since auto last judged: chars per verify, time
+        self.paused_s, self.paused_chars, self.probing = 0.0, 0, False  # the pause under way, timed
+        self.plain = None  # seconds a character takes without drafts, measured in the last pause
+        self.paying = 0  # blocks that paid since the plain speed was measured
+        self.then = None  # the clock at the last round's end (None: a call starts; its first round is not timed)
         self.verifies = self.drafted = self.kept = self.chars = 0
 
     def next_call(self):
         """The same Meter for the Generator's next call: its counts start again, what it learned of whether
-        drafting pays (a pause under way, the next pause's length) goes on, so each call does not pay again for
-        the verifies that show drafts do not pay for this model."""
+        drafting pays (a pause under way, the next pause's length, the plain speed) goes on, so each call does not
+        pay again for the verifies that show drafts do not pay for this model."""
         self.verifies = self.drafted = self.kept = self.chars = 0
+        self.then = None
         return self
 
     def record(self, drafted, kept, last=False):
         """A round: `drafted` characters drafted, `kept` of them kept (and one more chosen by the model, unless the
         call's last character was a kept one: last=True)."""
-        self.chars += kept + (not last)
+        now = self.clock()
+        took, self.then = (now - self.then if self.then is not None else None), now
+        chars = kept + (not last)
+        self.chars += chars
+        if not self.on:  # paused: plain steps, timed
+            if took is not None:
+                self.paused_s, self.paused_chars = self.paused_s + took, self.paused_chars + chars
+            self.pause -= 1
+            if self.pause <= 0:
+                self.on = True
+                if self.paused_chars >= PROBE // 2:
+                    self.plain = self.paused_s / self.paused_chars
+                    self.paying = 0
+            return
+        if took is not None:
+            self.block_s, self.block_chars = self.block_s + took, self.block_chars + chars
         if not drafted:
-            if not self.on:
-                self.pause -= 1
-                self.on = self.pause <= 0
             return
         self.verifies, self.drafted, self.kept = self.verifies + 1, self.drafted + drafted, self.kept + kept
         self.recent.append(kept + 1)
-        if not self.always and len(self.recent) == WINDOW and sum(self.recent) < MIN_CHARS_PER_VERIFY * WINDOW:
-            self.on, self.pause, self.wait = False, self.wait, 2 * self.wait
-            self.recent.clear()
+        self.block.append(kept + 1)
+        if not self.always and len(self.block) == WINDOW:  # judged a block at a time, not at every verify: a
+            # window sliding over a text that pays dips below the bar now and then, and paused it for good
+            if not self._pays():
+                self._pause(self.wait)
+                self.wait *= 2
+                self.recent.clear()
+            else:  # a block that pays shortens the next pause again
+                self.wait = max(PAUSE, self.wait // 2)
+                self.paying += 1
+                if self.plain is None and self.block_chars or self.paying >= REPROBE:
+                    self._pause(PROBE)  # the plain speed, measured (again: the machine's load changes)
+            self.block, self.block_s, self.block_chars = [], 0.0, 0
+
+    def _pays(self):
+        if self.plain is None or not self.block_chars:
+            return sum(self.block) >= MIN_CHARS_PER_VERIFY * WINDOW
+        return self.block_s / self.block_chars < self.plain
+
+    def _pause(self, chars):
+        self.on, self.pause, self.paused_s, self.paused_chars = False, chars, 0.0, 0
 
     def draft_chars(self, most):
         """How many characters to draft: twice the mean kept per verify lately, plus 2, up to `most` (a draft
