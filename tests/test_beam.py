@@ -133,6 +133,7 @@ def test_the_repl_sets_a_beam():
     repl(counter_gen(), SampleOptions.of(max_new_tokens=4, temperature=1.0, seed=0), inp=io.StringIO(
         "/beam 2\nab\n/beam 0\n/show\n"), out=out, err=err)
     assert out.getvalue() == "abcdef\n" and "beam = 2" in err.getvalue() and "beam = None" in err.getvalue()
+    assert "mean log-prob" in err.getvalue()  # the beam's score, as sample.py --beam prints it
 
 
 def test_a_translator_searches_with_translations_beam():
@@ -142,3 +143,15 @@ def test_a_translator_searches_with_translations_beam():
         found = gen.generate(source, beam=3, max_new_tokens=8)
         assert found == translate(gen.model, vocab, [source], beam=3, max_len=8)
         assert len(gen.generate(source, beam=3, num_samples=3, max_new_tokens=8)) == 3
+        samples = gen.samples(source, beam=3, num_samples=2, max_new_tokens=8)  # scored, as a text run's beam
+        assert [s.text for s in samples] == gen.generate(source, beam=3, num_samples=2, max_new_tokens=8)
+        assert all(s.logprob is not None and s.logprob <= 0 for s in samples if s.text)
+
+
+def test_a_beam_that_finds_fewer_texts_than_asked_says_so(tiny_run):
+    said = []
+    gen = chargpt.load(tiny_run, device="cpu", dtype="float32")
+    gen.log = said.append
+    texts = gen.generate("To be", beam=5, allow="a", num_samples=3, max_new_tokens=6)
+    assert texts[0] == "aaaaaa" and texts[1:] == ["", ""]  # one text can be written under --allow a
+    assert any("the beam found 1 distinct text(s) under these constraints, not num_samples=3" in s for s in said)

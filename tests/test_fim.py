@@ -207,6 +207,15 @@ def test_the_completions_api_fills_the_gap_and_refuses_a_run_without_fim(runs):
         client.completions.create(model="fim0.0", prompt="name: ", suffix="; age")
     assert e.value.body["param"] == "suffix"
     assert re.search(r"drop suffix", e.value.body["message"])
+    marker = chargpt.load(root / "fim0.5", device="cpu").fim.chars()[0]
+    with pytest.raises(openai.BadRequestError, match=r"private-use character this run reserves") as e:
+        client.completions.create(model="fim0.5", prompt=f"name{marker}", max_tokens=2)  # a marker: the prompt's fault
+    assert e.value.body["param"] == "prompt"
+    http = TestClient(serve.create_app(root, device="cpu"), base_url="http://localhost")
+    for path, body in (("/api/generate", {"run": "fim0.5", "prompt": f"a{marker}"}),
+                       ("/api/suggest", {"run": "fim0.5", "text": f"a{marker}"})):
+        reply = http.post(path, json=body)
+        assert reply.status_code == 400 and "reserves" in reply.json()["error"], (path, reply.text)
 
 
 def test_the_exports_keep_the_markers_as_vocabulary_entries(runs, tmp_path):
@@ -266,8 +275,20 @@ def test_the_repl_fills_in_the_middle_with_slash_suffix(runs):
              inp=io.BytesIO(session), out=out, err=err)
         text = out.getvalue()  # the prompt, the middle, the suffix (a line without the newline before it that the
         assert not fills or text.startswith("name: fay; age: 64") and text.endswith("; city: riga\n"), text  # gaps had)
-        said = re.search(r"trained without (--)?fim", err.getvalue())  # named as from Python here: no CLI around
-        assert bool(said) == (not fills) and (fills or text == "")
+        said = re.search(r"trained without (--)?fim", err.getvalue())  # said when /suffix is given, not later
+        assert bool(said) == (not fills) and (fills or not text.endswith("; city: riga\n"))
+
+
+def test_the_repl_keeps_the_suffix_as_typed_spaces_and_all(runs):
+    import io
+
+    from chargpt.cli.repl import repl
+    from chargpt.sampling.options import sample_options
+    root, _ = runs
+    err = io.StringIO()
+    repl(chargpt.load(root / "fim0.5", device="cpu", dtype="float32"), sample_options(None, seed=1),
+         inp=io.BytesIO(b"/suffix  ; city: riga \n/show\n"), out=io.StringIO(), err=err)
+    assert "'suffix': ' ; city: riga '" in err.getvalue()
 
 
 def test_eval_scores_a_fim_run_on_its_own_validation_split(runs):
@@ -275,3 +296,10 @@ def test_eval_scores_a_fim_run_on_its_own_validation_split(runs):
     root, _ = runs
     got = evaluate(root / "fim0.5", device="cpu", progress=False)
     assert abs(got["loss"] - chargpt.load(root / "fim0.5", device="cpu").meta["val_loss"]) < 0.05, got
+
+
+def test_a_suffix_character_the_model_never_saw_is_named_as_the_suffixs(runs):
+    root, _ = runs
+    gen = chargpt.load(root / "fim0.5", device="cpu", dtype="float32")
+    with pytest.raises(ChargptError, match=r"^suffix has 1 character\(s\) the model never saw: '€'"):
+        gen.generate("name: ", suffix="; city: €", max_new_tokens=3)

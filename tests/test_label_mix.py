@@ -105,3 +105,15 @@ def test_an_unknown_label_in_a_mix_or_guidance_with_one_is_one_line(styled):
         gen.generate("", label="c:1,a:1", max_new_tokens=5)
     with pytest.raises(ConfigError, match="guidance steers towards one label"):
         gen.generate("", label="a,b", guidance=3.0, max_new_tokens=5)
+
+
+def test_the_repl_takes_a_mix_and_refuses_a_label_the_run_lacks(styled):
+    import io
+
+    from chargpt.cli.repl import repl
+    from chargpt.sampling.options import sample_options
+    err = io.StringIO()
+    repl(chargpt.load(styled, device="cpu", dtype="float32"), sample_options(None, seed=1, max_new_tokens=5),
+         inp=io.BytesIO(b"/label a:0.7,b:0.3\n/label a:1,zz:1\n/show\n"), out=io.StringIO(), err=err)
+    said = err.getvalue()
+    assert "label = a:0.7,b:0.3" in said and "unknown label 'zz'" in said and "'label': 'a:0.7,b:0.3'" in said

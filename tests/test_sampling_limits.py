@@ -56,8 +56,9 @@ def sample(run, *args):
 
 # --- label characters are never written, never in a prompt --------------------------------------------------------
 @pytest.mark.parametrize("kw,message", [
-    (dict(ban="abcxyz \n"), r"leave no character this model writes \(its label characters are never written\)"),
-    (dict(allow=B), r"allow holds U\+F0002, one of this run's label characters"),
+    (dict(ban="abcxyz \n"), r"leave no character this model writes \(its reserved characters, labels' or markers, "
+                            r"are never written\)"),
+    (dict(allow=B), r"allow holds U\+F0002, a private-use character this run reserves"),
     (dict(allow=NULL + A), r"allow holds U\+F0000"),
     (dict(form="__" + A), r"form holds U\+F0001"),
     (dict(acrostic="a" + B), r"acrostic holds U\+F0002"),

@@ -18,6 +18,7 @@ from dataclasses import asdict
 from chargpt import textio
 from chargpt.cli.writers import score_line
 from chargpt.config import check_seed
+from chargpt.config.decoding import LabelMix
 from chargpt.errors import ChargptError
 from chargpt.sampling.constraints import given
 
@@ -90,6 +91,12 @@ def repl(gen, options, inp=None, out=None, err=None):
             _suggest(gen, line.lstrip()[len("/suggest "):] if arg else None, options, err)
         elif word == "/label" and (bad := _bad_label(gen, arg.strip())):
             err.write(f"error: {bad}\n")
+        elif word == "/suffix" and arg and gen.fim is None:
+            err.write("error: this run was trained without --fim, so it does not fill in the middle; train one with "
+                      "--fim 0.5 (or --init-from this run --fim 0.5)\n")
+        elif word == "/suffix":  # the text as typed after the command: its spaces count, as /suggest's
+            options, said = _set(options, word, line.lstrip()[len("/suffix "):] if arg else "")
+            err.write(said + "\n")
         elif word in SETTERS:
             options, said = _set(options, word, arg.strip())
             err.write(said + "\n")
@@ -125,14 +132,19 @@ def _skip_rest(inp, error):
                           f"/dev/zero never ends), so the session ends")
 
 
-def _bad_label(gen, name):
-    """Why /label NAME cannot be (a run without labels, a name it does not have), or ""."""
-    if name and gen.labels is None:
+def _bad_label(gen, spec):
+    """Why /label NAME (or a mix, a:0.7,b:0.3) cannot be (a run without labels, a name it does not have, a malformed
+    mix), or ""."""
+    if not spec:
+        return ""
+    if gen.labels is None:
         return "this run was trained without --labels, so it has no labels"
     try:
-        return gen.labels.token(name) and "" if name else ""
+        for name in LabelMix.parse(spec).names:
+            gen.labels.token(name)
     except ChargptError as e:
         return str(e)
+    return ""
 
 
 def _set(options, word, arg):
@@ -170,7 +182,7 @@ def _suggest(gen, text, options, err):
 def _answer(gen, line, options, out, err):
     """Write the prompt and its continuation (options: this prompt's, with its own seed); a bad prompt (found before
     or while decoding) or Ctrl-C ends only this sample."""
-    scored, unknown = given(options.settings), options.unknown
+    scored, unknown = given(options.settings) or options.settings.beam is not None, options.unknown
     try:
         prompt = gen.prompt_text(line, unknown)
         if scored:  # its scores are written after it

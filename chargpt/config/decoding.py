@@ -86,10 +86,11 @@ def check_decoding(s):
                           f"give one of them")
     pattern = next((n for n in ("regex", "grammar", "json_schema") if getattr(s, n) is not None), None)
     if s.beam is not None and pattern:  # its matcher's state cannot be forked when the beam reselects hypotheses
-        raise ConfigError(f"{param('beam')} cannot search under {param(pattern)}; sample it instead (drop --beam)")
+        raise ConfigError(f"{param('beam')} cannot search under {param(pattern)}; sample it instead (drop "
+                          f"{param('beam')})")
     if s.beam is not None and s.suffix is not None:
         raise ConfigError(f"{param('beam')} does not fill in the middle ({param('suffix')}); sample the gap instead "
-                          f"(drop --beam)")
+                          f"(drop {param('beam')})")
     mix = LabelMix.parse(s.label) if s.label else None
     if mix is not None and mix.single is None and s.guidance not in (None, 1.0):
         raise ConfigError(f"{param('guidance')} steers towards one label, not a mix; drop it, or give "

@@ -97,14 +97,15 @@ class Vocab:
                 return c
         return self.chars[0]
 
-    def encode(self, text, unknown="error"):
+    def encode(self, text, unknown="error", what="prompt"):
         """str -> list of ids. `unknown` says what to do with characters outside the vocabulary:
-        'error' raises naming them, 'skip' drops them, 'replace' maps them to `replacement()`."""
+        'error' raises naming them (and `what` the text is: the prompt, the suffix), 'skip' drops them, 'replace' maps
+        them to `replacement()`."""
         if unknown not in UNKNOWN_POLICIES:
             raise ChargptError(f"{param('unknown')} must be one of {', '.join(UNKNOWN_POLICIES)} (got {unknown!r})")
         missing = self.unknown(text)
         if missing and unknown == "error":
-            raise ChargptError(f"prompt has {len(missing)} character(s) the model never saw: "
+            raise ChargptError(f"{what} has {len(missing)} character(s) the model never saw: "
                                f"{describe_chars(missing)}; "
                                f"remove them, or pass {param('unknown', 'skip')} or {param('unknown', 'replace')}")
         if missing and unknown == "skip":

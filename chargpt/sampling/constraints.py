@@ -112,7 +112,8 @@ def given(settings):
 def plan(settings, vocab, context, score=False, reserved=""):
     """SampleSettings + the vocabulary + the text before the sample -> Rules, or None when nothing constrains the
     sample and no score is wanted (the decode loop then runs exactly as without this module). reserved: characters no
-    sample may write (a labelled run's label characters: the decode loop masks them), so none of --allow, --form or
+    sample may write (a labelled run's label characters, a FIM run's markers: the decode loop masks them), so none of
+    --allow, --form or
     --acrostic may ask for one, and what --ban and --allow leave must hold another. Every setting the vocabulary
     cannot satisfy is a one-line ConfigError here, before any decoding."""
     s = settings
@@ -121,8 +122,9 @@ def plan(settings, vocab, context, score=False, reserved=""):
     for name in ("allow", "form", "acrostic"):
         clash = next((c for c in getattr(s, name) or "" if c in reserved), None)
         if clash is not None:
-            raise ConfigError(f"{param(name)} holds U+{ord(clash):04X}, one of this run's label characters, which a "
-                              f"sample never writes; choose a label with {param('label')} instead")
+            raise ConfigError(f"{param(name)} holds U+{ord(clash):04X}, a private-use character this run reserves "
+                              f"(a label's, or a fill-in-the-middle marker), which a sample never writes; remove it "
+                              f"(a label is chosen with {param('label')})")
     allowed = ~_mask(vocab, reserved)
     if s.allow:
         allowed &= _mask(vocab, s.allow)
@@ -132,7 +134,7 @@ def plan(settings, vocab, context, score=False, reserved=""):
         allowed &= ~_mask(vocab, s.ban)
     if not allowed.any():
         raise ConfigError(f"{param('ban')} and {param('allow')} leave no character this model writes" +
-                          (" (its label characters are never written)" if reserved else ""))
+                          (" (its reserved characters, labels' or markers, are never written)" if reserved else ""))
     program = forms.compile_form(s.form, s.acrostic, vocab, allowed, context)
     found = grammar.given(s)
     pattern = grammar.compile_pattern(*found, vocab, allowed) if found else None

@@ -204,7 +204,7 @@ class Generator:
             raise ChargptError(f"the {what} holds U+{ord(forged):04X}, a private-use character this run reserves for "
                                f"filling in the middle; remove it (the gap is where {param('prompt')} ends and "
                                f"{param('suffix')} starts)")
-        return self.vocab.decode(self.vocab.encode(prompt, unknown=unknown))
+        return self.vocab.decode(self.vocab.encode(prompt, unknown=unknown, what=what))
 
     def reserved(self, infilling=False):
         """The characters a sample never writes and a prompt never holds: a labelled run's label characters, a FIM
@@ -255,8 +255,10 @@ class Generator:
             if settings.label:  # (guidance needs a label: SampleSettings)
                 raise ConfigError(f"this model translates (it was trained on sentence pairs) and has no labels; drop "
                                   f"{param('label')}")
-            pieces = self._stream_pairs(prompt_seen, settings, options.num_samples, generator, options.use_cache)
-            return Decoding(pieces, rows=options.num_samples)
+            scored = [] if settings.beam is not None else None  # a beam's texts come with their log-probability
+            pieces = self._stream_pairs(prompt_seen, settings, options.num_samples, generator, options.use_cache,
+                                        scored)
+            return Decoding(pieces, rows=options.num_samples, scored=scored)
         gap = None if settings.suffix is None else infill.plan(
             self.fim, self.vocab, prompt_seen, self.prompt_text(settings.suffix, options.unknown, "suffix"),
             self.model.config.block_size, 1 if self.labels else 0)
@@ -355,6 +357,9 @@ class Generator:
         def pieces():
             found = beam_hypotheses(step, 1, len(self.vocab), settings.max_new_tokens, settings.beam,
                                     settings.length_penalty, keep)[0]
+            if len(found) < keep:  # the constraints left fewer texts than were asked for
+                self.log(f"note: the beam found {len(found)} distinct text(s) under these constraints, not "
+                         f"{param('num_samples', keep)}")
             for k, (_, hyp, logp) in enumerate(found):
                 cut = StopFilter(prompt_seen, settings.stop)
                 text = cut.feed(self.vocab.decode(hyp)) + cut.flush()
@@ -445,7 +450,7 @@ class Generator:
                 self.novelty = False
         return (lambda text: self.novelty.score(text, min_span)) if self.novelty else None
 
-    def _stream_pairs(self, source, settings, num_samples, generator, use_cache):
+    def _stream_pairs(self, source, settings, num_samples, generator, use_cache, scored=None):
         """A pairs model continues `source SEP` (or encodes the source) and stops at the end marker: the pieces are
         the target alone, decoded as `chargpt translate` does (its greedy or sampled search, one character per
         step), at most the context's worth or max_new_tokens."""
@@ -457,8 +462,12 @@ class Generator:
             step, room = make_steps(self.model, self.vocab, ids, use_cache, self.dtype)
             found = beam_hypotheses(step, 1, self.vocab.stoi[END], min(room, settings.max_new_tokens),
                                     settings.beam, settings.length_penalty, num_samples)[0]
-            yield from through_filters([StopFilter("", settings.stop) for _ in found], [
-                [(k, self.vocab.decode(hyp).replace(SEP, "")) for k, (_, hyp, _) in enumerate(found)]])
+            for k, (_, hyp, logp) in enumerate(found):  # scored: each text with its mean log-prob a character
+                cut = StopFilter("", settings.stop)
+                text = cut.feed(self.vocab.decode(hyp).replace(SEP, "")) + cut.flush()
+                scored.append(constraints.Sample(text, logp / len(hyp) if hyp else None, row=k))
+                if text:
+                    yield k, text
             return
         step, room = make_steps(self.model, self.vocab, ids * num_samples, use_cache, self.dtype)
         filters = [StopFilter("", settings.stop) for _ in range(num_samples)]

@@ -37,3 +37,6 @@ export function params(n) {
 // the run picked in the header, and whether it translates (trained on sentence pairs)
 export function current() { return state.runs.find((r) => r.name === state.run); }
 export function translates(r) { return Boolean(r && r.task === "pairs"); }
+
+// the Label picker's (mix) entry: no label is named so (a label's name never holds ⟨ or ⟩)
+export const MIX = "⟨mix⟩";

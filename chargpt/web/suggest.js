@@ -2,7 +2,7 @@
 // completions and next characters after the text before the caret, with their probabilities, as chips; a click on
 // one, or Tab for the first, adds it at the caret. Asked once typing pauses, one request at a time; a reply to a text
 // that has changed since is dropped.
-import {$, current, el, state, translates} from "./common.js";
+import {$, MIX, current, el, state, translates} from "./common.js";
 import {api} from "./api.js";
 
 const PAUSE_MS = 150;  // after the last keystroke: one request per pause in typing, not one per key
@@ -39,7 +39,8 @@ async function ask() {
   if (inFlight) { again = true; return; }  // the newest text goes once this reply is in
   const box = $("prompt"), at = box.selectionEnd, text = box.value.slice(0, at), run = state.run, mine = asked;
   const body = {run, text, k: K, words: WORDS, unknown: $("unknown").value};
-  if (!$("label-pick").hidden && $("label").value) body.label = $("label").value;
+  const label = $("label").value;  // a mix of labels: suggestions unconditioned (they follow one label's style)
+  if (!$("label-pick").hidden && label && label !== MIX) body.label = label;
   inFlight = true;
   try {
     const data = await api("/api/suggest", body);

@@ -2,7 +2,7 @@
 // unknown prompt characters marked and its copied spans shaded; a form, an acrostic, banned characters, a regular
 // expression and best-of with each sample's scores under it; for a run trained on sentence pairs, a translation box
 // that translates line by line; for a run trained with --labels, the label to write in and its guidance.
-import {$, current, el, fmt, state, status, translates} from "./common.js";
+import {$, MIX, current, el, fmt, state, status, translates} from "./common.js";
 import {api, generate} from "./api.js";
 import {onAnalyse} from "./inside.js";
 import {initSuggest} from "./suggest.js";
@@ -38,7 +38,6 @@ export function renderWriteMode() {
   renderLabels(r);
 }
 
-const MIX = "⟨mix⟩";  // the picker's (mix) entry: no label is named so (a label's name never holds ⟨ or ⟩)
 
 function renderLabels(r) {
   // a run trained with --labels: its labels to write in ("(none)": unconditioned), rebuilt only when the run's

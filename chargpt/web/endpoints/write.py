@@ -186,7 +186,11 @@ def prompt_as_seen(gen, prompt, unknown, index=None):
         raise RequestError(400, f"{which} has {len(found)} character(s) this model never saw: "
                                 f"{describe_chars(found)}; remove them, or set unknown characters to skip or "
                                 f"replace", unknown_chars=[[i, c] for i, c in found[:100]])
-    return gen.prompt_text(prompt, unknown), gen.unknown_warning(prompt, unknown)
+    try:
+        seen = gen.prompt_text(prompt, unknown)
+    except ChargptError as e:  # a character the run reserves (a label's, a FIM marker): the request's fault
+        raise RequestError(400, str(e), param="prompt") from None
+    return seen, gen.unknown_warning(prompt, unknown)
 
 
 async def stop(request):
