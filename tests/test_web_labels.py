@@ -142,6 +142,9 @@ def test_the_page_offers_a_runs_labels_and_draws_their_losses(served, tmp_path):
         page.wait_for_selector("body[data-state='done']")
         assert page.text_content(".sample[data-i='0'] .gen") == gen.generate(
             "", label="a:0.3,b:0.7", max_new_tokens=30, seed=5, temperature=0.8)[0]
+        page.fill("#prompt", "ab")  # suggestions under (mix): unconditioned, the picker's placeholder never a label
+        page.wait_for_function("t => document.getElementById('suggestions').dataset.for === t", arg="ab")
+        assert "no suggestions" not in page.text_content("#suggestions") and page.query_selector("#suggestions .chip")
         page.click(".tab[data-view='runs']")
         page.wait_for_selector("#chart[data-label-curves='2']")  # a and b of `styled`; `tiny` has none
         assert sorted(page.eval_on_selector_all("#chart path.label-curve", "ps => ps.map(p => p.dataset.label)")) \
