@@ -278,6 +278,8 @@ def test_the_page_keeps_the_key_from_its_address_and_takes_it_out_of_the_address
         page.wait_for_selector("body[data-ready='1']", timeout=60_000)
         other = browser.new_page()  # a tab without it is told how to open the page
         other.goto(url)
-        other.wait_for_function("document.getElementById('no-runs').textContent.includes('?token=KEY')",
+        # a function, not an expression: polling an expression evals it in the page, which its CSP forbids (this
+        # failed whenever the page was slow enough to need a second look)
+        other.wait_for_function("() => document.getElementById('no-runs').textContent.includes('?token=KEY')",
                                 timeout=60_000)
         browser.close()
