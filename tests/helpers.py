@@ -398,3 +398,20 @@ def sigterms(signals, at_least=0, settle=0.3):
         time.sleep(0.02)
     time.sleep(settle)
     return count()
+
+
+# --- the six-word run (suggestions) ----------------------------------------------------------------------------------
+TOY_WORDS = ["cat", "dog", "sat", "ran", "mat", "log"]
+
+
+def train_toy_words(root):
+    """A tiny model trained on 400 lines of the six TOY_WORDS in random order (about two seconds) -> its run
+    directory, root/checkpoints/toy."""
+    import chargpt
+    rng = random.Random(0)
+    (root / "toy.txt").write_text("".join(" ".join(rng.choice(TOY_WORDS) for _ in range(6)) + "\n" for _ in range(400)),
+                                  encoding="utf-8")
+    chargpt.train(**{**TINY_RUN_KW, "n_embd": 32}, data=str(root / "toy.txt"), out_dir=str(root / "checkpoints/toy"),
+                  cache_dir=str(root / "cache"), max_iters=150, eval_interval=150, learning_rate=2e-2, seed=1,
+                  log=lambda *a: None)
+    return root / "checkpoints/toy"

@@ -5,10 +5,9 @@ model trained on lines of six words, so its completions are those words. Skipped
 is missing outside CI."""
 
 import json
-import random
 
 import pytest
-from helpers import CHROMIUM, TINY_RUN_KW, launch_chromium, need
+from helpers import CHROMIUM, TOY_WORDS, launch_chromium, need, train_toy_words
 
 import chargpt
 
@@ -20,7 +19,7 @@ from chargpt.web import server as serve  # noqa: E402
 if not CHROMIUM and __import__("os").environ.get("CI") != "true":
     pytest.skip("Chromium is not installed (apt-get install chromium)", allow_module_level=True)
 WAIT_MS = 60_000
-WORDS = ["cat", "dog", "sat", "ran", "mat", "log"]
+WORDS = TOY_WORDS
 CHIPS = "() => Array.from(document.querySelectorAll('#suggestions .chip.%s')).map((b) => b.dataset.add)"
 
 
@@ -28,12 +27,7 @@ CHIPS = "() => Array.from(document.querySelectorAll('#suggestions .chip.%s')).ma
 def site(tmp_path_factory):
     """(base URL, run directory) of a server with the six-word run."""
     root = tmp_path_factory.mktemp("suggest")
-    rng = random.Random(0)
-    (root / "toy.txt").write_text("".join(" ".join(rng.choice(WORDS) for _ in range(6)) + "\n" for _ in range(400)),
-                                  encoding="utf-8")
-    chargpt.train(**{**TINY_RUN_KW, "n_embd": 32}, data=str(root / "toy.txt"), out_dir=str(root / "checkpoints/toy"),
-                  cache_dir=str(root / "cache"), max_iters=150, eval_interval=150, learning_rate=2e-2, seed=1,
-                  log=lambda *a: None)
+    train_toy_words(root)
     with serve.running(serve.create_app(root / "checkpoints", device="cpu")) as url:
         yield url, root / "checkpoints/toy"
 

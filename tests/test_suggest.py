@@ -5,11 +5,10 @@ characters' probabilities are the model's softmax, and each completion's probabi
 line."""
 
 import io
-import random
 
 import pytest
 import torch
-from helpers import TINY_RUN_KW, need, random_model
+from helpers import TOY_WORDS, need, random_model, train_toy_words
 
 import chargpt
 from chargpt.cli.repl import repl
@@ -20,19 +19,14 @@ from chargpt.sampling.engine import Generator
 from chargpt.sampling.options import SampleOptions
 from chargpt.sampling.suggest import MAX_K, MAX_TEXT_CHARS, Query, is_ideograph, is_word_char
 
-WORDS = ["cat", "dog", "sat", "ran", "mat", "log"]
+WORDS = TOY_WORDS
 
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
     """A tiny model trained on lines of the six WORDS in random order (about two seconds)."""
     root = tmp_path_factory.mktemp("toy")
-    rng = random.Random(0)
-    (root / "toy.txt").write_text("".join(" ".join(rng.choice(WORDS) for _ in range(6)) + "\n" for _ in range(400)),
-                                  encoding="utf-8")
-    chargpt.train(**{**TINY_RUN_KW, "n_embd": 32}, data=str(root / "toy.txt"), out_dir=str(root / "checkpoints/toy"),
-                  cache_dir=str(root / "cache"), max_iters=150, eval_interval=150, learning_rate=2e-2, seed=1,
-                  log=lambda *a: None)
+    train_toy_words(root)
     return root / "checkpoints"
 
 

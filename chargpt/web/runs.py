@@ -73,7 +73,7 @@ class Runs:
                 "labels": info.get("labels"),  # --labels: the names Write's Label picker offers (None: no labels)
                 "fim": info.get("fim"),  # --fim: Write offers a box for the text after the gap (suffix)
                 "novelty_min_span": default_min_span(info["vocab_size"]),  # Mark copied text's default for it
-                "budget": finite({k: getattr(info["train_config"], k, None) for k in ("max_iters", "max_time")}),
+                "budget": finite(budget_of(info["train_config"])),
                 "info": info}
 
     def details(self, name):
@@ -143,3 +143,9 @@ def finite(value):
     if isinstance(value, dict):
         return {k: finite(v) for k, v in value.items()}
     return value if isinstance(value, (str, int, type(None))) else None
+
+
+def budget_of(settings):
+    """A run's budget from its TrainConfig (typed where its checkpoint was read; None: a lone model file)."""
+    return {"max_iters": settings.max_iters, "max_time": settings.max_time} if settings else \
+        {"max_iters": None, "max_time": None}
