@@ -26,6 +26,7 @@ keep a different number of characters. auto (Meter) stops drafting while the dra
 MIN_CHARS_PER_VERIFY characters written per verify over the last WINDOW verifies) and tries again later.
 """
 
+import bisect
 import time
 from collections import deque
 
@@ -149,43 +150,23 @@ class CorpusLookup:
         return self.remember(self._narrowed, lo, hi, depth, c)
 
     def _narrowed(self, lo, hi, depth, c):
-        a, b = lo, hi
-        while a < b:
-            mid = (a + b) // 2
-            if self._char(mid, depth) < c:
-                a = mid + 1
-            else:
-                b = mid
-        first, b = a, hi
-        while a < b:
-            mid = (a + b) // 2
-            if self._char(mid, depth) <= c:
-                a = mid + 1
-            else:
-                b = mid
-        return first, a
+        def char(i):
+            return self._char(i, depth)
+        first = bisect.bisect_left(range(lo, hi), c, key=char) + lo
+        return first, bisect.bisect_right(range(first, hi), c, key=char) + first
 
     def _find(self, pattern):
-        """The interval of the suffixes that start with `pattern` (a list of corpus ids), by two binary searches."""
+        """The interval of the suffixes that start with `pattern` (a list of corpus ids), by two binary searches
+        among the suffixes starting with its first character (a suffix shorter than the pattern sorts first, as in
+        the suffix array)."""
         m, text, sa = len(pattern), self.text, self.sa
-        lo, top = self.starts[pattern[0]], self.starts[pattern[0] + 1]  # the suffixes starting with its first
-        hi = top
-        while lo < hi:
-            mid = (lo + hi) // 2
-            s = int(sa[mid])
-            if text[s:s + m].tolist() < pattern:  # a suffix shorter than m sorts first, as in the suffix array
-                lo = mid + 1
-            else:
-                hi = mid
-        first, hi = lo, top
-        while lo < hi:
-            mid = (lo + hi) // 2
-            s = int(sa[mid])
-            if text[s:s + m].tolist() <= pattern:
-                lo = mid + 1
-            else:
-                hi = mid
-        return first, lo
+        lo, hi = self.starts[pattern[0]], self.starts[pattern[0] + 1]
+
+        def head(i):
+            s = int(sa[i])
+            return text[s:s + m].tolist()
+        first = bisect.bisect_left(range(lo, hi), pattern, key=head) + lo
+        return first, bisect.bisect_right(range(first, hi), pattern, key=head) + first
 
     def _find_again(self, longest=MATCH_CAP):
         """The longest suffix of the recent characters (at most `longest`) that occurs, by a binary search over its
