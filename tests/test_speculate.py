@@ -4,6 +4,7 @@ decoding writes (greedy, sampled with a seed, under constraints), the next-chara
 plain decoding leaves, the draft sources, auto's meter, and the batches that decode plainly."""
 
 import math
+import random
 
 import numpy as np
 import pytest
@@ -29,7 +30,10 @@ from chargpt.sampling.speculate import (
     Meter,
     PromptLookup,
     TrainingText,
+    check_costs,
     decode_speculative,
+    id_chars,
+    measured_costs,
 )
 from chargpt.tools.novelty import for_meta, suffix_array
 
@@ -104,6 +108,24 @@ def test_a_seed_reproduces_a_speculative_sample():
     opts = dict(max_new_tokens=50, temperature=0.9)
     assert on.generate("abcab", seed=5, **opts) == on.generate("abcab", seed=5, **opts)
     assert on.generate("abcab", seed=5, **opts) != on.generate("abcab", seed=6, **opts)
+
+
+def test_a_generator_shared_by_calls_is_left_where_plain_decoding_leaves_it():
+    """Each drafted position's choice uses the uniform plain decoding would use there, drawn for all of a check's
+    positions at once: the ones past a dropped draft character are handed back, so the next call (sharing the
+    generator, as a REPL does without --seed) writes what plain decoding's next call writes."""
+    model = random_model()
+    ctx = torch.tensor([VOCAB.encode("the cat")])
+    settings = SampleSettings(max_new_tokens=40, temperature=1.0)
+    plain_gen, spec_gen = torch.Generator().manual_seed(4), torch.Generator().manual_seed(4)
+    for _ in range(3):
+        plain = torch.cat(list(decode(model, ctx, settings, plain_gen)))
+        meter = Meter(always=True)
+        spec = torch.cat(list(decode_speculative(model, ctx, settings, spec_gen, Drafts([Oracle(plain.tolist())]),
+                                                 meter)))
+        assert torch.equal(spec, plain)
+        assert 0 < meter.kept < meter.drafted  # drafts kept and dropped
+    assert torch.equal(plain_gen.get_state(), spec_gen.get_state())
 
 
 # --- the distribution is the model's --------------------------------------------------------------------------------
@@ -197,14 +219,19 @@ def test_a_rolled_back_cache_is_the_cache_of_plain_decoding():
         assert torch.allclose(model(nxt, cache=plain)[0], model(nxt, cache=spec)[0], atol=1e-5)
 
 
-def test_decoding_past_the_window_rebuilds_the_cache_as_plain_decoding_does():
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_decoding_past_the_window_rebuilds_the_cache_as_plain_decoding_does(temperature):
+    """The window rebuilt from its last characters in the same forward as the next draft's check: the text is
+    plain decoding's, greedy and sampled."""
     model = random_model()
     ctx = torch.tensor([VOCAB.encode("abcabcabcabca")])  # 13 of a 16-character window: drafts meet its end
-    settings = SampleSettings(max_new_tokens=70, temperature=0.0)
+    settings = SampleSettings(max_new_tokens=70, temperature=temperature)
     plain = torch.stack(list(decode(model, ctx, settings, torch.Generator().manual_seed(0))), 1)
+    meter = Meter(always=True)
     steps = decode_speculative(model, ctx, settings, torch.Generator().manual_seed(0),
-                               Drafts([PromptLookup(ctx[0].tolist())]))
+                               Drafts([Oracle(plain[0].tolist())]), meter)
     assert torch.equal(torch.stack(list(steps), 1), plain)
+    assert meter.kept > 20  # drafts checked across several rebuilds (every 4 characters past the 16th)
 
 
 # --- the draft sources ----------------------------------------------------------------------------------------------
@@ -232,6 +259,19 @@ def test_corpus_lookup_drafts_what_most_often_followed_the_longest_match_in_the_
     for c in VOCAB.encode(" the mat"):  # drafting paused: found again when it resumes
         look.add(c, live=False)
     assert look.propose(4) == (len(" the mat"), VOCAB.encode(" and"))
+
+
+def test_corpus_lookup_finds_matches_in_a_vocabulary_past_the_surrogate_code_points():
+    """The training text is searched as a str of one character per id (id_chars); ids from 0xD800 on skip the
+    surrogates a str cannot hold and keep their order, so a vocabulary of 60,000 characters drafts as one of 60."""
+    a, b, c, d = 0xD7F5, 0xD804, 0xD818, 0xD7F1  # b and c: past 0xD800
+    ids = [a, b, c, a, b, c, a, b, d]
+    corpus = np.array(ids, dtype=np.int64)
+    same = np.arange(0xD820)
+    text = id_chars(corpus)
+    assert sorted(range(len(ids)), key=lambda i: text[i:]) == suffix_array(corpus).tolist()
+    look = CorpusLookup(TrainingText(corpus, suffix_array(corpus), same, same), [d, a, b])
+    assert look.propose(3) == (2, [c, a, b])  # a b goes on c twice, d once; then a b c a b each time
 
 
 # --- when it speculates ---------------------------------------------------------------------------------------------
@@ -300,6 +340,44 @@ def test_auto_times_plain_decoding_before_it_judges_drafts_that_clear_the_bar():
     assert not meter.on and meter.pause == PAUSE
 
 
+def test_the_draft_length_is_the_one_whose_round_writes_fastest_by_measured_costs_and_kept_shares():
+    """A check's cost climbs in steps of four positions here (as a CPU kernel's block of rows at a time): where
+    three drafted characters in four are kept, a draft ends at a step's last position (7, not 8 to 11); where all
+    are kept it is as long as allowed; where the first is never kept, within the first step; where the third never
+    is, 2 or 3 (the third costs nothing more). The rest of a round's time is measured as rounds go."""
+    steps = [1.0, 1.1, 1.1, 1.1] + [1.3] * 4 + [1.5] * 4  # a d-character draft: a check of d + 1 positions
+
+    def meter_after(kept_in_rounds, seconds):
+        clock = Clock()
+        meter = Meter(always=True, clock=clock)
+        meter.costs = steps
+        for kept in kept_in_rounds:
+            clock.now += seconds
+            meter.record(11, kept)
+        return meter
+    rng = random.Random(0)
+    three_in_four = [next(k for k in range(12) if k == 11 or rng.random() > 0.75) for _ in range(400)]
+    meter = meter_after(three_in_four, 1.5)  # a round takes its check's time: nothing besides
+    assert meter.overhead == pytest.approx(0.0, abs=1e-9)
+    assert meter.draft_chars(11) == 7 and meter.draft_chars(3) == 3
+    assert meter_after([11] * 64, 1.5).draft_chars(11) == 11
+    assert meter_after([0] * 64, 1.5).draft_chars(11) <= 3  # within the cheapest step: no longer than it costs
+    meter = meter_after([2] * 64, 2.0)  # the first two kept, never the third; half a second besides the check
+    assert meter.draft_chars(11) in (2, 3)
+    shares = meter.kept_shares()
+    assert shares[1] > 0.9 and shares[2] > 0.9 and shares[3] < 0.1
+    assert meter.overhead == pytest.approx(0.5, rel=0.2)
+
+
+def test_a_check_costs_its_positions_measured_here_once_per_model():
+    model = random_model()
+    costs = check_costs(model, torch.device("cpu"), most=11)  # a check of 1 .. 12 positions in a 16-character window
+    assert len(costs) == 12 and all(0 < c < 1 for c in costs)
+    assert len(check_costs(model, torch.device("cpu"), most=40)) == model.config.block_size - 1  # the window bounds it
+    first = measured_costs(model, torch.device("cpu"), torch.float32, 5)
+    assert measured_costs(model, torch.device("cpu"), torch.float32, 5) is first and len(first) == 6
+
+
 def test_auto_drafts_from_the_training_text_only_once_its_index_is_built(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(CORPUS_TEXT, encoding="utf-8")
@@ -366,3 +444,18 @@ def test_a_labelled_run_speculates_with_its_label_kept_in_the_window(tmp_path):
         assert on.generate("", label="a", max_new_tokens=50, **opts) == off.generate("", label="a", max_new_tokens=50,
                                                                                     **opts)
         assert on.drafted.kept > 0
+
+
+def test_the_decode_bench_tables_speculation_on_a_trained_run(run):
+    """`chargpt bench --only decode --checkpoint RUN`'s speculation part: what a check of each length costs here, and
+    a row per prompt and temperature with the speeds off, on and auto, characters per verify and whether the texts
+    agreed."""
+    import argparse
+
+    from chargpt.bench.speculation import speculation_rows
+    lines = speculation_rows(argparse.Namespace(checkpoint=str(run), threads=1), torch.device("cpu"), 20, rounds=1)
+    costs = next(line for line in lines if line.startswith("a check of 1 .. "))
+    assert costs.split(" costs ")[1].startswith("1.00, ")
+    table = [line for line in lines if line.startswith("| ") and "x |" in line]
+    assert len(table) == 6 and all(line.endswith("| 1 of 1 |") for line in table if "| 0 |" in line)
+    assert "random" in speculation_rows(argparse.Namespace(checkpoint=None, threads=1), torch.device("cpu"), 20)[0]

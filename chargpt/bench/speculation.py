@@ -36,8 +36,19 @@ def speculation_rows(args, device, n, rounds=3):
                             speculate=m) for m in MODES}
     prompts = {"empty (the corpus's style)": "", "40 random characters (outside the corpus)":
                outside_prompt(gens["off"].vocab)}
+    import torch
+
+    from chargpt.sampling.speculate import check_costs
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        costs = check_costs(gens["off"].model, device)  # what a check of each length costs, against one position
+    finally:
+        torch.set_num_threads(before)
     rows = [f"speculative decoding, {n} chars, batch 1, float32, {threads} thread(s), median of {rounds} "
             f"interleaved rounds", "",
+            f"a check of 1 .. {len(costs)} positions costs " + ", ".join(f"{c / costs[0]:.2f}" for c in costs) +
+            f" times one position's forward ({costs[0] * 1e6:,.0f} us)", "",
             "| prompt | T | plain chars/s | on | auto | chars per verify (on) | text from drafts (on) | on / plain | "
             "auto / plain | seeds whose 3 texts agree |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, prompt in prompts.items():

@@ -372,17 +372,17 @@ class Transformer(nn.Module):
             pos = self.pe[start:start + T]  # (T, C)
         return self.drop(tok + pos)
 
-    def decoder_stack(self, idx, cache=None, every=False, **block_kw):
+    def decoder_stack(self, idx, cache=None, last=1, **block_kw):
         """ids (B, T) through the embeddings, the decoder blocks (self.h) and the final norm -> (B, T, C). With a
         KVCache, idx continues the cached positions, the cache advances past them, and only the last position
-        comes out (B, 1, C): all that decoding needs (every=True: all T, for checking a speculative draft)."""
+        comes out (B, 1, C): all that decoding needs (last=n: the last n, for checking a speculative draft)."""
         start = cache.pos if cache is not None else 0
         x = self.embed(idx, start)  # (B, T, C)
         for block in self.h:
             x = block(x, cache, **block_kw)
         if cache is not None:
             cache.pos += idx.size(1)
-            x = x if every else x[:, -1:, :]  # (B, 1, C)
+            x = x[:, -last:, :]  # (B, last, C)
         return self.ln_f(x)
 
     def set_attention(self, kernel):
@@ -430,13 +430,13 @@ class CharGPT(Transformer):
         return self.head(self.decoder_stack(idx, cache, attn_weights=attn_weights), targets, loss_mask,
                          label_smoothing)
 
-    def verify(self, idx, cache):
-        """idx (B, T) continuing the cached positions -> logits (B, T, V) at every one of them, in one forward:
-        speculative decoding's check of a drafted text (chargpt/sampling/speculate.py). The head runs over all T at
-        once: decoding is memory-bound, and a large vocabulary's head read once for T positions costs about what it
-        costs for one. The cache advances past all T; KVCache.rollback takes back the positions after the first
-        character not kept."""
-        return self.head(self.decoder_stack(idx, cache, every=True))[0]
+    def verify(self, idx, cache, last=None):
+        """idx (B, T) continuing the cached positions -> logits (B, last, V) at the last `last` of them (default all
+        T), in one forward: speculative decoding's check of a drafted text (chargpt/sampling/speculate.py), where
+        the first of them may be a window rebuilt from its start (a prefill) and the draft after it. The head runs
+        over those positions at once. The cache advances past all T; KVCache.rollback takes back the positions after
+        the first character not kept."""
+        return self.head(self.decoder_stack(idx, cache, last=last or idx.size(1)))[0]
 
     def decode_step(self, idx, cache, pos):
         """One new character per row at position pos: idx (B, 1) ids, pos a (1,) long tensor (= cache.pos) ->

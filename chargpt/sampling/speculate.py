@@ -1,15 +1,20 @@
 """Speculative decoding without a second model: drafts from the text so far and from the run's training text, each
 checked in one cached forward, with the text exactly that of plain decoding (chargpt/sampling/decode.py).
 
-A decode step on a CPU is bound by reading the weights and by per-call overhead: a forward over 8 positions costs
-little more than over one. A character model is very predictable inside a word, a name or a line it has seen, so a
-guess at the next few characters (a draft) is often right, and one forward over the draft gives the model's choice at
-every drafted position. Two sources guess, and the one whose match is longer drafts:
+A decode step of a small model on a CPU is mostly per-call overhead (Python, dozens of small operators), paid once
+per forward however many positions it takes; only its matrix products grow with them (on the 2-core EPYC of
+benchmarks/RESULTS.md a check of 8 positions of the default 3 x 160 model costs about 1.5 steps, in float32). A
+character model is very predictable inside a word, a name or a line it has seen, so a guess at the next few
+characters (a draft) is often right, and one forward over the draft gives the model's choice at every drafted
+position. Two sources guess, and the one whose match is longer drafts:
     PromptLookup  the longest recent n-gram (3 to 8 characters) that occurred earlier in the text so far, and what
                   followed it there (prompt lookup, as vLLM's and llama.cpp's n-gram drafts);
     CorpusLookup  the longest suffix of the text found in the training text's suffix array (the novelty index,
                   chargpt/tools/novelty) and what most often followed it there (as REST, retrieval-based speculative
                   decoding, drafts from a datastore), a character at a time while its share stays high.
+How long a draft is (Meter.draft_chars) weighs what drafts of each length keep lately against what a check of each
+length costs here, measured once per model (check_costs): the cost climbs in steps, a matrix kernel's block of rows
+at a time, so a draft often grows to the end of a step for nothing.
 
 Exactness. Each drafted position's choice is made exactly as plain decoding makes it: the position's logits go
 through the labels' mask, the constraints (steer.logits: bans, forms, penalties) and sample_next (temperature, top-k,
@@ -18,16 +23,21 @@ while the choices equal it; at the first choice that differs, the choice is kept
 the draft is dropped (KVCache.rollback). For a deterministic draft x this is the usual rule (keep x with probability
 p(x), else a character from p without x, renormalised), and because each choice uses the uniform plain decoding would
 use there, a seed gives the same text with speculation as without it, at every temperature (up to float rounding:
-a forward over several positions may round differently from several forwards over one). The constraints' state only
-ever advances by characters kept (steer.chose), so nothing of theirs needs taking back.
+a forward over several positions may round differently from several forwards over one; in bfloat16 it often does).
+Without constraints every position's choice is made at once (one sample_next over the check's rows), and the
+uniforms drawn for positions past the first dropped character are handed back (the generator's state restored and
+advanced by the characters written), so a generator shared by later calls goes on as plain decoding's would. The
+constraints' state only ever advances by characters kept (steer.chose), so nothing of theirs needs taking back. Where
+the window is full, it is rebuilt (as plain decoding rebuilds it) in the same forward that checks the next draft.
 
 Scope: one sample (a batch of one row, no classifier-free guidance); larger batches decode plainly, each row would
-keep a different number of characters. auto (Meter) stops drafting while the drafts do not pay (fewer than
-MIN_CHARS_PER_VERIFY characters written per verify over the last WINDOW verifies) and tries again later.
+keep a different number of characters. auto (Meter) stops drafting while the drafts do not pay (by the clock, against
+plain decoding's speed measured in short pauses) and tries again later.
 """
 
 import bisect
 import time
+import weakref
 from collections import deque
 
 import numpy as np
@@ -35,17 +45,21 @@ import torch
 
 from chargpt.model.transformer import KVCache
 from chargpt.runtime import autocast
-from chargpt.sampling.decode import sample_next
+from chargpt.sampling.decode import GREEDY_BELOW, sample_next
 
-DRAFT_CHARS = 8  # characters drafted at most: a verify over 9 positions costs about one step on a CPU
+DRAFT_CHARS = 11  # characters drafted at most (Meter.draft_chars picks how many: check_costs)
+SHARE_VERIFIES = 32  # the verifies (about) whose kept shares choose the draft's length
+PRIOR_SHARES = (0.6, 0.75)  # the shares of first and later drafted characters kept, before any is checked: about
+# what the default CPU run keeps at temperature 0.8 (benchmarks/RESULTS.md)...
+PRIOR_WEIGHT = 4  # ...worth this many checks
 PROMPT_NGRAMS = (3, 8)  # n-grams of the text so far that prompt lookup matches, shortest and longest
 MATCH_CAP = 32  # characters of the text searched again for a match where it cannot grow (a match grows past it)
 SHARE = 0.4  # a corpus draft goes on while its next character followed the match in this share of the corpus
-SAMPLED = 32  # occurrences of a match read to find the most frequent next character (evenly spaced)
 WINDOW = 16  # auto: the verifies (a block of them) whose characters per verify decide whether drafting pays...
-# ...at least this many on the mean: measured on a 2-core EPYC (benchmarks/RESULTS.md), the default CPU run (3 x 160)
-# wrote 1.1x as fast with drafts as without at 2.5-2.7 characters per verify and 1.4x at 3.3, a 4 x 192 Tang model
-# 0.8x at 1.4; so drafts about break even near 2.2...
+# ...by the clock; before plain decoding is timed, at least this many on the mean: measured on a 2-core EPYC
+# (benchmarks/RESULTS.md), the default CPU run (3 x 160) wrote 1.35x as fast with drafts as without at 2.5
+# characters per verify, a 6 x 384 model 1.12x at 1.8, a 4 x 192 Tang model (its 9,728-character head costs a
+# check more per position) 0.73x at 1.4 and 1.0x at 2.8; so drafts break even near 2 for most models...
 MIN_CHARS_PER_VERIFY = 2.3
 LOOKBACK = 4096  # characters of the text so far that prompt lookup searches (at least; at most twice as many)
 PAUSE = 64  # ...else no drafts for this many characters, twice as many each time it does not pay (and half as
@@ -94,20 +108,45 @@ class PromptLookup:
         return 0, []
 
 
+def id_chars(ids):
+    """Corpus ids (an integer array) -> a str of one character per id whose characters sort as the ids do (the
+    surrogates skipped: a str cannot hold them), so the suffix array's searches compare text slices in C, not
+    lists of ids in Python."""
+    codes = np.asarray(ids).astype("<u4")
+    codes += (codes >= SURROGATES).astype("<u4") * 0x800  # 0xD800.. 0xDFFF: 2,048 codes skipped, the order kept
+    return codes.tobytes().decode("utf-32-le")
+
+
+SURROGATES = 0xD800
+
+
+def id_char(i):
+    """One corpus id -> its character in id_chars' text."""
+    return chr(i + 0x800 if i >= SURROGATES else i)
+
+
 class TrainingText:
-    """A split of the training text for drafting, made once per model: ids and suffix array (a novelty
-    SplitIndex's: where a --val-split blocks stretch ends, a draft may run on into the text after it; it is only a
-    draft), and the run's ids -> the corpus's (-1 where the corpus lacks one) and back."""
+    """A split of the training text for drafting, made once per model: its text as a str of id characters
+    (id_chars) and its suffix array (a novelty SplitIndex's: where a --val-split blocks stretch ends, a draft may run
+    on into the text after it; it is only a draft), and the run's ids -> the corpus's characters (None where the
+    corpus lacks one) and back (-1 where the run lacks one)."""
 
     def __init__(self, text, sa, to_corpus, from_corpus, chunk=1 << 22):
-        self.text, self.sa = np.asarray(text), np.asarray(sa)  # a memmap as a plain view: faster to index
-        self.to_corpus, self.from_corpus = np.asarray(to_corpus), np.asarray(from_corpus)
+        text = np.asarray(text)
+        self.chars = "".join(id_chars(text[i:i + chunk]) for i in range(0, len(text), chunk))
+        sa = np.ascontiguousarray(sa)
+        native = np.int64 if sa.dtype.itemsize == 8 else np.int32
+        # indexed a position at a time: a Python int, fast (a memoryview takes only the machine's own byte order)
+        self.sa = memoryview(sa.astype(sa.dtype.newbyteorder("="), copy=False).view(native))
+        self.to_corpus = [id_char(int(c)) if c >= 0 else None for c in np.asarray(to_corpus).tolist()]
+        self.from_corpus = {id_char(i): int(m) for i, m in enumerate(np.asarray(from_corpus).tolist()) if m >= 0}
         # where each character's suffixes start in the suffix array: a search starts inside its first character's
         # (a few hundred suffixes of a Chinese corpus's millions), in chunks of bounded memory
-        counts = np.zeros(len(self.from_corpus) + 1, np.int64)
-        for i in range(0, len(self.sa), chunk):
-            counts += np.bincount(self.text[self.sa[i:i + chunk]], minlength=len(counts))[:len(counts)]
-        self.starts = np.concatenate([[0], np.cumsum(counts)]).tolist()
+        counts = np.zeros(len(from_corpus) + 1, np.int64)
+        for i in range(0, len(sa), chunk):
+            counts += np.bincount(text[sa[i:i + chunk]], minlength=len(counts))[:len(counts)]
+        ends = np.cumsum(counts).tolist()
+        self.starts = {id_char(i): (lo, hi) for i, (lo, hi) in enumerate(zip([0] + ends, ends)) if hi > lo}
         self.memo = {}  # a search's key -> its result, shared by every sample of the model (CorpusLookup.remember)
 
 
@@ -116,22 +155,22 @@ class CorpusLookup:
     character at a time: the suffix array interval [lo, hi) of the suffixes that start with it), and what followed
     it there most often, character by character while that character's share of the occurrences is at least SHARE.
     While drafting pauses (add with live=False) it only keeps the last characters, and finds its match again when
-    drafting resumes."""
+    drafting resumes. Text here is id_chars' str: a slice of the training text is a str slice."""
 
     def __init__(self, corpus, ids):
-        self.text, self.sa, self.n, self.starts = corpus.text, corpus.sa, len(corpus.text), corpus.starts
+        self.text, self.sa, self.n, self.starts = corpus.chars, corpus.sa, len(corpus.chars), corpus.starts
         self.memo = corpus.memo
         self.to_corpus, self.from_corpus = corpus.to_corpus, corpus.from_corpus
-        self.recent = deque(maxlen=MATCH_CAP)  # the text's last characters, in corpus ids
+        self.recent = ""  # the text's last characters (at most MATCH_CAP), since the last one the corpus lacks
         self.depth, self.lo, self.hi = 0, 0, len(self.sa)  # the match's length and its interval
         for c in ids[-MATCH_CAP:]:
-            self.recent.append(int(self.to_corpus[c]))
+            self._remember_char(c)
         self._find_again()
 
-    def _char(self, i, depth):
-        """The character at `depth` of the i-th suffix, -1 past the text's end (below every character, as sorted)."""
-        p = int(self.sa[i]) + depth
-        return int(self.text[p]) if p < self.n else -1
+    def _remember_char(self, c):
+        ch = self.to_corpus[c]
+        self.recent = "" if ch is None else (self.recent + ch)[-MATCH_CAP:]  # nothing matches across a character
+        return ch  # the corpus lacks
 
     def remember(self, search, *args):
         """search(*args) once per search and arguments, its result kept in the model's memo (bounded: MEMO
@@ -150,21 +189,24 @@ class CorpusLookup:
         return self.remember(self._narrowed, lo, hi, depth, c)
 
     def _narrowed(self, lo, hi, depth, c):
-        def char(i):
-            return self._char(i, depth)
+        text, sa = self.text, self.sa
+
+        def char(i):  # "" past the text's end: below every character, as the suffix array sorts a suffix that ends
+            p = sa[i] + depth
+            return text[p:p + 1]
         first = bisect.bisect_left(range(lo, hi), c, key=char) + lo
         return first, bisect.bisect_right(range(first, hi), c, key=char) + first
 
     def _find(self, pattern):
-        """The interval of the suffixes that start with `pattern` (a list of corpus ids), by two binary searches
-        among the suffixes starting with its first character (a suffix shorter than the pattern sorts first, as in
-        the suffix array)."""
+        """The interval of the suffixes that start with `pattern` (a str), by two binary searches among the
+        suffixes starting with its first character (a suffix shorter than the pattern sorts first, as in the suffix
+        array)."""
         m, text, sa = len(pattern), self.text, self.sa
-        lo, hi = self.starts[pattern[0]], self.starts[pattern[0] + 1]
+        lo, hi = self.starts.get(pattern[0], (0, 0))
 
         def head(i):
-            s = int(sa[i])
-            return text[s:s + m].tolist()
+            s = sa[i]
+            return text[s:s + m]
         first = bisect.bisect_left(range(lo, hi), pattern, key=head) + lo
         return first, bisect.bisect_right(range(first, hi), pattern, key=head) + first
 
@@ -172,15 +214,11 @@ class CorpusLookup:
         """The longest suffix of the recent characters (at most `longest`) that occurs, by a binary search over its
         length (a suffix that occurs has every shorter one occur): a few searches, only where the match could not
         grow."""
-        recent = tuple(self.recent)[-longest:] if longest else ()
+        recent = self.recent[len(self.recent) - longest:] if longest else ""
         self.depth, (self.lo, self.hi) = self.remember(self._longest, recent)
 
     def _longest(self, recent):
-        """-> (the length of the longest suffix of `recent` (a tuple) that occurs, its interval)."""
-        recent = list(recent)
-        unknown = [i for i, c in enumerate(recent) if c < 0]
-        if unknown:
-            recent = recent[unknown[-1] + 1:]  # nothing matches across a character the corpus lacks
+        """-> (the length of the longest suffix of `recent` (a str) that occurs, its interval)."""
         short, long, found = 0, len(recent), (0, len(self.sa))  # the longest found, the longest possible
         while short < long:
             mid = (short + long + 1) // 2
@@ -192,16 +230,14 @@ class CorpusLookup:
         return short, found
 
     def add(self, c, live=True):
-        c = int(self.to_corpus[c])
-        self.recent.append(c)
+        ch = self._remember_char(c)
         if not live:
             self.depth = None  # found again when drafting resumes
             return
-        if self.depth is None or c < 0:
+        if self.depth is None or ch is None:
             self._find_again()
             return
-        lo, hi = (self.starts[c], self.starts[c + 1]) if not self.depth else \
-            self._narrow(self.lo, self.hi, self.depth, c)
+        lo, hi = self.starts.get(ch, (0, 0)) if not self.depth else self._narrow(self.lo, self.hi, self.depth, ch)
         if hi > lo:
             self.depth, self.lo, self.hi = self.depth + 1, lo, hi
         else:  # the match with c does not occur: the longest suffix that does, shorter than that
@@ -211,33 +247,41 @@ class CorpusLookup:
         """-> (the length of the match, up to k drafted ids)."""
         if self.depth is None:
             self._find_again()
-        depth, lo, hi, out = self.depth, self.lo, self.hi, []
-        while depth and len(out) < k and hi > lo:
+        depth, lo, hi, chars = self.depth, self.lo, self.hi, ""
+        while depth and len(chars) < k and hi > lo:
             if hi - lo == 1:  # one occurrence: what follows it
-                s = int(self.sa[lo]) + depth
-                out += [int(self.from_corpus[c]) for c in self.text[s:s + k - len(out)].tolist()]
+                s = self.sa[lo] + depth
+                chars += self.text[s:s + k - len(chars)]
                 break
-            c = self.remember(self._most_often, lo, hi, depth)
-            if c < 0:
+            found = self.remember(self._most_often, lo, hi, depth)
+            if found is None:
                 break
-            out.append(int(self.from_corpus[c]))
-            lo, hi = self._narrow(lo, hi, depth, c)
+            c, lo, hi = found
+            chars += c
             depth += 1
-        if -1 in out:
-            out = out[:out.index(-1)]  # a character this model lacks ends the draft
+        out = []
+        for ch in chars:
+            c = self.from_corpus.get(ch)
+            if c is None:
+                break  # a character this model lacks ends the draft
+            out.append(c)
         return self.depth, out
 
-
     def _most_often(self, lo, hi, depth):
-        """The character at `depth` of most of the suffixes [lo, hi) (of SAMPLED of them, evenly spaced), or -1
-        where none has a share of SHARE or past the text's end."""
-        rows = np.arange(lo, hi) if hi - lo <= SAMPLED else np.linspace(lo, hi - 1, SAMPLED).astype(np.int64)
-        at = self.sa[rows].astype(np.int64) + depth
-        chars = self.text[np.minimum(at, self.n - 1)].astype(np.int64)
-        chars[at >= self.n] = -1
-        values, counts = np.unique(chars, return_counts=True)
-        best = int(counts.argmax())
-        return int(values[best]) if counts[best] >= SHARE * len(rows) else -1
+        """-> (the character at `depth` of the most suffixes of [lo, hi), the interval of those), or None where
+        none has a share of SHARE (or that character is past the text's end). The suffixes are sorted by that
+        character, so one with a share of SHARE fills a stretch at least `step` long, which holds one of the
+        suffixes lo, lo + step, lo + 2 step, ...: those few are the candidates, each counted exactly."""
+        text, sa, step = self.text, self.sa, max(1, int(SHARE * (hi - lo)))
+        best = None
+        for i in range(lo, hi, step):
+            p = sa[i] + depth
+            c = text[p:p + 1]
+            if c and (best is None or c != best[0]):
+                first, last = self._narrow(lo, hi, depth, c)
+                if best is None or last - first > best[2] - best[1]:
+                    best = (c, first, last)
+        return best if best is not None and best[2] - best[1] >= SHARE * (hi - lo) else None
 
 
 class Drafts:
@@ -275,6 +319,10 @@ class Meter:
         self.paying = 0  # blocks that paid since the plain speed was measured
         self.then = None  # the clock at the last round's end (None: a call starts; its first round is not timed)
         self.verifies = self.drafted = self.kept = self.chars = 0
+        self.reached = [0.0] * (DRAFT_CHARS + 1)  # per drafted position (1 ..): checks that reached it (the ones
+        self.held = [0.0] * (DRAFT_CHARS + 1)  # before it kept), and that kept it; counts decayed as they come
+        self.costs = None  # seconds a check of 1 .. DRAFT_CHARS + 1 positions takes here (check_costs)
+        self.overhead = 0.0  # seconds a round takes besides its check (choices, drafts, the characters' way out)
 
     def next_call(self):
         """The same Meter for the Generator's next call: its counts start again, what it learned of whether
@@ -284,9 +332,9 @@ class Meter:
         self.then = None
         return self
 
-    def record(self, drafted, kept, last=False):
+    def record(self, drafted, kept, last=False, rebuilt=False):
         """A round: `drafted` characters drafted, `kept` of them kept (and one more chosen by the model, unless the
-        call's last character was a kept one: last=True)."""
+        call's last character was a kept one: last=True); rebuilt: its check also rebuilt the window."""
         now = self.clock()
         took, self.then = (now - self.then if self.then is not None else None), now
         chars = kept + (not last)
@@ -305,7 +353,14 @@ class Meter:
             self.block_s, self.block_chars = self.block_s + took, self.block_chars + chars
         if not drafted:
             return
+        if took is not None and self.costs and drafted < len(self.costs) and not rebuilt:  # a round's seconds...
+            besides = max(0.0, took - self.costs[drafted])  # ...besides its check (one that rebuilt costs more)
+            self.overhead += (besides - self.overhead) / SHARE_VERIFIES
         self.verifies, self.drafted, self.kept = self.verifies + 1, self.drafted + drafted, self.kept + kept
+        decay = 1 - 1 / SHARE_VERIFIES
+        for i in range(1, min(drafted, kept + 1, DRAFT_CHARS) + 1):
+            self.reached[i] = self.reached[i] * decay + 1
+            self.held[i] = self.held[i] * decay + (i <= kept)
         self.recent.append(kept + 1)
         self.block.append(kept + 1)
         if not self.always and len(self.block) == WINDOW:  # judged a block at a time, not at every verify: a
@@ -330,15 +385,71 @@ class Meter:
         self.on, self.pause, self.paused_s, self.paused_chars = False, chars, 0.0, 0
 
     def draft_chars(self, most):
-        """How many characters to draft: twice the mean kept per verify lately, plus 2, up to `most` (a draft
-        the model seldom keeps costs positions of the verify for nothing)."""
-        if not self.recent:
-            return most
-        return max(2, min(most, round(2 * (sum(self.recent) / len(self.recent) - 1)) + 2))
+        """How many characters to draft (1 .. most): the length whose round writes the most characters a second,
+        by the characters a draft of that length is expected to keep (each drafted position's share kept lately,
+        where the one before it was: Meter.kept_shares) and the seconds its round takes: its check (self.costs,
+        measured by check_costs: on a CPU the cost climbs in steps, a matrix kernel's block of rows at a time) and
+        the rest of a round (self.overhead, measured as rounds go)."""
+        if most < 1:
+            return 0
+        shares = self.kept_shares()
+        costs = self.costs or [1 + t / 4 for t in range(DRAFT_CHARS + 1)]  # unmeasured: a position a quarter step
+        best, best_rate, written, chance = 0, 0.0, 1.0, 1.0
+        for d in range(1, min(most, len(costs) - 1, DRAFT_CHARS) + 1):
+            chance *= shares[d]  # that the first d drafted characters are all kept
+            written += chance  # characters a round with a d-character draft writes, on the mean
+            if written / (costs[d] + self.overhead) > best_rate:
+                best, best_rate = d, written / (costs[d] + self.overhead)
+        return best
+
+    def kept_shares(self):
+        """-> per drafted position (1 .. DRAFT_CHARS; [0] unused), the share of the checks reaching it that kept it,
+        over about the last SHARE_VERIFIES that reached it, from a prior worth PRIOR_WEIGHT checks (PRIOR_SHARES:
+        the first position's, every later one's)."""
+        first, later = PRIOR_SHARES
+        return [(held + PRIOR_WEIGHT * (first if i == 1 else later)) / (reached + PRIOR_WEIGHT)
+                for i, (held, reached) in enumerate(zip(self.held, self.reached))]
 
     def stats(self):
         """What the call's drafts did: verifies, characters drafted, kept, and written in all."""
         return {"verifies": self.verifies, "drafted": self.drafted, "kept": self.kept, "chars": self.chars}
+
+
+COSTS = weakref.WeakKeyDictionary()  # model -> {(device, dtype, threads, most): check_costs' list}
+
+
+def measured_costs(model, device, dtype, most):
+    """check_costs, measured once per model, device, dtype and thread count (kept while the model lives)."""
+    key = (str(device), dtype, torch.get_num_threads(), most)
+    known = COSTS.setdefault(model, {})
+    if key not in known:
+        known[key] = check_costs(model, device, dtype, most)
+    return known[key]
+
+
+@torch.inference_mode()
+def check_costs(model, device, dtype=torch.float32, most=DRAFT_CHARS, repeats=3):
+    """-> the seconds one forward over 1, 2 .. most + 1 new positions (a draft's check) takes here, the fastest of
+    `repeats` each: a few dozen forwards, once per Generator. On a CPU the cost of a check does not grow smoothly
+    with its positions: a matrix kernel takes rows a block at a time (measured on a 2-core EPYC, 5 to 8 rows cost
+    what 5 cost, 9 what 12 cost), so a draft one character longer may cost nothing or a block more."""
+    block = model.config.block_size
+    most = max(0, min(most, block - 2))
+    cache = KVCache(model.config, 1, device=device, dtype=dtype)
+    ids = torch.zeros(1, block, dtype=torch.long, device=device)
+    with autocast(device, dtype):
+        model(ids[:, :block - most - 1], cache=cache)  # a context, as a sample's
+        start, costs = cache.pos, [float("inf")] * (most + 1)
+        for r in range(repeats + 1):  # round after round over the lengths, so a moment's load does not skew one;
+            for t in range(1, most + 2):  # the first round untimed: a new shape's first call sets up its kernels
+                t0 = time.perf_counter()
+                model.verify(ids[:, :t], cache)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)  # the forward's own time, not its launch
+                if r:
+                    costs[t - 1] = min(costs[t - 1], time.perf_counter() - t0)
+                cache.rollback(start)
+    return costs  # costs[d]: a check of d + 1 positions (a d-character draft)
 
 
 @torch.inference_mode()
@@ -353,6 +464,8 @@ def decode_speculative(model, ctx, settings, generator, drafts, meter=None, keep
         raise ValueError(f"speculative decoding writes one sample at a time, got {ctx.size(0)} rows")
     meter = meter or Meter()
     block = model.config.block_size
+    if settings.max_new_tokens > 1:
+        meter.costs = measured_costs(model, ctx.device, dtype, draft_chars)
     keep = keep or max(1, (3 * block) // 4)
     if not 0 < keep <= block:
         raise ValueError(f"keep must be in 1 .. block_size ({block}), got {keep}")
@@ -368,20 +481,37 @@ def decode_speculative(model, ctx, settings, generator, drafts, meter=None, keep
         with autocast(device, dtype):
             return model(window, cache=cache)[0]
 
+    def choose(rows, draft):  # the choices at every fed position at once, where no constraint steers them
+        logits = rows[0].float()  # (T, V)
+        if never is not None:
+            logits = logits.index_fill(1, never, float("-inf"))
+        state = generator.get_state()
+        chosen = sample_next(logits, generator, settings.temperature, settings.top_k, settings.top_p, min_p)
+        ids = chosen.tolist()
+        written = next((i + 1 for i, (a, b) in enumerate(zip(ids, draft)) if a != b), len(ids))
+        if written < len(ids):  # the generator as plain decoding leaves it: one uniform per character written
+            generator.set_state(state)
+            if settings.temperature >= GREEDY_BELOW:
+                torch.rand(written, 1, generator=generator)
+        return chosen
+
+    def one(logits):  # a position's choice under the constraints, as decode makes it
+        logits = logits.float()
+        if never is not None:
+            logits = logits.index_fill(1, never, float("-inf"))
+        nxt = sample_next(steer.logits(logits), generator, settings.temperature, settings.top_k, settings.top_p,
+                          min_p)
+        steer.chose(nxt)
+        return nxt
+
     min_p = getattr(settings, "min_p", None)
-    rows, draft, left = forward(last(block)), [], settings.max_new_tokens  # the prefill
+    rows, draft, left, rebuilt = forward(last(block)), [], settings.max_new_tokens, True  # the prefill
     while True:
         start = cache.pos - rows.size(1)  # where the first of the fed characters is
+        chosen = choose(rows, draft) if steer is None else None
         j = 0
         for j in range(rows.size(1)):
-            logits = rows[:, j].float()
-            if never is not None:
-                logits = logits.index_fill(1, never, float("-inf"))
-            if steer is not None:
-                logits = steer.logits(logits)
-            nxt = sample_next(logits, generator, settings.temperature, settings.top_k, settings.top_p, min_p)
-            if steer is not None:
-                steer.chose(nxt)
+            nxt = chosen[j:j + 1] if chosen is not None else one(rows[:, j])
             c = int(nxt[0])
             text.append(c)
             if len(text) > 4 * block + pin:  # bounded: the window needs the first `pin` and the last block
@@ -395,19 +525,18 @@ def decode_speculative(model, ctx, settings, generator, drafts, meter=None, keep
                 return
             if j == len(draft) or c != draft[j]:
                 break
-        meter.record(len(draft), j)
+        meter.record(len(draft), j, rebuilt=rebuilt)
         cache.rollback(start + j + 1)  # the positions of the dropped draft characters
-        room = block - cache.pos
-        if room <= 0:  # window full: rebuilt from the last `keep` characters, as decode does
-            cache.reset()
-            rows, draft = forward(last(keep)), []
-            continue
-        draft = drafts.propose(min(meter.draft_chars(draft_chars), room - 1, left - 1)) if meter.on else []
-        fed = torch.tensor([[c, *draft]], dtype=torch.long, device=device)
+        room, window = block - cache.pos, [c]
+        if room <= 0:  # window full: rebuilt from the last `keep` characters, as decode does, in the same forward
+            cache.reset()  # as the next draft's check
+            room, window = block - keep + 1, last(keep)[0].tolist()
+        draft = drafts.propose(meter.draft_chars(min(draft_chars, room - 1, left - 1))) if meter.on else []
+        fed, rebuilt = torch.tensor([window + draft], dtype=torch.long, device=device), len(window) > 1
         if draft:
             with autocast(device, dtype):
-                rows = model.verify(fed, cache)  # (1, 1 + len(draft), V)
-        elif runner is not None:
+                rows = model.verify(fed, cache, last=1 + len(draft))  # (1, 1 + len(draft), V)
+        elif runner is not None and len(window) == 1:
             with autocast(device, dtype):
                 rows = runner(fed, cache)[:, None]  # decode's compiled step
         else:
