@@ -52,6 +52,7 @@ SHARE_VERIFIES = 32  # the verifies (about) whose kept shares choose the draft's
 PRIOR_SHARES = (0.6, 0.75)  # the shares of first and later drafted characters kept, before any is checked: about
 # what the default CPU run keeps at temperature 0.8 (benchmarks/RESULTS.md)...
 PRIOR_WEIGHT = 4  # ...worth this many checks
+COST_BUDGET_S = 0.25  # check_costs' rounds after the first timed one stop past this many seconds
 PROMPT_NGRAMS = (3, 8)  # n-grams of the text so far that prompt lookup matches, shortest and longest
 MATCH_CAP = 32  # characters of the text searched again for a match where it cannot grow (a match grows past it)
 SHARE = 0.4  # a corpus draft goes on while its next character followed the match in this share of the corpus
@@ -428,19 +429,22 @@ def measured_costs(model, device, dtype, most):
 
 
 @torch.inference_mode()
-def check_costs(model, device, dtype=torch.float32, most=DRAFT_CHARS, repeats=3):
+def check_costs(model, device, dtype=torch.float32, most=DRAFT_CHARS, repeats=3, budget_s=COST_BUDGET_S):
     """-> the seconds one forward over 1, 2 .. most + 1 new positions (a draft's check) takes here, the fastest of
-    `repeats` each: a few dozen forwards, once per Generator. On a CPU the cost of a check does not grow smoothly
-    with its positions: a matrix kernel takes rows a block at a time (measured on a 2-core EPYC, 5 to 8 rows cost
-    what 5 cost, 9 what 12 cost), so a draft one character longer may cost nothing or a block more."""
+    `repeats` each (fewer past budget_s, at least one): a few dozen forwards, once per model. On a CPU the cost of a
+    check does not grow smoothly with its positions: a matrix kernel takes rows a block at a time (measured on a
+    2-core EPYC, 5 to 8 rows cost what 5 cost, 9 to 12 what 9 cost), so a draft one character longer may cost
+    nothing or a block more."""
     block = model.config.block_size
     most = max(0, min(most, block - 2))
     cache = KVCache(model.config, 1, device=device, dtype=dtype)
     ids = torch.zeros(1, block, dtype=torch.long, device=device)
     with autocast(device, dtype):
         model(ids[:, :block - most - 1], cache=cache)  # a context, as a sample's
-        start, costs = cache.pos, [float("inf")] * (most + 1)
+        start, costs, began = cache.pos, [float("inf")] * (most + 1), time.perf_counter()
         for r in range(repeats + 1):  # round after round over the lengths, so a moment's load does not skew one;
+            if r > 1 and time.perf_counter() - began > budget_s:
+                break  # (a large model's check takes long enough to time once)
             for t in range(1, most + 2):  # the first round untimed: a new shape's first call sets up its kernels
                 t0 = time.perf_counter()
                 model.verify(ids[:, :t], cache)
