@@ -374,6 +374,7 @@ def test_a_check_costs_its_positions_measured_here_once_per_model():
     costs = check_costs(model, torch.device("cpu"), most=11)  # a check of 1 .. 12 positions in a 16-character window
     assert len(costs) == 12 and all(0 < c < 1 for c in costs)
     assert len(check_costs(model, torch.device("cpu"), most=40)) == model.config.block_size - 1  # the window bounds it
+    assert all(0 < c < 1 for c in check_costs(model, torch.device("cpu"), budget_s=0.0))  # one timed round at least
     first = measured_costs(model, torch.device("cpu"), torch.float32, 5)
     assert measured_costs(model, torch.device("cpu"), torch.float32, 5) is first and len(first) == 6
 
