@@ -234,6 +234,22 @@ def test_decoding_past_the_window_rebuilds_the_cache_as_plain_decoding_does(temp
     assert meter.kept > 20  # drafts checked across several rebuilds (every 4 characters past the 16th)
 
 
+@pytest.mark.parametrize("keep, pin", [(2, 8), (4, 6)])
+def test_a_rebuilt_window_whose_pinned_start_is_longer_than_keep_leaves_room_for_the_draft(keep, pin):
+    """Where the pinned start (a label, an infill's context) is longer than `keep`, the rebuilt window is that start
+    (as plain decoding rebuilds it), not `keep` characters: the draft checked with it fits what is left of the
+    window."""
+    model = random_model()
+    ctx = torch.tensor([VOCAB.encode("abcabcabcabca")])
+    settings = SampleSettings(max_new_tokens=40, temperature=1.0)
+    plain = torch.stack(list(decode(model, ctx, settings, torch.Generator().manual_seed(0), keep=keep, pin=pin)), 1)
+    meter = Meter(always=True)
+    steps = decode_speculative(model, ctx, settings, torch.Generator().manual_seed(0),
+                               Drafts([Oracle(plain[0].tolist())]), meter, keep=keep, pin=pin)
+    assert torch.equal(torch.stack(list(steps), 1), plain)
+    assert meter.kept > 0
+
+
 # --- the draft sources ----------------------------------------------------------------------------------------------
 def test_prompt_lookup_drafts_what_followed_the_longest_earlier_match():
     look = PromptLookup(VOCAB.encode("the cat sat\nthe dog sat\nthe c"))

@@ -530,7 +530,8 @@ def decode_speculative(model, ctx, settings, generator, drafts, meter=None, keep
         room, window = block - cache.pos, [c]
         if room <= 0:  # window full: rebuilt from the last `keep` characters, as decode does, in the same forward
             cache.reset()  # as the next draft's check
-            room, window = block - keep + 1, last(keep)[0].tolist()
+            window = last(keep)[0].tolist()  # keep characters, or the pinned start where that is longer
+            room = block - len(window) + 1
         draft = drafts.propose(meter.draft_chars(min(draft_chars, room - 1, left - 1))) if meter.on else []
         fed, rebuilt = torch.tensor([window + draft], dtype=torch.long, device=device), len(window) > 1
         if draft:
