@@ -290,6 +290,28 @@ def test_corpus_lookup_finds_matches_in_a_vocabulary_past_the_surrogate_code_poi
     assert look.propose(3) == (2, [c, a, b])  # a b goes on c twice, d once; then a b c a b each time
 
 
+
+def test_a_pattern_ends_its_sample_under_speculation_as_under_plain_decoding():
+    """A pattern's end is chosen as the id past the vocabulary; the constraints give back the character to feed
+    instead (steer.chose), which is what the draft sources learn and what is yielded, as in plain decoding: the
+    training text's lookup has no character for the end itself."""
+    model = random_model()
+    corpus = np.array(VOCAB.encode("abcabcab cab cabcab abcab "), dtype=np.uint8)
+    same = np.arange(len(VOCAB))
+    ids = VOCAB.encode("the cat")
+    settings = SampleSettings(max_new_tokens=12, temperature=1.0, regex="[a-c]{3,5}")
+    rules = plan(settings, VOCAB, "the cat")
+
+    def steps(decoder, seed, *args):  # -> (the id, whether the pattern ended there) per step
+        steer = rules.steer(ids, 1, 12, "cpu")
+        return [(int(nxt), bool(steer.stuck_now)) for nxt in decoder(
+            model, torch.tensor([ids]), settings, torch.Generator().manual_seed(seed), *args, steer=steer)]
+    for seed in (1, 2, 3):  # seeds whose sample chooses the end after 3 or 4 characters
+        plain = steps(decode, seed)
+        spec = steps(decode_speculative, seed, Drafts([PromptLookup(ids), CorpusLookup(
+            TrainingText(corpus, suffix_array(corpus), same, same), ids)]), Meter(always=True))
+        assert spec == plain
+        assert any(ended for _, ended in plain[:5])  # the pattern ended
 # --- when it speculates ---------------------------------------------------------------------------------------------
 def test_batches_and_guidance_decode_plainly(monkeypatch):
     on, _ = gens()

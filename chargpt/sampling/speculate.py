@@ -501,8 +501,8 @@ def decode_speculative(model, ctx, settings, generator, drafts, meter=None, keep
             logits = logits.index_fill(1, never, float("-inf"))
         nxt = sample_next(steer.logits(logits), generator, settings.temperature, settings.top_k, settings.top_p,
                           min_p)
-        steer.chose(nxt)
-        return nxt
+        back = steer.chose(nxt)  # the ids to yield and feed instead (a pattern's end is no character)
+        return nxt if back is None else back
 
     min_p = getattr(settings, "min_p", None)
     rows, draft, left, rebuilt = forward(last(block)), [], settings.max_new_tokens, True  # the prefill
