@@ -128,6 +128,22 @@ def test_a_generator_shared_by_calls_is_left_where_plain_decoding_leaves_it():
     assert torch.equal(plain_gen.get_state(), spec_gen.get_state())
 
 
+def test_a_consumer_that_stops_mid_check_leaves_the_generator_where_plain_decoding_leaves_it():
+    """A check's uniforms are drawn at once; where the consumer stops before the check's last character (a stop
+    string), the ones after the character it took are handed back as it closes the steps."""
+    model = random_model()
+    ctx = torch.tensor([VOCAB.encode("the cat")])
+    settings = SampleSettings(max_new_tokens=30, temperature=1.0)
+    text = torch.cat(list(decode(model, ctx, settings, torch.Generator().manual_seed(4)))).tolist()
+    for took in range(1, 30):
+        plain_gen, spec_gen = torch.Generator().manual_seed(4), torch.Generator().manual_seed(4)
+        for steps in (decode(model, ctx, settings, plain_gen),
+                      decode_speculative(model, ctx, settings, spec_gen, Drafts([Oracle(text)]), Meter(always=True))):
+            assert [int(c) for _, c in zip(range(took), steps)] == text[:took]
+            steps.close()
+        assert torch.equal(plain_gen.get_state(), spec_gen.get_state()), took
+
+
 # --- the distribution is the model's --------------------------------------------------------------------------------
 class Forced:
     """A draft source that proposes the same characters whatever the text: a stand-in for drafts that are right or

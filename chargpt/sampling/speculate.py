@@ -26,7 +26,8 @@ use there, a seed gives the same text with speculation as without it, at every t
 a forward over several positions may round differently from several forwards over one; in bfloat16 it often does).
 Without constraints every position's choice is made at once (one sample_next over the check's rows), and the
 uniforms drawn for positions past the first dropped character are handed back (the generator's state restored and
-advanced by the characters written), so a generator shared by later calls goes on as plain decoding's would. The
+advanced by the characters written; by the ones taken, where the consumer closes the steps mid-check), so a
+generator shared by later calls goes on as plain decoding's would. The
 constraints' state only ever advances by characters kept (steer.chose), so nothing of theirs needs taking back. Where
 the window is full, it is rebuilt (as plain decoding rebuilds it) in the same forward that checks the next draft.
 
@@ -490,10 +491,13 @@ def decode_speculative(model, ctx, settings, generator, drafts, meter=None, keep
         ids = chosen.tolist()
         written = next((i + 1 for i, (a, b) in enumerate(zip(ids, draft)) if a != b), len(ids))
         if written < len(ids):  # the generator as plain decoding leaves it: one uniform per character written
-            generator.set_state(state)
-            if settings.temperature >= GREEDY_BELOW:
-                torch.rand(written, 1, generator=generator)
-        return chosen
+            hand_back(state, written)
+        return chosen, state, written  # (and the state before, the uniforms drawn since)
+
+    def hand_back(state, used):  # the generator at `state`, advanced by the uniforms of `used` characters
+        generator.set_state(state)
+        if settings.temperature >= GREEDY_BELOW:
+            torch.rand(used, 1, generator=generator)
 
     def one(logits):  # a position's choice under the constraints, as decode makes it
         logits = logits.float()
@@ -508,7 +512,7 @@ def decode_speculative(model, ctx, settings, generator, drafts, meter=None, keep
     rows, draft, left, rebuilt = forward(last(block)), [], settings.max_new_tokens, True  # the prefill
     while True:
         start = cache.pos - rows.size(1)  # where the first of the fed characters is
-        chosen = choose(rows, draft) if steer is None else None
+        chosen, state, drawn = choose(rows, draft) if steer is None else (None, None, 0)
         j = 0
         for j in range(rows.size(1)):
             nxt = chosen[j:j + 1] if chosen is not None else one(rows[:, j])
@@ -517,7 +521,12 @@ def decode_speculative(model, ctx, settings, generator, drafts, meter=None, keep
             if len(text) > 4 * block + pin:  # bounded: the window needs the first `pin` and the last block
                 del text[pin:len(text) - block]
             drafts.add(c, meter.on)
-            yield nxt
+            try:
+                yield nxt
+            except GeneratorExit:  # the consumer stops here (a stop string): the uniforms of the characters after
+                if j + 1 < drawn:  # this one, drawn with it, handed back
+                    hand_back(state, j + 1)
+                raise
             left -= 1
             if not left:  # the call's last round: counted as it ends
                 matched = j < len(draft) and c == draft[j]
