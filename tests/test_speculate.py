@@ -20,6 +20,7 @@ from chargpt.sampling.constraints import plan
 from chargpt.sampling.decode import decode
 from chargpt.sampling.engine import Generator
 from chargpt.sampling.speculate import (
+    MATCH_CAP,
     MIN_CHARS_PER_VERIFY,
     PAUSE,
     PROBE,
@@ -291,6 +292,21 @@ def test_corpus_lookup_drafts_what_most_often_followed_the_longest_match_in_the_
     for c in VOCAB.encode(" the mat"):  # drafting paused: found again when it resumes
         look.add(c, live=False)
     assert look.propose(4) == (len(" the mat"), VOCAB.encode(" and"))
+
+
+def test_corpus_lookup_after_a_match_longer_than_it_searches_again_finds_the_longest_that_occurs():
+    """A match grows past the MATCH_CAP characters searched again; where it then ends, the longest suffix of the
+    last MATCH_CAP characters that occurs is found, not only of the characters past the match's first MATCH_CAP."""
+    line = "the quick brown fox jumps over the lazy cat"  # 43 characters
+    tail = line[-20:]  # the cat ... in the corpus a second time, then x (after a newline: nothing longer matches)
+    corpus = np.array(VOCAB.encode(line + "\n" + tail + "x"), dtype=np.uint8)
+    same = np.arange(len(VOCAB))
+    look = CorpusLookup(TrainingText(corpus, suffix_array(corpus), same, same), [])
+    for c in VOCAB.encode(line):
+        look.add(c)
+    assert look.depth == len(line) > MATCH_CAP
+    look.add(VOCAB.stoi["x"])  # the whole line then x is nowhere: the tail then x is
+    assert look.depth == len(tail) + 1
 
 
 def test_corpus_lookup_finds_matches_in_a_vocabulary_past_the_surrogate_code_points():

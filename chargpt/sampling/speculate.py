@@ -215,7 +215,7 @@ class CorpusLookup:
         """The longest suffix of the recent characters (at most `longest`) that occurs, by a binary search over its
         length (a suffix that occurs has every shorter one occur): a few searches, only where the match could not
         grow."""
-        recent = self.recent[len(self.recent) - longest:] if longest else ""
+        recent = self.recent[max(0, len(self.recent) - longest):] if longest else ""  # (a match may be longer)
         self.depth, (self.lo, self.hi) = self.remember(self._longest, recent)
 
     def _longest(self, recent):
