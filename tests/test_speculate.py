@@ -143,6 +143,13 @@ def test_a_consumer_that_stops_mid_check_leaves_the_generator_where_plain_decodi
             assert [int(c) for _, c in zip(range(took), steps)] == text[:took]
             steps.close()
         assert torch.equal(plain_gen.get_state(), spec_gen.get_state()), took
+    gen = torch.Generator().manual_seed(4)  # closed only after the generator drew for something else: left alone
+    steps = decode_speculative(model, ctx, settings, gen, Drafts([Oracle(text)]), Meter(always=True))
+    next(steps), next(steps)  # the second: the first of a check's characters
+    torch.rand(3, generator=gen)
+    drawn = gen.get_state()
+    steps.close()
+    assert torch.equal(gen.get_state(), drawn)
 
 
 # --- the distribution is the model's --------------------------------------------------------------------------------

@@ -524,8 +524,13 @@ def decode_speculative(model, ctx, settings, generator, drafts, meter=None, keep
             try:
                 yield nxt
             except GeneratorExit:  # the consumer stops here (a stop string): the uniforms of the characters after
-                if j + 1 < drawn:  # this one, drawn with it, handed back
-                    hand_back(state, j + 1)
+                if j + 1 < drawn:  # this one, drawn with it, handed back (unless the generator has drawn since:
+                    now = generator.get_state()  # closed late, by the garbage collector, after later calls)
+                    hand_back(state, drawn)
+                    if torch.equal(generator.get_state(), now):
+                        hand_back(state, j + 1)
+                    else:
+                        generator.set_state(now)
                 raise
             left -= 1
             if not left:  # the call's last round: counted as it ends
