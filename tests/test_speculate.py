@@ -20,6 +20,7 @@ from chargpt.sampling.constraints import plan
 from chargpt.sampling.decode import decode
 from chargpt.sampling.engine import Generator
 from chargpt.sampling.speculate import (
+    MATCH_CAP,
     MIN_CHARS_PER_VERIFY,
     PAUSE,
     PROBE,
@@ -128,6 +129,29 @@ def test_a_generator_shared_by_calls_is_left_where_plain_decoding_leaves_it():
     assert torch.equal(plain_gen.get_state(), spec_gen.get_state())
 
 
+def test_a_consumer_that_stops_mid_check_leaves_the_generator_where_plain_decoding_leaves_it():
+    """A check's uniforms are drawn at once; where the consumer stops before the check's last character (a stop
+    string), the ones after the character it took are handed back as it closes the steps."""
+    model = random_model()
+    ctx = torch.tensor([VOCAB.encode("the cat")])
+    settings = SampleSettings(max_new_tokens=30, temperature=1.0)
+    text = torch.cat(list(decode(model, ctx, settings, torch.Generator().manual_seed(4)))).tolist()
+    for took in range(1, 30):
+        plain_gen, spec_gen = torch.Generator().manual_seed(4), torch.Generator().manual_seed(4)
+        for steps in (decode(model, ctx, settings, plain_gen),
+                      decode_speculative(model, ctx, settings, spec_gen, Drafts([Oracle(text)]), Meter(always=True))):
+            assert [int(c) for _, c in zip(range(took), steps)] == text[:took]
+            steps.close()
+        assert torch.equal(plain_gen.get_state(), spec_gen.get_state()), took
+    gen = torch.Generator().manual_seed(4)  # closed only after the generator drew for something else: left alone
+    steps = decode_speculative(model, ctx, settings, gen, Drafts([Oracle(text)]), Meter(always=True))
+    next(steps), next(steps)  # the second: the first of a check's characters
+    torch.rand(3, generator=gen)
+    drawn = gen.get_state()
+    steps.close()
+    assert torch.equal(gen.get_state(), drawn)
+
+
 # --- the distribution is the model's --------------------------------------------------------------------------------
 class Forced:
     """A draft source that proposes the same characters whatever the text: a stand-in for drafts that are right or
@@ -234,6 +258,22 @@ def test_decoding_past_the_window_rebuilds_the_cache_as_plain_decoding_does(temp
     assert meter.kept > 20  # drafts checked across several rebuilds (every 4 characters past the 16th)
 
 
+@pytest.mark.parametrize("keep, pin", [(2, 8), (4, 6)])
+def test_a_rebuilt_window_whose_pinned_start_is_longer_than_keep_leaves_room_for_the_draft(keep, pin):
+    """Where the pinned start (a label, an infill's context) is longer than `keep`, the rebuilt window is that start
+    (as plain decoding rebuilds it), not `keep` characters: the draft checked with it fits what is left of the
+    window."""
+    model = random_model()
+    ctx = torch.tensor([VOCAB.encode("abcabcabcabca")])
+    settings = SampleSettings(max_new_tokens=40, temperature=1.0)
+    plain = torch.stack(list(decode(model, ctx, settings, torch.Generator().manual_seed(0), keep=keep, pin=pin)), 1)
+    meter = Meter(always=True)
+    steps = decode_speculative(model, ctx, settings, torch.Generator().manual_seed(0),
+                               Drafts([Oracle(plain[0].tolist())]), meter, keep=keep, pin=pin)
+    assert torch.equal(torch.stack(list(steps), 1), plain)
+    assert meter.kept > 0
+
+
 # --- the draft sources ----------------------------------------------------------------------------------------------
 def test_prompt_lookup_drafts_what_followed_the_longest_earlier_match():
     look = PromptLookup(VOCAB.encode("the cat sat\nthe dog sat\nthe c"))
@@ -261,6 +301,21 @@ def test_corpus_lookup_drafts_what_most_often_followed_the_longest_match_in_the_
     assert look.propose(4) == (len(" the mat"), VOCAB.encode(" and"))
 
 
+def test_corpus_lookup_after_a_match_longer_than_it_searches_again_finds_the_longest_that_occurs():
+    """A match grows past the MATCH_CAP characters searched again; where it then ends, the longest suffix of the
+    last MATCH_CAP characters that occurs is found, not only of the characters past the match's first MATCH_CAP."""
+    line = "the quick brown fox jumps over the lazy cat"  # 43 characters
+    tail = line[-20:]  # the cat ... in the corpus a second time, then x (after a newline: nothing longer matches)
+    corpus = np.array(VOCAB.encode(line + "\n" + tail + "x"), dtype=np.uint8)
+    same = np.arange(len(VOCAB))
+    look = CorpusLookup(TrainingText(corpus, suffix_array(corpus), same, same), [])
+    for c in VOCAB.encode(line):
+        look.add(c)
+    assert look.depth == len(line) > MATCH_CAP
+    look.add(VOCAB.stoi["x"])  # the whole line then x is nowhere: the tail then x is
+    assert look.depth == len(tail) + 1
+
+
 def test_corpus_lookup_finds_matches_in_a_vocabulary_past_the_surrogate_code_points():
     """The training text is searched as a str of one character per id (id_chars); ids from 0xD800 on skip the
     surrogates a str cannot hold and keep their order, so a vocabulary of 60,000 characters drafts as one of 60."""
@@ -274,6 +329,28 @@ def test_corpus_lookup_finds_matches_in_a_vocabulary_past_the_surrogate_code_poi
     assert look.propose(3) == (2, [c, a, b])  # a b goes on c twice, d once; then a b c a b each time
 
 
+
+def test_a_pattern_ends_its_sample_under_speculation_as_under_plain_decoding():
+    """A pattern's end is chosen as the id past the vocabulary; the constraints give back the character to feed
+    instead (steer.chose), which is what the draft sources learn and what is yielded, as in plain decoding: the
+    training text's lookup has no character for the end itself."""
+    model = random_model()
+    corpus = np.array(VOCAB.encode("abcabcab cab cabcab abcab "), dtype=np.uint8)
+    same = np.arange(len(VOCAB))
+    ids = VOCAB.encode("the cat")
+    settings = SampleSettings(max_new_tokens=12, temperature=1.0, regex="[a-c]{3,5}")
+    rules = plan(settings, VOCAB, "the cat")
+
+    def steps(decoder, seed, *args):  # -> (the id, whether the pattern ended there) per step
+        steer = rules.steer(ids, 1, 12, "cpu")
+        return [(int(nxt), bool(steer.stuck_now)) for nxt in decoder(
+            model, torch.tensor([ids]), settings, torch.Generator().manual_seed(seed), *args, steer=steer)]
+    for seed in (1, 2, 3):  # seeds whose sample chooses the end after 3 or 4 characters
+        plain = steps(decode, seed)
+        spec = steps(decode_speculative, seed, Drafts([PromptLookup(ids), CorpusLookup(
+            TrainingText(corpus, suffix_array(corpus), same, same), ids)]), Meter(always=True))
+        assert spec == plain
+        assert any(ended for _, ended in plain[:5])  # the pattern ended
 # --- when it speculates ---------------------------------------------------------------------------------------------
 def test_batches_and_guidance_decode_plainly(monkeypatch):
     on, _ = gens()

@@ -26,7 +26,8 @@ use there, a seed gives the same text with speculation as without it, at every t
 a forward over several positions may round differently from several forwards over one; in bfloat16 it often does).
 Without constraints every position's choice is made at once (one sample_next over the check's rows), and the
 uniforms drawn for positions past the first dropped character are handed back (the generator's state restored and
-advanced by the characters written), so a generator shared by later calls goes on as plain decoding's would. The
+advanced by the characters written; by the ones taken, where the consumer closes the steps mid-check), so a
+generator shared by later calls goes on as plain decoding's would. The
 constraints' state only ever advances by characters kept (steer.chose), so nothing of theirs needs taking back. Where
 the window is full, it is rebuilt (as plain decoding rebuilds it) in the same forward that checks the next draft.
 
@@ -215,7 +216,7 @@ class CorpusLookup:
         """The longest suffix of the recent characters (at most `longest`) that occurs, by a binary search over its
         length (a suffix that occurs has every shorter one occur): a few searches, only where the match could not
         grow."""
-        recent = self.recent[len(self.recent) - longest:] if longest else ""
+        recent = self.recent[max(0, len(self.recent) - longest):] if longest else ""  # (a match may be longer)
         self.depth, (self.lo, self.hi) = self.remember(self._longest, recent)
 
     def _longest(self, recent):
@@ -494,10 +495,13 @@ def decode_speculative(model, ctx, settings, generator, drafts, meter=None, keep
         ids = chosen.tolist()
         written = next((i + 1 for i, (a, b) in enumerate(zip(ids, draft)) if a != b), len(ids))
         if written < len(ids):  # the generator as plain decoding leaves it: one uniform per character written
-            generator.set_state(state)
-            if settings.temperature >= GREEDY_BELOW:
-                torch.rand(written, 1, generator=generator)
-        return chosen
+            hand_back(state, written)
+        return chosen, state, written  # (and the state before, the uniforms drawn since)
+
+    def hand_back(state, used):  # the generator at `state`, advanced by the uniforms of `used` characters
+        generator.set_state(state)
+        if settings.temperature >= GREEDY_BELOW:
+            torch.rand(used, 1, generator=generator)
 
     def one(logits):  # a position's choice under the constraints, as decode makes it
         logits = logits.float()
@@ -505,14 +509,14 @@ def decode_speculative(model, ctx, settings, generator, drafts, meter=None, keep
             logits = logits.index_fill(1, never, float("-inf"))
         nxt = sample_next(steer.logits(logits), generator, settings.temperature, settings.top_k, settings.top_p,
                           min_p)
-        steer.chose(nxt)
-        return nxt
+        back = steer.chose(nxt)  # the ids to yield and feed instead (a pattern's end is no character)
+        return nxt if back is None else back
 
     min_p = getattr(settings, "min_p", None)
     rows, draft, left, rebuilt = forward(last(block)), [], settings.max_new_tokens, True  # the prefill
     while True:
         start = cache.pos - rows.size(1)  # where the first of the fed characters is
-        chosen = choose(rows, draft) if steer is None else None
+        chosen, state, drawn = choose(rows, draft) if steer is None else (None, None, 0)
         j = 0
         for j in range(rows.size(1)):
             nxt = chosen[j:j + 1] if chosen is not None else one(rows[:, j])
@@ -521,7 +525,17 @@ def decode_speculative(model, ctx, settings, generator, drafts, meter=None, keep
             if len(text) > 4 * block + pin:  # bounded: the window needs the first `pin` and the last block
                 del text[pin:len(text) - block]
             drafts.add(c, meter.on)
-            yield nxt
+            try:
+                yield nxt
+            except GeneratorExit:  # the consumer stops here (a stop string): the uniforms of the characters after
+                if j + 1 < drawn:  # this one, drawn with it, handed back (unless the generator has drawn since:
+                    now = generator.get_state()  # closed late, by the garbage collector, after later calls)
+                    hand_back(state, drawn)
+                    if torch.equal(generator.get_state(), now):
+                        hand_back(state, j + 1)
+                    else:
+                        generator.set_state(now)
+                raise
             left -= 1
             if not left:  # the call's last round: counted as it ends
                 matched = j < len(draft) and c == draft[j]
@@ -534,7 +548,8 @@ def decode_speculative(model, ctx, settings, generator, drafts, meter=None, keep
         room, window = block - cache.pos, [c]
         if room <= 0:  # window full: rebuilt from the last `keep` characters, as decode does, in the same forward
             cache.reset()  # as the next draft's check
-            room, window = block - keep + 1, last(keep)[0].tolist()
+            window = last(keep)[0].tolist()  # keep characters, or the pinned start where that is longer
+            room = block - len(window) + 1
         draft = drafts.propose(meter.draft_chars(min(draft_chars, room - 1, left - 1))) if meter.on else []
         fed, rebuilt = torch.tensor([window + draft], dtype=torch.long, device=device), len(window) > 1
         if draft:
