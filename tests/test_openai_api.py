@@ -204,3 +204,14 @@ def test_limits_are_the_playgrounds(client, app):
         for _ in range(busy.limit):
             busy.give()
     assert client.completions.create(model="tiny", prompt=PROMPT, max_tokens=3).choices[0].text
+
+
+def test_a_server_that_speculates_writes_the_same_completions(served, gen):
+    """chargpt serve --speculate on: one sample at a time checks drafts, and the text is the one written without."""
+    app = serve.create_app(served, device="cpu", speculate="on")
+    fast = openai.OpenAI(base_url="http://localhost/v1", api_key="unused", max_retries=0,
+                         http_client=TestClient(app, base_url="http://localhost"))
+    for temperature, seed in ((0.0, 1), (0.8, 3)):
+        out = fast.completions.create(model="tiny", prompt=PROMPT, max_tokens=60, temperature=temperature, seed=seed)
+        assert out.choices[0].text == gen.generate(PROMPT, max_new_tokens=60, temperature=temperature, seed=seed)[0]
+    assert app.state.models.get(served / "tiny" / "best.safetensors").speculates()

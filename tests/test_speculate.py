@@ -537,3 +537,28 @@ def test_the_decode_bench_tables_speculation_on_a_trained_run(run):
     table = [line for line in lines if line.startswith("| ") and "x |" in line]
     assert len(table) == 6 and all(line.endswith("| 1 of 1 |") for line in table if "| 0 |" in line)
     assert "random" in speculation_rows(argparse.Namespace(checkpoint=None, threads=1), torch.device("cpu"), 20)[0]
+
+
+def test_calls_that_decode_at_once_each_write_plain_decodings_text_and_count_their_own_rounds():
+    """A server decodes several requests at once through one Generator: each call gets its own Meter (what earlier
+    calls learned carried on), so the calls neither mix their rounds' counts nor their clocks, and each writes the
+    text plain decoding writes."""
+    import threading
+    on, off = gens()
+    first = on.generate("the cat", max_new_tokens=30, temperature=1.0, seed=1)
+    meter = on.drafted
+    on.generate("the cat", max_new_tokens=30, temperature=1.0, seed=1)
+    assert on.drafted is not meter and on.drafted.costs is meter.costs and first == off.generate(
+        "the cat", max_new_tokens=30, temperature=1.0, seed=1)
+    texts, start = {}, threading.Barrier(4)
+
+    def write(seed):
+        start.wait()
+        texts[seed] = on.generate("the cat", max_new_tokens=60, temperature=1.0, seed=seed)
+
+    threads = [threading.Thread(target=write, args=(seed,)) for seed in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert texts == {seed: off.generate("the cat", max_new_tokens=60, temperature=1.0, seed=seed) for seed in range(4)}

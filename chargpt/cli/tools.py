@@ -316,12 +316,15 @@ def data_get_cli(name, data_dir):
                       "none on 127.0.0.1; on any other --host one is made and printed]"),
     click.Option(["--no-auth"], is_flag=True,
                  help="serve another --host without a key: anyone who reaches the port can use the page"),
+    click.Option(["--speculate"], default="off", show_default=True, type=click.Choice(["auto", "on", "off"]),
+                 help="speculative decoding for every run served, as sample.py's --speculate: one sample at a time "
+                      "checks drafts from its text and the run's training text, the text the same"),
 ])
-def serve_cli(checkpoints, host, port, device, data_dir, training, api_key, no_auth):
+def serve_cli(checkpoints, host, port, device, data_dir, training, api_key, no_auth, speculate):
     """A local web playground: write with any run, look inside the model, watch runs train, train new ones."""
     def run():
         from chargpt.web.server import serve  # loads torch and the web extra only when asked for
         serve(checkpoints, host, port, device, say=_stderr, training=training, data_dir=data_dir,
-              api_key=api_key, auth=not no_auth)
+              api_key=api_key, auth=not no_auth, speculate=speculate)
     run_guarded(run)
 

@@ -306,7 +306,7 @@ class Generator:
             always = self.speculate == "on"
             if self.drafted is None or self.drafted.always != always:
                 self.drafted = Meter(always=always)
-            meter = self.drafted.next_call()  # what earlier calls learned of whether drafting pays goes on
+            meter = self.drafted = self.drafted.next_call()  # what earlier calls learned goes on, in its own Meter
             self.speculated = meter  # its counts fill in as the call decodes (sample.py's --json `drafts`)
             drafts = self._drafts(ctx[0].tolist())
             return self._threaded(decode_speculative(self.model, ctx, settings, generator, drafts, meter,

@@ -37,6 +37,7 @@ plain decoding's speed measured in short pauses) and tries again later.
 """
 
 import bisect
+import copy
 import time
 import weakref
 from collections import deque
@@ -327,12 +328,16 @@ class Meter:
         self.overhead = 0.0  # seconds a round takes besides its check (choices, drafts, the characters' way out)
 
     def next_call(self):
-        """The same Meter for the Generator's next call: its counts start again, what it learned of whether
-        drafting pays (a pause under way, the next pause's length, the plain speed) goes on, so each call does not
-        pay again for the verifies that show drafts do not pay for this model."""
-        self.verifies = self.drafted = self.kept = self.chars = 0
-        self.then = None
-        return self
+        """A Meter for the Generator's next call: its own counts and clock, and what this one learned of whether
+        drafting pays (a pause under way, the next pause's length, the plain speed, the kept shares, the costs) to
+        go on from, so each call does not pay again for the verifies that show drafts do not pay for this model. Its
+        own object: calls that decode at once (a server's requests) each time and count their own rounds."""
+        meter = copy.copy(self)
+        meter.recent, meter.block = deque(self.recent, maxlen=WINDOW), list(self.block)
+        meter.reached, meter.held = list(self.reached), list(self.held)
+        meter.verifies = meter.drafted = meter.kept = meter.chars = 0
+        meter.then = None
+        return meter
 
     def record(self, drafted, kept, last=False, rebuilt=False):
         """A round: `drafted` characters drafted, `kept` of them kept (and one more chosen by the model, unless the

@@ -13,8 +13,8 @@ class Models:
     """Loaded Generators, the most recently used last; at most `size`. A checkpoint that changed on disk (a
     run still training) is loaded again. Called from worker threads; loads one at a time."""
 
-    def __init__(self, device="auto", size=MAX_MODELS):
-        self.device, self.size = device, size
+    def __init__(self, device="auto", size=MAX_MODELS, speculate="off"):
+        self.device, self.size, self.speculate = device, size, speculate  # (speculate: chargpt serve --speculate)
         self.loaded = OrderedDict()  # (path, mtime_ns) -> Generator
         self.lock = threading.Lock()
 
@@ -31,7 +31,7 @@ class Models:
                 # Eager decoding: compiling the decode step (sample.py's --compile auto, from 30,000 characters)
                 # would hold a request's first character for seconds, a minute cold, where Stop cannot reach it;
                 # and a run still training would be compiled again at each save.
-                gen = load(path, device=self.device, compile="off")
+                gen = load(path, device=self.device, compile="off", speculate=self.speculate)
                 warm_up = gen.vocab.chars[0] if gen.task == "pairs" else ""  # a pairs model needs a source
                 gen.generate(warm_up, max_new_tokens=2, seed=0)  # torch's first-call setup is not the user's wait
                 self.loaded[key] = gen

@@ -87,14 +87,16 @@ except ImportError as e:
 
 
 def create_app(checkpoints, device="auto", hosts=LOOPBACK_NAMES, max_busy=MAX_BUSY, max_models=MAX_MODELS,
-               training=True, data_dir=None, train_args=(), api_key=None, training_off=None):
+               training=True, data_dir=None, train_args=(), api_key=None, training_off=None, speculate="off"):
     """The Starlette app serving the runs under `checkpoints`. hosts: the Host names it answers (None: any).
     training: whether the page may train runs (on `device`), on texts uploaded or named from data_dir; train_args:
     `chargpt train` flags every one of them gets (("--threads", "2") leaves cores to the server); training_off: why
     it may not, when that is not --no-training. api_key: the key every request but the page's files must send as
     `Authorization: Bearer KEY` (None: none asked for). Requests that change something are refused from pages on
-    other sites either way."""
+    other sites either way. speculate: auto|on|off, speculative decoding for every run served
+    (chargpt/sampling/speculate.py; the text is the one written without it)."""
     need_web()
+    from chargpt.sampling.engine import check_speculate
     from chargpt.web import endpoints  # the modules below import the web extra: loaded once need_web() found it
     from chargpt.web.body import RequestError
     from chargpt.web.cache import Busy, Models, NoveltyIndexes
@@ -110,7 +112,8 @@ def create_app(checkpoints, device="auto", hosts=LOOPBACK_NAMES, max_busy=MAX_BU
         middleware.append(Middleware(ApiKey, key=api_key))
     app = Starlette(routes=endpoints.routes(), middleware=middleware,
                     exception_handlers={RequestError: refused, ChargptError: unusable, HTTPException: http_error})
-    app.state.runs, app.state.models, app.state.busy = Runs(checkpoints), Models(device, max_models), Busy(max_busy)
+    app.state.runs, app.state.busy = Runs(checkpoints), Busy(max_busy)
+    app.state.models = Models(device, max_models, speculate=check_speculate(speculate))
     app.state.jobs = {}  # id -> Generation in flight
     app.state.novelty = NoveltyIndexes()
     app.state.closing = False  # set by stop_all when the server is asked to stop
@@ -258,9 +261,10 @@ def api_key_for(given, local, auth=True, environ=os.environ):
 
 
 def serve(checkpoints=DEFAULT_CHECKPOINTS, host="127.0.0.1", port=8000, device="auto", say=None, training=None,
-          data_dir=None, api_key=None, auth=True):
+          data_dir=None, api_key=None, auth=True, speculate="off"):
     """Run the playground until Ctrl-C. data_dir: the texts the page may train on (None: ./data if there).
-    training: whether the page may train (None: only when bound to loopback). api_key / auth: see api_key_for."""
+    training: whether the page may train (None: only when bound to loopback). api_key / auth: see api_key_for.
+    speculate: see create_app."""
     say = say or (lambda line: print(line, file=sys.stderr))
     need_web()
     if not Path(checkpoints).is_dir():
@@ -273,7 +277,9 @@ def serve(checkpoints=DEFAULT_CHECKPOINTS, host="127.0.0.1", port=8000, device="
         raise ChargptError(f"no data folder {data_dir}; pass --data-dir a folder of text files")
     data_dir = data_dir if data_dir is not None or not Path("data").is_dir() else "data"
     from chargpt.runtime import pick_device
+    from chargpt.sampling.engine import check_speculate
     pick_device(device)  # an impossible --device fails now, not on the first request
+    check_speculate(speculate)  # (and a bad speculate before the port is taken)
     sock = bind(host, port)
     local = is_loopback(sock)
     try:
@@ -286,9 +292,12 @@ def serve(checkpoints=DEFAULT_CHECKPOINTS, host="127.0.0.1", port=8000, device="
         f"uses all of its cores); whoever started the server can allow it with chargpt serve --training")
     app = create_app(checkpoints, device, hosts=allowed_hosts(host, sock) if local else None,
                      training=training if training is not None else local, data_dir=data_dir, api_key=key,
-                     training_off=off)
+                     training_off=off, speculate=speculate)
     url = url_of(sock)
     say(f"chargpt playground: {url}  (runs from {Path(checkpoints).resolve()}; Ctrl-C stops)")
+    if speculate != "off":
+        say(f"speculation {speculate}: one sample at a time checks drafts from its text and the run's training text "
+            f"(the text as without it; more samples decode plainly)")
     if made:  # shown once, as Jupyter shows its token: the address carries it into the page, which keeps it
         say(f"this server asks every request for a key, made for this session: open {url}/?token={key} (OpenAI "
             f"clients: api_key={key}; set --api-key or ${KEY_ENV} to choose your own)")
