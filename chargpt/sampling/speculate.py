@@ -62,7 +62,8 @@ WINDOW = 16  # auto: the verifies (a block of them) whose characters per verify 
 # ...by the clock; before plain decoding is timed, at least this many on the mean: measured on a 2-core EPYC
 # (benchmarks/RESULTS.md), the default CPU run (3 x 160) wrote 1.35x as fast with drafts as without at 2.5
 # characters per verify, a 6 x 384 model 1.12x at 1.8, a 4 x 192 Tang model (its 9,728-character head costs a
-# check more per position) 0.73x at 1.4 and 1.0x at 2.8; so drafts break even near 2 for most models...
+# check more per position) 0.73x at 1.4 and 1.0x at 2.8; so drafts break even near 2 for most models, and the bar
+# errs high (the clock decides from the first plain measure, 32 characters later)...
 MIN_CHARS_PER_VERIFY = 2.3
 LOOKBACK = 4096  # characters of the text so far that prompt lookup searches (at least; at most twice as many)
 PAUSE = 64  # ...else no drafts for this many characters, twice as many each time it does not pay (and half as
