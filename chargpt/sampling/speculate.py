@@ -131,9 +131,10 @@ def id_char(i):
 
 class TrainingText:
     """A split of the training text for drafting, made once per model: its text as a str of id characters
-    (id_chars: in memory, a byte a character where the ids stay below 256, two below 65,536) and its suffix array (a novelty SplitIndex's: where a --val-split blocks stretch ends, a draft may run
-    on into the text after it; it is only a draft), and the run's ids -> the corpus's characters (None where the
-    corpus lacks one) and back (-1 where the run lacks one)."""
+    (id_chars: in memory, a byte a character where the ids stay below 256, two below 65,536) and its suffix array
+    (a novelty SplitIndex's: where a --val-split blocks stretch ends, a draft may run on into the text after it; it is
+    only a draft), and the run's ids -> the corpus's characters (None where the corpus lacks one) and back (-1 where
+    the run lacks one)."""
 
     def __init__(self, text, sa, to_corpus, from_corpus, chunk=1 << 22):
         text = np.asarray(text)
