@@ -40,7 +40,6 @@ import bisect
 import copy
 import time
 import weakref
-from collections import deque
 
 import numpy as np
 import torch
@@ -317,9 +316,8 @@ class Meter:
 
     def __init__(self, always=False, clock=time.perf_counter):
         self.always, self.on, self.pause, self.wait, self.clock = always, True, 0, PAUSE, clock
-        self.recent = deque(maxlen=WINDOW)
         self.block, self.block_s, self.block_chars = [], 0.0, 0  # since auto last judged: chars per verify, time
-        self.paused_s, self.paused_chars, self.probing = 0.0, 0, False  # the pause under way, timed
+        self.paused_s, self.paused_chars = 0.0, 0  # the pause under way, timed
         self.plain = None  # seconds a character takes without drafts, measured in the last pause
         self.paying = 0  # blocks that paid since the plain speed was measured
         self.then = None  # the clock at the last round's end (None: a call starts; its first round is not timed)
@@ -335,7 +333,7 @@ class Meter:
         go on from, so each call does not pay again for the verifies that show drafts do not pay for this model. Its
         own object: calls that decode at once (a server's requests) each time and count their own rounds."""
         meter = copy.copy(self)
-        meter.recent, meter.block = deque(self.recent, maxlen=WINDOW), list(self.block)
+        meter.block = list(self.block)
         meter.reached, meter.held = list(self.reached), list(self.held)
         meter.verifies = meter.drafted = meter.kept = meter.chars = 0
         meter.then = None
@@ -370,14 +368,12 @@ class Meter:
         for i in range(1, min(drafted, kept + 1, DRAFT_CHARS) + 1):
             self.reached[i] = self.reached[i] * decay + 1
             self.held[i] = self.held[i] * decay + (i <= kept)
-        self.recent.append(kept + 1)
         self.block.append(kept + 1)
         if not self.always and len(self.block) == WINDOW:  # judged a block at a time, not at every verify: a
             # window sliding over a text that pays dips below the bar now and then, and paused it for good
             if not self._pays():
                 self._pause(self.wait)
                 self.wait *= 2
-                self.recent.clear()
             else:  # a block that pays shortens the next pause again
                 self.wait = max(PAUSE, self.wait // 2)
                 self.paying += 1
