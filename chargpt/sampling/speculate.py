@@ -46,7 +46,7 @@ import torch
 
 from chargpt.model.transformer import KVCache
 from chargpt.runtime import autocast
-from chargpt.sampling.decode import GREEDY_BELOW, sample_next
+from chargpt.sampling.decode import GREEDY_BELOW, masked, sample_next
 
 DRAFT_CHARS = 11  # characters drafted at most (Meter.draft_chars picks how many: check_costs)
 SHARE_VERIFIES = 32  # the verifies (about) whose kept shares choose the draft's length
@@ -490,9 +490,7 @@ def decode_speculative(model, ctx, settings, generator, drafts, meter=None, keep
             return model(window, cache=cache)[0]
 
     def choose(rows, draft):  # the choices at every fed position at once, where no constraint steers them
-        logits = rows[0].float()  # (T, V)
-        if never is not None:
-            logits = logits.index_fill(1, never, float("-inf"))
+        logits = masked(rows[0].float(), never)  # (T, V)
         state = generator.get_state()
         chosen = sample_next(logits, generator, settings.temperature, settings.top_k, settings.top_p, min_p)
         ids = chosen.tolist()
@@ -507,9 +505,7 @@ def decode_speculative(model, ctx, settings, generator, drafts, meter=None, keep
             torch.rand(used, 1, generator=generator)
 
     def one(logits):  # a position's choice under the constraints, as decode makes it
-        logits = logits.float()
-        if never is not None:
-            logits = logits.index_fill(1, never, float("-inf"))
+        logits = masked(logits.float(), never)
         nxt = sample_next(steer.logits(logits), generator, settings.temperature, settings.top_k, settings.top_p,
                           min_p)
         back = steer.chose(nxt)  # the ids to yield and feed instead (a pattern's end is no character)
